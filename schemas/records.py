@@ -1,0 +1,131 @@
+"""Typed records that the stages exchange: sample -> verify -> credit -> write.
+
+Task records are read from JSONL (one JSON object per line). Every record has
+`id`, `task`, `prompt` and `reference_response` (and optionally `split`: train|test);
+the rest depends on the task:
+
+    sql           {"db": "concerts.sqlite", "reference_sql": "SELECT ..."}
+                  `db` is resolved against the JSONL file's `databases/` folder
+                  unless it is an absolute path.
+    instructions  {"constraints": [{"kind": "keyword_include", "args": {...}}, ...]}
+    tools         {"tools": [<JSON schema of each function>],
+                   "reference_calls": [{"name": "...", "arguments": {...}}, ...]}
+
+`reference_response` is a correct response (used to train the shipped tiny policy
+and as the replay's "what the verifier wanted" reference).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+TASKS = ("sql", "instructions", "tools")
+
+
+class RecordError(ValueError):
+    """A task record is malformed; the message names the record id and the field."""
+
+    def __init__(self, record_id: str, field_name: str, reason: str):
+        self.record_id = record_id
+        self.field = field_name
+        self.reason = reason
+        super().__init__(f"record {record_id!r}: field {field_name!r}: {reason}")
+
+
+@dataclass(frozen=True)
+class SqlSpec:
+    db_path: str
+    reference_sql: str
+
+
+@dataclass(frozen=True)
+class Constraint:
+    kind: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class InstructionSpec:
+    constraints: tuple[Constraint, ...]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    tools: tuple[dict[str, Any], ...]
+    reference_calls: tuple[ToolCall, ...]
+
+
+TaskSpec = Union[SqlSpec, InstructionSpec, ToolSpec]
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    id: str
+    task: str
+    prompt: str
+    reference_response: str
+    spec: TaskSpec
+    split: str = "train"  # "train" | "test": the shipped models never see "test" records
+
+
+@dataclass(frozen=True)
+class RewardScore:
+    """One reward of one response: a score in [0, 1] and what the verifier checked."""
+
+    name: str
+    score: float
+    feedback: str
+
+
+@dataclass
+class Sample:
+    """One sampled response. `token_ids` and `sample_logprobs` have length T (response tokens)."""
+
+    response_id: str
+    group_id: str
+    task: str
+    prompt: str
+    prompt_token_ids: list[int]
+    response: str
+    token_ids: list[int]
+    sample_logprobs: list[float]
+    model: str
+    seed: int
+
+
+@dataclass
+class VerifiedSample:
+    sample: Sample
+    rewards: list[RewardScore]
+    status: str = "ok"  # "ok" | "verifier_error: <reason>"
+
+
+@dataclass
+class TokenCredit:
+    """Per-token, per-reward credit of one response; arrays are [K, T] unless noted."""
+
+    reward_names: list[str]
+    reward_adv: list[float]  # [K] GDPO per-reward advantage A[i,k]
+    distance: list[list[float] | None]  # [K][T] replay JS distance, None where gated
+    weight: list[list[float]]  # [K][T] mean-1 replay weight
+    advantage: list[list[float]]  # [K][T] A[i,k,t]
+    beta: float
+    adv_mrtpo: list[float] | None = None  # [T]
+    p2t_raw: list[float] | None = None  # [T] gradient x input
+    p2t_reward: list[float] | None = None  # [T] token reward of the chosen form
+    adv_p2t: list[float] | None = None  # [T]
+
+
+@dataclass
+class AnnotatedResponse:
+    verified: VerifiedSample
+    adv_grpo: float
+    adv_gdpo: float
+    credit: TokenCredit | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
