@@ -1,0 +1,85 @@
+"""Annotated responses -> the Arrow tables of `schemas` (responses, credits in long form)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+import verifiers
+from schemas import CREDITS, RESPONSES
+from schemas.records import AnnotatedResponse, TaskRecord
+
+
+def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[int], list[int]]:
+    """Text and [char_start, char_end) of each token within the decoded response.
+
+    Decoding prefixes (not single tokens) keeps byte-level BPE merges and skipped special
+    tokens consistent with how the response text itself was decoded.
+    """
+    ends = [len(tokenizer.decode(token_ids[: t + 1], skip_special_tokens=True)) for t in range(len(token_ids))]
+    starts = [0, *ends[:-1]]
+    texts = tokenizer.convert_ids_to_tokens(list(token_ids))
+    return [str(t) for t in texts], starts, ends
+
+
+def _part_of(spans: list[tuple[int, int, str]], start: int, end: int) -> str:
+    """The labelled response part that holds the token's last character."""
+    if end <= start:
+        return "special"
+    for lo, hi, label in spans:
+        if lo <= end - 1 < hi:
+            return label
+    return "other"
+
+
+def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Table:
+    rows = []
+    for item in annotated:
+        sample, credit = item.verified.sample, item.credit
+        rows.append({
+            "response_id": sample.response_id, "group_id": sample.group_id, "shard": shard,
+            "task": sample.task, "prompt": sample.prompt, "response": sample.response,
+            "prompt_token_ids": sample.prompt_token_ids, "token_ids": sample.token_ids,
+            "sample_logprobs": sample.sample_logprobs,
+            "reward_names": [r.name for r in item.verified.rewards],
+            "rewards": [r.score for r in item.verified.rewards],
+            "feedback": [r.feedback for r in item.verified.rewards],
+            "reward_advs": credit.reward_adv if credit else None,
+            "adv_grpo": item.adv_grpo, "adv_gdpo": item.adv_gdpo,
+            "adv_mrtpo": credit.adv_mrtpo if credit else None,
+            "p2t_raw": credit.p2t_raw if credit else None,
+            "p2t_reward": credit.p2t_reward if credit else None,
+            "adv_p2t": credit.adv_p2t if credit else None,
+            "status": item.verified.status, "model": sample.model, "seed": sample.seed,
+        })
+    return pa.Table.from_pylist(rows, schema=RESPONSES)
+
+
+def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, TaskRecord], tokenizer) -> pa.Table:
+    """One row per response x token x reward (responses whose verifier failed have none)."""
+    columns: dict[str, list] = {name: [] for name in CREDITS.names}
+    for item in annotated:
+        sample, credit = item.verified.sample, item.credit
+        if credit is None:
+            continue
+        texts, starts, ends = token_spans(tokenizer, sample.token_ids)
+        spans = verifiers.response_parts(records[sample.group_id], sample.response)
+        parts = [_part_of(spans, s, e) for s, e in zip(starts, ends)]
+        T = len(sample.token_ids)
+        for k, reward in enumerate(credit.reward_names):
+            distance = credit.distance[k]
+            columns["response_id"] += [sample.response_id] * T
+            columns["task"] += [sample.task] * T
+            columns["position"] += range(T)
+            columns["token_id"] += sample.token_ids
+            columns["token_text"] += texts
+            columns["char_start"] += starts
+            columns["char_end"] += ends
+            columns["part"] += parts
+            columns["reward"] += [reward] * T
+            columns["reward_adv"] += [credit.reward_adv[k]] * T
+            columns["distance"] += distance if distance is not None else [None] * T
+            columns["weight"] += credit.weight[k]
+            columns["advantage"] += credit.advantage[k]
+            columns["beta"] += [credit.beta] * T
+    return pa.Table.from_pydict(columns, schema=CREDITS)
