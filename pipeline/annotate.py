@@ -138,14 +138,22 @@ def write_rejected(out: str, rejected: Sequence[verifiers.Rejected]) -> None:
     tmp.replace(path)
 
 
-def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
-                   progress: bool = True) -> dict[str, Any]:
-    """Annotate every shard not yet written under `out`, then finish the manifest."""
+def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
+    """Load and split the prompt set, record the run in the manifest, write rejected records.
+
+    Returns (writer, shards, rejected).
+    """
     records, rejected = load_prompt_set(config)
     writer = RunWriter(out)
     writer.start(run_id or config.digest()[:12], config.to_dict(), config.digest(), code_version())
     write_rejected(out, rejected)
-    shards = shards_of(records, config.shard_size)
+    return writer, shards_of(records, config.shard_size), rejected
+
+
+def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
+                   progress: bool = True) -> dict[str, Any]:
+    """Annotate every shard not yet written under `out`, in this process; returns the manifest."""
+    writer, shards, rejected = prepare_run(config, out, run_id)
     todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
     models = load_models(config) if todo else None
     for s in tqdm(todo, desc="shards", unit="shard", disable=not progress):

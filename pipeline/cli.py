@@ -1,4 +1,12 @@
-"""`tokencredit` command line: annotate, query (more subcommands join as stages land)."""
+"""`tokencredit` command line.
+
+    tokencredit annotate --out OUT            sample, verify, credit the demo prompts (Prefect flow)
+    tokencredit query OUT "SQL"               DuckDB over the run's responses/credits/training views
+    tokencredit report OUT                    self-contained HTML credit report
+    tokencredit train --data OUT --out CKPT   token-credited training from a run
+    tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
+    tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve)
+"""
 from __future__ import annotations
 
 import argparse
@@ -38,6 +46,11 @@ def add_annotate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beta", type=float, default=c.beta, help="MRTPO mixing coefficient")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="prompts per shard")
     p.add_argument("--run-id", default=None, help="name of the run (default: from the config hash)")
+    p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
+                   help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
+    p.add_argument("--dask-address", default=None, help="existing Dask scheduler (default: a LocalCluster)")
+    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
+    p.add_argument("--strict", action="store_true", help="exit non-zero when any prompt record was rejected")
 
 
 def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
@@ -52,13 +65,63 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    from .annotate import run_annotation
     from .query import SUMMARY_SQL, run_query
 
-    manifest = run_annotation(annotate_config(args), args.out, run_id=args.run_id)
+    config = annotate_config(args)
+    if args.runner == "none":
+        from .annotate import run_annotation
+
+        manifest = run_annotation(config, args.out, run_id=args.run_id)
+    else:
+        from flows.annotate import run_annotate_flow
+
+        manifest = run_annotate_flow(config, args.out, run_id=args.run_id, runner=args.runner,
+                                     dask_address=args.dask_address, workers=args.workers)
     print(f"wrote {manifest['totals']} to {args.out} (checksum {manifest['dataset_checksum'][:16]})")
     print("stats:", json.dumps(manifest["stats"]))
     run_query(args.out, SUMMARY_SQL).show(max_rows=200, max_width=200)
+    if manifest["rejected"]:
+        print(f"{manifest['rejected']} prompt records rejected: see {args.out}/rejected.jsonl", file=sys.stderr)
+        return 1 if args.strict else 0
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    print(f"wrote {write_report(args.out, args.dest)}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train import TrainConfig, train
+
+    config = TrainConfig(data=args.data, advantage=args.advantage, objective=args.objective, model=args.model,
+                         out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                         seed=args.seed, device=args.device)
+    print(f"final checkpoint: {train(config)}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_hf, export_verl
+
+    dest = args.dest or f"{args.out.rstrip('/')}/export-{args.format}"
+    if args.format == "hf":
+        export_hf(args.out, dest, advantage=args.advantage)
+    else:
+        dest = dest if dest.endswith(".parquet") else f"{dest}.parquet"
+        export_verl(args.out, dest, advantage=args.advantage)
+    print(f"wrote {dest}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from prefect import serve
+
+    from flows.schedule import annotate_deployment
+
+    serve(annotate_deployment(annotate_config(args), args.out, args.cron, name=args.name))
     return 0
 
 
@@ -80,6 +143,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sql")
     p.add_argument("--max-rows", type=int, default=100)
     p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("report", help="write a self-contained HTML credit report")
+    p.add_argument("out")
+    p.add_argument("--dest", default=None, help="HTML file (default OUT/report.html)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("train", help="train a policy from a run's training view")
+    p.add_argument("--data", required=True, help="run directory written by annotate")
+    p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t or a mix like mrtpo:0.5,gdpo:0.5")
+    p.add_argument("--objective", choices=["pg", "sft"], default="pg")
+    p.add_argument("--model", default=None, help="local policy folder (default: the shipped tiny policy)")
+    p.add_argument("--out", required=True, help="checkpoint folder")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("export", help="export a run for other trainers")
+    p.add_argument("out")
+    p.add_argument("--format", choices=["hf", "verl"], default="hf")
+    p.add_argument("--advantage", default="mrtpo")
+    p.add_argument("--dest", default=None)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("serve", help="serve the annotate flow on a cron schedule (Prefect)")
+    add_annotate_args(p)
+    p.add_argument("--cron", required=True, help='cron schedule, e.g. "0 3 * * *" for 03:00 nightly')
+    p.add_argument("--name", default="nightly-annotate")
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

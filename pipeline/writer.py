@@ -96,6 +96,13 @@ class RunWriter:
     def is_complete(self, shard: int) -> bool:
         return self.fs.get_file_info(f"{self.root}/{self._marker(shard)}").type != pafs.FileType.NotFound
 
+    def shard_entry(self, shard: int) -> dict[str, Any]:
+        """The completion marker of a written shard (rows, checksums, stats)."""
+        entry = self._read_json(self._marker(shard))
+        if entry is None:
+            raise KeyError(f"{self.out}: shard {shard} is not written")
+        return entry
+
     def write_shard(self, shard: int, tables: dict[str, pa.Table], stats: dict[str, Any]) -> dict[str, Any]:
         """Write every table of one shard atomically, then its completion marker."""
         entry: dict[str, Any] = {"shard": shard, "stats": stats}

@@ -1,0 +1,217 @@
+"""P2T: training-free token rewards from a sequence reward model (method.md section 3).
+
+A scalar reward model R(x, y) is read out per response token by one forward and one
+backward pass: with E the input embeddings and B a baseline embedding,
+gradient-times-input gives a[t] = <dR/dE[t], E[t] - B[t]> on the response tokens.
+Integrated gradients is the costlier reference (m forward/backward passes).
+
+What `attribute` needs from the reward model (any HF `*ForSequenceClassification` built
+on `GenericForSequenceClassification`, e.g. Llama, Qwen2, Mistral, satisfies it):
+    get_input_embeddings()                      ids [B, L] -> embeddings [B, L, d]
+    base_model(inputs_embeds=, attention_mask=) -> object with .last_hidden_state [B, L, h]
+    score                                       hidden [B, L, h] -> per-position scores [B, L, 1]
+    config.pad_token_id                         used for pooling and for the "pad" baseline
+We call the backbone and the head ourselves instead of `model(...)` because HF's classifier,
+given `inputs_embeds`, pools the LAST position (wrong for right padding); it only finds the
+last real token from `input_ids`, and it refuses both at once. `_pool_index` reproduces HF's
+rule exactly: the rightmost position whose id is not the pad id.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+EPS = 1e-6
+METHODS = ("grad_x_input", "integrated_gradients")
+BASELINES = ("pad", "zero")
+FORMS = ("paper", "completeness")
+
+
+@dataclass
+class Attribution:
+    """One response: the reward model's scalar score and the raw attribution a [T] (float32, CPU)."""
+
+    score: float
+    raw: Tensor
+
+
+def attribute(
+    reward_model,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    *,
+    baseline: str = "pad",
+    batch_size: int = 16,
+    method: str = "grad_x_input",
+    ig_steps: int = 32,
+) -> list[Attribution]:
+    """Attribute each response's reward-model score to its tokens.
+
+    prompt_ids[i] and response_ids[i] are reward-model token ids; the model reads
+    prompt + response. Returns one Attribution per response, in input order, with
+    raw of length len(response_ids[i]). Sequences are right-padded and batched by length.
+
+    baseline: "pad" (embedding of config.pad_token_id, as in the paper) or "zero".
+    method: "grad_x_input" (one forward + one backward per batch) or
+    "integrated_gradients": midpoint Riemann sum over ig_steps points
+    alpha = (s + 0.5) / m on the straight line from B to E (Captum's "riemann_middle").
+    Only the response embeddings are interpolated, the prompt embeddings stay fixed, so
+    sum_t a[t] ~= R(E) - R(prompt, baseline response): credit is split among response
+    tokens only, conditioned on the actual prompt.
+    """
+    _check_args(reward_model, prompt_ids, response_ids, baseline, batch_size, method, ig_steps)
+    # longest first so that each batch pads to similar lengths
+    order = sorted(range(len(prompt_ids)), key=lambda i: -(len(prompt_ids[i]) + len(response_ids[i])))
+    out: list[Attribution | None] = [None] * len(order)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        batch = _attribute_batch(reward_model, [prompt_ids[i] for i in idx], [response_ids[i] for i in idx],
+                                 baseline, method, ig_steps)
+        for i, a in zip(idx, batch):
+            out[i] = a
+    return out
+
+
+def _check_args(model, prompt_ids, response_ids, baseline, batch_size, method, ig_steps) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if method == "integrated_gradients" and ig_steps < 1:
+        raise ValueError(f"ig_steps must be >= 1, got {ig_steps}")
+    if len(prompt_ids) != len(response_ids):
+        raise ValueError(f"prompt_ids has {len(prompt_ids)} rows but response_ids has {len(response_ids)}")
+    if model.config.pad_token_id is None:
+        raise ValueError("reward model: field 'config.pad_token_id' is None; P2T pads batches with it")
+    if getattr(model.config, "num_labels", 1) != 1:
+        raise ValueError(f"reward model: field 'config.num_labels' must be 1, got {model.config.num_labels}")
+    vocab = model.get_input_embeddings().num_embeddings
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+        if len(r) == 0:
+            raise ValueError(f"response {i}: field 'response_ids' is empty")
+        for name, ids in (("prompt_ids", p), ("response_ids", r)):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"response {i}: field {name!r} has ids outside [0, {vocab}): {bad[:5]}")
+
+
+def _attribute_batch(model, prompts, responses, baseline, method, ig_steps) -> list[Attribution]:
+    pad_id = model.config.pad_token_id
+    embed = model.get_input_embeddings()
+    device = embed.weight.device
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    L = max(lengths)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    is_resp = torch.zeros_like(ids, dtype=torch.bool)
+    for j, (p, r) in enumerate(zip(prompts, responses)):
+        ids[j, :lengths[j]] = torch.tensor(p + r, device=device)
+        mask[j, :lengths[j]] = 1
+        is_resp[j, len(p):lengths[j]] = True
+
+    with torch.no_grad():
+        E = embed(ids)  # [B, L, d]
+        b = embed.weight[pad_id] if baseline == "pad" else torch.zeros_like(embed.weight[0])
+        # the baseline differs from E only on response positions
+        B = torch.where(is_resp[..., None], b.expand_as(E), E)
+    pool = _pool_index(ids, mask, pad_id)
+
+    if method == "grad_x_input":
+        R, G = _score_and_grad(model, E, mask, pool)
+    else:
+        with torch.no_grad():
+            R = _pooled_score(model, E, mask, pool)
+        G = torch.zeros_like(E, dtype=torch.float32)
+        for s in range(ig_steps):
+            alpha = (s + 0.5) / ig_steps
+            G += _score_and_grad(model, B + alpha * (E - B), mask, pool)[1].float()
+        G /= ig_steps
+    a = (G.float() * (E.float() - B.float())).sum(-1)  # [B, L]; zero outside the response
+    return [
+        Attribution(score=float(R[j]), raw=a[j, len(p):lengths[j]].detach().cpu())
+        for j, p in enumerate(prompts)
+    ]
+
+
+def _pool_index(ids: Tensor, mask: Tensor, pad_id: int) -> Tensor:
+    """[B] index of the rightmost real token whose id is not the pad id (HF's pooling rule; 0 if none)."""
+    keep = ((ids != pad_id) & mask.bool()).to(torch.long)
+    return (torch.arange(ids.shape[1], device=ids.device) * keep).argmax(-1)
+
+
+def _pooled_score(model, E: Tensor, mask: Tensor, pool: Tensor) -> Tensor:
+    """[B] scalar score from embeddings E [B, L, d] under attention mask [B, L]."""
+    hidden = model.base_model(inputs_embeds=E, attention_mask=mask).last_hidden_state
+    logits = model.score(hidden)[..., 0]  # [B, L]
+    return logits[torch.arange(E.shape[0], device=E.device), pool]
+
+
+def _score_and_grad(model, E: Tensor, mask: Tensor, pool: Tensor) -> tuple[Tensor, Tensor]:
+    """Score [B] and dR/dE [B, L, d]. Grads are taken w.r.t. E only: parameters accumulate nothing.
+
+    Summing R over the batch is exact: rows do not interact, and right padding sits after
+    the pooled position, so causal attention keeps padded positions out of R.
+    """
+    with torch.enable_grad():
+        E = E.detach().requires_grad_(True)
+        R = _pooled_score(model, E, mask, pool)
+        (G,) = torch.autograd.grad(R.sum(), E)
+    return R.detach(), G
+
+
+def token_rewards(score: float, raw: Tensor, form: str = "paper", omega: float = 0.6) -> Tensor:
+    """Token rewards [T] float32 from the score R and raw attribution a [T].
+
+    "paper":        R2T[t] = R + omega * R * softmax(a)[t]   (sums to (T + omega) * R)
+    "completeness": rho[t] = R * a[t] / sum_u a[u]           (sums to R; R / T when |sum a| <= eps)
+    """
+    a = raw.detach().float()
+    if form == "paper":
+        return score + omega * score * torch.softmax(a, dim=0)
+    if form == "completeness":
+        total = a.sum()
+        if abs(float(total)) <= EPS:
+            return torch.full_like(a, score / a.numel())
+        return score * a / total
+    raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+
+
+def p2t_advantages(response_adv: float | Tensor, token_reward: Tensor, alpha: float = 0.1) -> Tensor:
+    """A_p2t[i, t] = A[i] + alpha * R2T[i, t].
+
+    response_adv: a float (with token_reward [T]) or a [N] tensor (with token_reward [N, T]).
+    alpha is 0.1 for short chains of thought, 1.0 for long ones (the paper's settings).
+    """
+    adv = torch.as_tensor(response_adv, dtype=torch.float32, device=token_reward.device)
+    if adv.dim() != token_reward.dim() - 1:
+        raise ValueError(f"response_adv has shape {tuple(adv.shape)} but token_reward has "
+                         f"{tuple(token_reward.shape)}; expected [] with [T] or [N] with [N, T]")
+    return adv[..., None] + alpha * token_reward.float()
+
+
+def is_near_flat(raw: Tensor, ratio: float = 1.5) -> bool:
+    """True when max/min of softmax(a) < ratio, i.e. P2T's paper form is nearly a constant shift."""
+    a = raw.detach().float()
+    # max/min of a softmax is exp(max a - min a): no need to normalize
+    return float(a.max() - a.min()) < math.log(ratio)
+
+
+@dataclass
+class P2TStats:
+    """How often P2T's softmax(a) is near-flat over a run."""
+
+    responses: int = 0
+    near_flat: int = 0
+
+    def add(self, raw: Tensor, ratio: float = 1.5) -> None:
+        self.responses += 1
+        self.near_flat += is_near_flat(raw, ratio)
+
+    @property
+    def near_flat_fraction(self) -> float:
+        return self.near_flat / self.responses if self.responses else 0.0
