@@ -15,7 +15,7 @@ from schemas.records import AnnotatedResponse, TaskRecord, TokenCredit, Verified
 
 from .advantages import gdpo, group_has_variance, grpo
 from .mrtpo import mrtpo_advantages
-from .p2t import P2TStats, attribute, is_near_flat, p2t_advantages, token_rewards
+from .p2t import P2TStats, attribute, p2t_advantages, token_rewards
 from .replay import build_replay_item, replay_distances
 
 CREDIT_KINDS = ("gdpo", "mrtpo", "p2t")
@@ -124,7 +124,7 @@ def _p2t(ok: Sequence[VerifiedSample], response_adv: torch.Tensor, config: Credi
     columns = []
     for i, a in enumerate(attributions):
         rewards = token_rewards(a.score, a.raw, form=config.p2t_form, omega=config.p2t_omega)
-        stats.add(is_near_flat(a.raw))
+        stats.add(a.raw)
         columns.append({"p2t_raw": a.raw.tolist(), "p2t_reward": rewards.tolist(),
                         "adv_p2t": p2t_advantages(float(response_adv[i]), rewards, config.p2t_alpha).tolist()})
     return columns, stats

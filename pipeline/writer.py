@@ -40,7 +40,9 @@ def _sha256(fs: pafs.FileSystem, path: str) -> str:
 
 
 def _write_atomic(fs: pafs.FileSystem, path: str, write) -> None:
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    # a leading dot hides a half-written file from pyarrow.dataset, DuckDB globs and `datasets`
+    folder, name = path.rsplit("/", 1)
+    tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
     write(tmp)
     fs.move(tmp, path)
 

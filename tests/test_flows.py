@@ -1,0 +1,106 @@
+"""The annotate flow end to end with the shipped tiny models: runners, resume, bad input, determinism."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+
+from flows.annotate import run_annotate_flow
+from pipeline.annotate import AnnotateConfig, run_annotation
+from pipeline.cli import main
+from pipeline.credit import CreditConfig
+from pipeline.sampling import SamplingConfig
+
+pytestmark = pytest.mark.slow
+
+SMALL = AnnotateConfig(limit=2, shard_size=2, sampling=SamplingConfig(n=3, max_new_tokens=40, seed=7),
+                       credit=CreditConfig(kinds=("gdpo", "mrtpo")))
+
+
+def sorted_rows(out: Path, table: str) -> list[dict]:
+    rows = ds.dataset(out / table, format="parquet").to_table().to_pylist()
+    key = ("response_id", "reward", "position") if table == "credits" else ("response_id",)
+    return sorted(rows, key=lambda r: tuple(r[k] for k in key))
+
+
+def test_thread_and_dask_runners_write_identical_rows(prefect_harness, tmp_path):
+    threads = run_annotate_flow(SMALL, str(tmp_path / "threads"), runner="threads", workers=2, progress=False)
+    dask = run_annotate_flow(SMALL, str(tmp_path / "dask"), runner="dask", workers=2, progress=False)
+    assert threads["totals"] == dask["totals"] and threads["totals"]["responses"] == 3 * 2 * 3
+    for table in ("responses", "credits"):
+        assert sorted_rows(tmp_path / "threads", table) == sorted_rows(tmp_path / "dask", table)
+
+
+def test_same_config_and_seed_give_the_same_checksum(prefect_harness, tmp_path):
+    first = run_annotate_flow(SMALL, str(tmp_path / "a"), progress=False)
+    second = run_annotation(SMALL, str(tmp_path / "b"), progress=False)
+    assert first["dataset_checksum"] == second["dataset_checksum"]
+    other_seed = AnnotateConfig(**{**SMALL.__dict__, "sampling": SamplingConfig(n=3, max_new_tokens=40, seed=8)})
+    assert run_annotation(other_seed, str(tmp_path / "c"), progress=False)["dataset_checksum"] != \
+        first["dataset_checksum"]
+
+
+def test_rerun_skips_completed_shards(prefect_harness, tmp_path):
+    out = tmp_path / "run"
+    first = run_annotate_flow(SMALL, str(out), run_id="r1", progress=False)
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "responses").glob("*.parquet")}
+    second = run_annotate_flow(SMALL, str(out), run_id="r1", progress=False)
+    assert second["dataset_checksum"] == first["dataset_checksum"]
+    assert {p: p.stat().st_mtime_ns for p in (out / "responses").glob("*.parquet")} == stamps
+
+
+def test_killed_run_resumes_without_duplicates_or_gaps(prefect_harness, tmp_path):
+    out = tmp_path / "killed"
+    args = ["annotate", "--out", str(out), "--limit", "3", "--shard-size", "1", "--n", "3",
+            "--max-new-tokens", "40", "--seed", "7", "--run-id", "kill-test"]
+    env = {**os.environ, "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while len(list((out / "_shards").glob("*.json"))) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    written = len(list((out / "_shards").glob("*.json")))
+    assert 2 <= written < 9, f"the kill should land mid-run ({written} of 9 shards written)"
+
+    assert main([*args, "--runner", "threads"]) == 0
+    full = tmp_path / "uninterrupted"
+    assert main([*args[:2], str(full), *args[3:], "--runner", "none"]) == 0
+    resumed_ids = [r["response_id"] for r in sorted_rows(out, "responses")]
+    assert len(resumed_ids) == len(set(resumed_ids)) == 3 * 3 * 3
+    for table in ("responses", "credits"):
+        assert sorted_rows(out, table) == sorted_rows(full, table)
+
+
+def test_bad_records_are_rejected_and_the_rest_annotated(prefect_harness, tmp_path, capsys):
+    demo = [json.loads(line) for line in
+            (Path(__file__).parent.parent / "verifiers/demo/tools.jsonl").read_text().splitlines()[:2]]
+    lines = [
+        json.dumps(demo[0]),
+        "{not json",
+        json.dumps({k: v for k, v in demo[1].items() if k != "prompt"}),
+        json.dumps({**demo[1], "id": "wrong-type", "prompt": 42}),
+        json.dumps({"id": "sql-missing-db", "task": "sql", "prompt": "Count rows.", "db": "nowhere.sqlite",
+                    "reference_sql": "SELECT 1", "reference_response": "<sql>SELECT 1</sql>"}),
+        json.dumps(demo[1]),
+    ]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "bad"
+    args = ["annotate", "--out", str(out), "--prompts", str(prompts), "--n", "2", "--max-new-tokens", "24",
+            "--limit", "0", "--runner", "none"]
+    assert main(args) == 0
+    assert main([*args, "--strict"]) == 1
+    rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines()]
+    assert [r["line_no"] for r in rejected] == [2, 3, 4, 5]
+    assert "prompt" in rejected[1]["reason"] and "db" in rejected[3]["reason"]
+    ids = {r["group_id"] for r in sorted_rows(out, "responses")}
+    assert ids == {demo[0]["id"], demo[1]["id"]}
