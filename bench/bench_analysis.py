@@ -1,0 +1,81 @@
+"""The Figure 6 queries (`analysis.TOP_SHARE_SQL`, `analysis.PART_SHARE_SQL`) over a 20-million-row credits table.
+
+    python bench/bench_analysis.py [--quick]
+
+The table: one `analysis.synthetic_run` shard (realistic distances, parts, gating) replicated by
+DuckDB `COPY ... TO parquet` with a copy suffix on response_id until it holds >= 20M rows (2M with
+--quick), under a temporary run directory in /tmp. Seconds per query are medians over repeats on one
+connection after a warm-up. Target: the top-3-share query under 10 s on 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from common import median_time, upsert_result, verdict
+
+TARGET_S = 10.0
+BASE_RESPONSES, TOKENS, REWARDS = 4096, 64, 3
+
+
+def build_run(out: Path, rows: int) -> int:
+    """Write a run directory with >= `rows` credit rows under `out`; returns the exact count."""
+    import duckdb
+
+    from pipeline.analysis import synthetic_run
+
+    base = synthetic_run(out / "base", BASE_RESPONSES, TOKENS, REWARDS, shard_responses=BASE_RESPONSES)
+    run = out / "run"
+    shutil.copytree(base / "responses", run / "responses")
+    (run / "credits").mkdir()
+    con = duckdb.connect()
+    source = f"read_parquet('{base}/credits/part-*.parquet')"
+    per_copy = con.execute(f"SELECT count(*) FROM {source}").fetchall()[0][0]
+    for c in range(math.ceil(rows / per_copy)):
+        con.execute(f"""COPY (SELECT * REPLACE (response_id || '~{c}' AS response_id) FROM {source})
+                        TO '{run}/credits/part-{c:05d}.parquet' (FORMAT parquet)""")
+    return con.execute(f"SELECT count(*) FROM read_parquet('{run}/credits/part-*.parquet')").fetchall()[0][0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2M rows instead of 20M, fewer repeats")
+    args = parser.parse_args()
+
+    from pipeline import analysis
+    from pipeline.query import connect
+
+    rows, repeats = (2_000_000, 2) if args.quick else (20_000_000, 3)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_analysis_", dir="/tmp"))
+    try:
+        start = time.perf_counter()
+        n = build_run(tmp, rows)
+        built = time.perf_counter() - start
+        con = connect(tmp / "run")
+        threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
+        sizes = f"{n:,} credit rows ({TOKENS} tokens x {REWARDS} rewards per response), DuckDB {threads} threads"
+        print(f"sizes: {sizes}; table written in {built:.1f} s")
+        seconds = {}
+        for name, fn in (("top_share", analysis.top_share), ("part_share", analysis.part_share)):
+            seconds[name], _ = median_time(lambda fn=fn: fn(con), repeats=repeats)
+            print(f"{name}: {seconds[name]:.2f} s per query (median of {repeats})")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    ok = seconds["top_share"] < TARGET_S
+    print(f"top-3-share under {TARGET_S:.0f} s: {verdict(ok)}")
+    upsert_result(
+        "Figure 6 queries on 20M credit rows (bench_analysis.py)",
+        "`analysis.top_share` and `analysis.part_share` over a replicated `synthetic_run` credits table "
+        "(Parquet in /tmp); seconds per query, median after a warm-up.",
+        "quick" if args.quick else "full", f"{sizes}; {repeats} reps, median",
+        f"top-3 share {seconds['top_share']:.2f} s, part share {seconds['part_share']:.2f} s",
+        f"top-3 share < {TARGET_S:.0f} s: {verdict(ok)}",
+    )
+
+
+if __name__ == "__main__":
+    main()

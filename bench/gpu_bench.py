@@ -1,0 +1,208 @@
+"""Replay, P2T and vLLM sampling throughput of a ~1.5B-parameter Qwen2-style model on one CUDA GPU.
+
+    python bench/gpu_bench.py [--quick] [--peak-tflops 790]      # on a CUDA machine; figures to $OUT if set
+    python bench/gpu_bench.py --smoke                             # CPU check of the script with a tiny config
+
+The model is built from a Qwen2-1.5B-shaped config with random weights in bf16 (nothing is
+downloaded). Inputs are random token ids: N responses of T tokens after a P-token task prompt and
+K feedback sections. Reported per benchmark: seconds, tokens per second (every token through the
+model: prompt + response of every sequence forwarded), and the fraction of the FLOP ceiling
+2 x parameters x tokens / peak (790 TFLOP/s by default). P2T's backward roughly doubles its FLOPs, so
+its fraction of the forward ceiling can reach ~1/3 at most. vLLM sampling runs when vllm imports.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("BENCH_THREADS", str(os.cpu_count()))  # common.py pins 1 thread for the shared CPU box
+import torch  # noqa: E402
+
+from common import upsert_result  # noqa: E402
+
+QWEN2_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                  num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                  rope_theta=1e6, tie_word_embeddings=True)
+SMOKE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True)
+PAD = 0
+
+
+def build(shape: dict, device: str, dtype: torch.dtype, reward_model: bool = False):
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+    config = Qwen2Config(**shape, pad_token_id=PAD, eos_token_id=1, bos_token_id=None, num_labels=1)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = (Qwen2ForSequenceClassification if reward_model else Qwen2ForCausalLM)(config)
+    return model.to(dtype).eval()
+
+
+def timed(fn, device: str, repeats: int) -> float:
+    """Median seconds of fn() after one warm-up call, synchronizing the GPU around each call."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def random_items(n: int, prompt: int, section: int, k: int, response: int, vocab: int, seed: int = 0):
+    """ReplayItems with every pair ungated: P_all = task + K sections + marker, P_\\k drops section k."""
+    from pipeline.replay import ReplayItem
+
+    rng = random.Random(seed)
+    ids = lambda m: [rng.randrange(2, vocab) for _ in range(m)]  # noqa: E731 - 0, 1 are pad and eos
+    items = []
+    for _ in range(n):
+        task, sections, marker = ids(prompt), [ids(section) for _ in range(k)], ids(4)
+        joined = lambda drop: task + [t for j, s in enumerate(sections) if j != drop for t in s] + marker  # noqa: E731
+        items.append(ReplayItem(joined(None), [joined(j) for j in range(k)], ids(response)))
+    return items
+
+
+def figure(seconds: float, tokens: int, params: int, peak: float) -> dict:
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "ceiling_fraction": 2 * params * tokens / seconds / peak}
+
+
+def bench_replay(model, items, device, repeats, params, peak, batch_size=16) -> dict:
+    from pipeline.replay import replay_distances
+
+    seqs = [p + it.response_ids for it in items for p in [it.all_prompt_ids, *it.drop_prompt_ids]]
+    seconds = timed(lambda: replay_distances(model, items, batch_size=batch_size, chunk_size=128), device, repeats)
+
+    by_length: dict[int, list[list[int]]] = {}
+    for s in seqs:
+        by_length.setdefault(len(s), []).append(s)
+
+    @torch.inference_mode()
+    def forward():  # batches of equal length: no padding needed
+        for group in by_length.values():
+            for start in range(0, len(group), batch_size):
+                model(input_ids=torch.tensor(group[start:start + batch_size], device=device)).logits
+
+    plain = timed(forward, device, repeats)
+    tokens = sum(map(len, seqs))
+    return {**figure(seconds, tokens, params, peak), "plain_forward_seconds": plain, "over_plain": seconds / plain,
+            "replayed_tokens": sum(len(it.response_ids) * len(it.drop_prompt_ids) for it in items)}
+
+
+def bench_p2t(rm, items, device, repeats, params, peak, batch_size=8) -> dict:
+    from pipeline.p2t import attribute
+
+    prompts, responses = [it.all_prompt_ids for it in items], [it.response_ids for it in items]
+    seconds = timed(lambda: attribute(rm, prompts, responses, batch_size=batch_size), device, repeats)
+
+    @torch.inference_mode()
+    def forward():
+        for start in range(0, len(items), batch_size):
+            rm(input_ids=torch.tensor([p + r for p, r in zip(prompts[start:start + batch_size],
+                                                             responses[start:start + batch_size])], device=device))
+
+    plain = timed(forward, device, repeats)
+    tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
+    return {**figure(seconds, tokens, params, peak), "plain_forward_seconds": plain, "over_plain": seconds / plain}
+
+
+def bench_vllm(model, items, samples: int, response: int, params, peak) -> dict:
+    """vLLM generation of `samples` responses of exactly `response` tokens per item's P_all prompt."""
+    from vllm import LLM, SamplingParams
+
+    torch.cuda.empty_cache()  # the policy is on the CPU now; vLLM sizes its KV cache from free memory
+    folder = Path(tempfile.mkdtemp(prefix="gpu_bench_model_"))
+    try:
+        model.save_pretrained(folder, safe_serialization=True)
+        llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype="bfloat16", gpu_memory_utilization=0.6,
+                  seed=0)
+        params_ = SamplingParams(n=samples, max_tokens=response, min_tokens=response, ignore_eos=True,
+                                 temperature=1.0, detokenize=False, seed=0)
+        prompts = [{"prompt_token_ids": it.all_prompt_ids} for it in items]
+        llm.generate(prompts[:2], params_)  # warm-up
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params_)
+        seconds = time.perf_counter() - start
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    generated = sum(len(o.token_ids) for out in outputs for o in out.outputs)
+    prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
+    return {**figure(seconds, generated + prompt_tokens, params, peak), "generated_tokens": generated,
+            "generated_per_s": generated / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer responses and repeats")
+    parser.add_argument("--smoke", action="store_true", help="run on CPU with a tiny config (checks the script)")
+    parser.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense peak of the GPU")
+    args = parser.parse_args()
+    if not args.smoke and not torch.cuda.is_available():
+        sys.exit("gpu_bench.py: no CUDA device here (torch.cuda.is_available() is False); nothing was run. "
+                 "Run it on a CUDA machine, or with --smoke to check the script on CPU.")
+
+    device, dtype, shape = ("cpu", torch.float32, SMOKE) if args.smoke else ("cuda", torch.bfloat16, QWEN2_1_5B)
+    n, prompt, section, k, response, samples = (8, 32, 8, 3, 32, 2) if args.smoke else (
+        (32, 256, 32, 3, 512, 4) if args.quick else (64, 256, 32, 3, 512, 4))
+    repeats = 1 if args.smoke else (2 if args.quick else 3)
+    peak = args.peak_tflops * 1e12
+    sizes = (f"{n} responses x T={response} after a {prompt}-token prompt + {k} feedback sections of {section} "
+             f"tokens; replay batch 16, P2T batch 8, vLLM {samples} samples per prompt; {repeats} reps, median")
+    policy = build(shape, device, dtype)
+    params = sum(p.numel() for p in policy.parameters())
+    print(f"sizes: {params / 1e9:.3f}B-param Qwen2-style model, {dtype}, {device}; {sizes}", flush=True)
+    items = random_items(n, prompt, section, k, response, shape["vocab_size"])
+    results: dict = {"params": params, "sizes": sizes, "peak_tflops": args.peak_tflops}
+
+    results["replay"] = bench_replay(policy, items, device, repeats, params, peak)
+    print(f"replay: {json.dumps(results['replay'])}", flush=True)
+    rm = build(shape, device, dtype, reward_model=True)
+    results["p2t"] = bench_p2t(rm, items, device, repeats, params, peak)
+    print(f"p2t: {json.dumps(results['p2t'])}", flush=True)
+    del rm
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        results["vllm"] = "vllm not importable: skipped"
+    else:
+        try:
+            results["vllm"] = bench_vllm(policy.cpu(), items, samples, response, params, peak)
+            results["replay_over_vllm_sampling"] = results["replay"]["seconds"] / results["vllm"]["seconds"]
+        except Exception as error:  # noqa: BLE001 - keep the other figures when vLLM fails to start
+            results["vllm"] = f"failed: {type(error).__name__}: {error}"
+    print(f"vllm: {json.dumps(results['vllm'])}", flush=True)
+    results["machine"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
+
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu_bench.json").write_text(json.dumps(results, indent=2))
+    if args.smoke:
+        return  # a tiny CPU model measures nothing worth recording
+    r, p = results["replay"], results["p2t"]
+    vllm_text = (f"vLLM {results['vllm']['generated_per_s']:,.0f} generated tok/s "
+                 f"(replay {results['replay_over_vllm_sampling']:.2f}x of sampling)"
+                 if isinstance(results["vllm"], dict) else f"vLLM {results['vllm']}")
+    upsert_result(
+        "GPU: 1.5B Qwen2-style model (gpu_bench.py)",
+        "Random-weight bf16 Qwen2-1.5B-shaped model; tokens/s over every forwarded token and the fraction of "
+        "the FLOP ceiling 2 x params x tokens / peak.",
+        "quick" if args.quick else "full", sizes,
+        f"replay {r['tokens_per_s']:,.0f} tok/s ({r['ceiling_fraction']:.0%} of ceiling, {r['over_plain']:.2f}x "
+        f"plain forward); P2T {p['tokens_per_s']:,.0f} tok/s ({p['ceiling_fraction']:.0%}, {p['over_plain']:.2f}x "
+        f"plain forward); {vllm_text}",
+        f"peak {args.peak_tflops:.0f} TFLOP/s",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Load the policy and the reward model from local folders only: tokencredit never downloads.
+
+A model argument is either a folder (`config.json`, `*.safetensors`, tokenizer files) or a Hugging Face
+repo id that is already in the local cache. `None` means the tiny models shipped inside the package.
+Only safetensors weights are accepted (a pickled `.bin` checkpoint can run code when loaded), and remote
+code runs only when the caller asks for it.
+"""
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+DEFAULT_POLICY = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-policy"))
+DEFAULT_REWARD_MODEL = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-rm"))
+
+
+def model_name(path: str | Path | None, default: Path = DEFAULT_POLICY) -> str:
+    """What the dataset records as the model: the argument as given, or the shipped model's name."""
+    return str(path) if path is not None else f"tokencredit/{default.name}"
+
+
+def resolve_model_path(path: str | Path | None, default: Path) -> Path:
+    """The local folder of a model: `path` itself, its snapshot in the local HF cache, or `default`."""
+    if path is None:
+        path = default
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        return _check_safetensors(folder)
+    from huggingface_hub import snapshot_download
+    try:
+        return _check_safetensors(Path(snapshot_download(str(path), local_files_only=True)))
+    except Exception as error:  # noqa: BLE001 - hub errors vary (bad repo id, not cached, offline)
+        raise FileNotFoundError(
+            f"model {str(path)!r}: no such local folder and not in the local Hugging Face cache "
+            f"({type(error).__name__}); tokencredit never downloads weights, pass a local folder") from error
+
+
+def _check_safetensors(folder: Path) -> Path:
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model folder {str(folder)!r} has no config.json")
+    if not any(folder.glob("*.safetensors")):
+        found = sorted(p.name for p in folder.glob("*.bin"))
+        raise ValueError(f"model folder {str(folder)!r} has no *.safetensors weights"
+                         + (f" (found {found}: pickled checkpoints are refused; convert them with "
+                            "save_pretrained(..., safe_serialization=True))" if found else ""))
+    return folder
+
+
+def load_tokenizer(path: str | Path | None = None, *, default: Path = DEFAULT_POLICY,
+                   trust_remote_code: bool = False):
+    """The model's tokenizer, with a pad token (eos when it has none) and left padding for generation."""
+    folder = resolve_model_path(path, default)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer of {str(folder)!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _load(auto_class, path, default, device, dtype, trust_remote_code):
+    folder = resolve_model_path(path, default)
+    # float32 by default: the stored sampling log-probs must match a later teacher-forced forward.
+    model = auto_class.from_pretrained(folder, local_files_only=True, use_safetensors=True,
+                                       trust_remote_code=trust_remote_code, dtype=dtype or torch.float32)
+    tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model.to(device).eval(), tokenizer
+
+
+def load_policy(path: str | Path | None = None, *, device: str = "cpu", dtype=None,
+                trust_remote_code: bool = False):
+    """(causal LM in eval mode on `device`, tokenizer). `dtype`: torch dtype or name; None = float32."""
+    return _load(AutoModelForCausalLM, path, DEFAULT_POLICY, device, dtype, trust_remote_code)
+
+
+def load_reward_model(path: str | Path | None = None, *, device: str = "cpu", dtype=None,
+                      trust_remote_code: bool = False):
+    """(sequence classifier with one output, the scalar reward, in eval mode; tokenizer)."""
+    model, tokenizer = _load(AutoModelForSequenceClassification, path, DEFAULT_REWARD_MODEL, device, dtype,
+                             trust_remote_code)
+    if model.config.num_labels != 1:
+        raise ValueError(f"reward model {str(path or DEFAULT_REWARD_MODEL)!r} has num_labels="
+                         f"{model.config.num_labels}; a reward model has one output (num_labels=1)")
+    return model, tokenizer

@@ -1,0 +1,358 @@
+"""Token-credited training from a run directory (method.md section 5).
+
+    run dir --DuckDB `training` view--> Examples --collate--> batch --train_step--> AdamW
+
+Objectives: `pg`, the clipped offline policy gradient on per-token advantages (any kind of the
+view, or a mix such as "mrtpo:0.5,gdpo:0.5"), and `sft`, token-weighted SFT whose weights are
+the view's `sft_weight` (advantage=None) or the positive part of the chosen advantage.
+
+The output directory holds
+
+    out/checkpoint-{step}/   model (safetensors), tokenizer, trainer_state.pt, train_config.json
+    out/final/               the same after the last step
+    out/metrics.csv          step, loss, mean_advantage, tokens (one row per optimizer step)
+    out/metrics.png          those curves
+
+A checkpoint is written to a temporary folder and renamed into place, so one that exists is
+complete. Re-running with the same `out` resumes from the latest checkpoint: weights, AdamW
+state, step and torch RNG state are restored, and the batch of each step is a pure function of
+(seed, step), so the resumed run sees the batches an uninterrupted run would have seen.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
+from .losses import IGNORE_INDEX, policy_gradient_loss, token_weighted_sft_loss
+from .models import load_policy
+from .query import connect
+
+ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t")
+OBJECTIVES = ("pg", "sft")
+STATE_FILE = "trainer_state.pt"
+CONFIG_FILE = "train_config.json"
+METRICS = ("step", "loss", "mean_advantage", "tokens")
+# Config fields that shape the training trajectory: a resume must not change them.
+RESUME_KEYS = ("data", "advantage", "objective", "model", "batch_size", "lr", "clip_eps", "seed", "lora")
+
+
+@dataclass
+class TrainConfig:
+    data: str  # run directory written by annotate
+    out: str  # checkpoint folder
+    advantage: str | None = "mrtpo"  # gdpo | mrtpo | p2t | "mrtpo:0.5,gdpo:0.5"; None: sft_weight (sft only)
+    objective: str = "pg"  # pg | sft
+    model: str | None = None  # local policy folder; None = the shipped tiny policy
+    steps: int = 50
+    batch_size: int = 16
+    lr: float = 1e-4
+    clip_eps: float = 0.2
+    seed: int = 0
+    device: str = "cpu"
+    lora: bool = False  # LoRA adapters via `peft` (optional); checkpoints then hold only the adapter
+    save_every: int = 25
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"TrainConfig.objective: {self.objective!r} is not one of {OBJECTIVES}")
+        if self.advantage is None and self.objective == "pg":
+            raise ValueError("TrainConfig.advantage: objective 'pg' needs an advantage kind")
+        if self.advantage is not None:
+            parse_advantage(self.advantage)
+        for name in ("steps", "batch_size", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+def parse_advantage(spec: str) -> dict[str, float]:
+    """'mrtpo' -> {'mrtpo': 1.0}; 'mrtpo:0.5,gdpo:0.5' -> {'mrtpo': 0.5, 'gdpo': 0.5}."""
+    mix: dict[str, float] = {}
+    for part in spec.split(","):
+        kind, _, coef = part.strip().partition(":")
+        if kind not in ADVANTAGE_KINDS:
+            raise ValueError(f"unknown advantage kind {kind!r} in {spec!r}: choose from "
+                             f"{', '.join(ADVANTAGE_KINDS)} or a mix like 'mrtpo:0.5,gdpo:0.5'")
+        try:
+            mix[kind] = mix.get(kind, 0.0) + (float(coef) if coef else 1.0)
+        except ValueError:
+            raise ValueError(f"advantage {spec!r}: coefficient {coef!r} of {kind!r} is not a number") from None
+    return mix
+
+
+# --- reading the training view ------------------------------------------------------------------
+
+
+def read_training(data: str | Path, advantage: str | None) -> list[dict[str, Any]]:
+    """Rows of the run's `training` view (ordered by response_id); with `advantage` given, each row
+    also has `advantages`: the chosen kind, or the coefficient-weighted sum of a mix, per token.
+
+    Raises ValueError naming the kind, the run directory and a response id when the kind's column
+    is missing or NULL, or when a list is not aligned with token_ids.
+    """
+    mix = parse_advantage(advantage) if advantage is not None else {}
+    columns = ", ".join(["response_id", "group_id", "task", "prompt", "response", "prompt_token_ids",
+                         "token_ids", "sample_logprobs", "sft_weight", *(f"adv_{k}" for k in mix)])
+    try:
+        rows = connect(data).sql(f"SELECT {columns} FROM training ORDER BY response_id").to_arrow_table().to_pylist()
+    except duckdb.BinderException as err:
+        raise ValueError(f"run dir {data}: cannot read advantage {advantage!r} from the training view "
+                         f"({str(err).splitlines()[0]})") from err
+    if not rows:
+        raise ValueError(f"run dir {data}: the training view is empty (no response with status 'ok')")
+    for row in rows:
+        for kind in mix:
+            if row[f"adv_{kind}"] is None:
+                missing = sum(r[f"adv_{kind}"] is None for r in rows)
+                raise ValueError(f"run dir {data}: advantage kind {kind!r} (column adv_{kind}) is NULL for "
+                                 f"{missing} of {len(rows)} responses, e.g. response {row['response_id']!r}; "
+                                 f"that credit was not computed for this run: choose another kind")
+            _check_aligned(row, data, f"adv_{kind}")
+        _check_aligned(row, data, "sft_weight")  # after the kinds: it derives from adv_mrtpo
+        if mix:
+            per_kind = [np.asarray(row[f"adv_{k}"], dtype=np.float64) * c for k, c in mix.items()]
+            row["advantages"] = np.sum(per_kind, axis=0).tolist()
+    return rows
+
+
+def _check_aligned(row: dict[str, Any], data: str | Path, field: str) -> None:
+    if len(row[field]) != len(row["token_ids"]):
+        raise ValueError(f"run dir {data}: response {row['response_id']!r}: field {field!r} has "
+                         f"{len(row[field])} values for {len(row['token_ids'])} tokens")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One response to train on; `credit` and `sample_logprobs` align with `token_ids`."""
+
+    response_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    sample_logprobs: list[float]
+    credit: list[float]  # per-token advantage (pg) or SFT weight (sft)
+
+
+def load_examples(data: str | Path, advantage: str | None, objective: str) -> list[Example]:
+    """The run's responses as Examples. Responses without tokens are dropped, and for `sft` also those
+    whose weights are all zero: they add nothing to the numerator or the denominator of the loss."""
+    examples = []
+    for row in read_training(data, advantage):
+        if objective == "pg":
+            credit = row["advantages"]
+            if row["sample_logprobs"] is None:
+                raise ValueError(f"run dir {data}: response {row['response_id']!r}: field 'sample_logprobs' "
+                                 f"is NULL; objective 'pg' needs the sampling log-probabilities")
+            _check_aligned(row, data, "sample_logprobs")
+        else:
+            credit = row["sft_weight"] if advantage is None else [max(a, 0.0) for a in row["advantages"]]
+        if not row["prompt_token_ids"]:
+            raise ValueError(f"run dir {data}: response {row['response_id']!r}: field 'prompt_token_ids' is "
+                             f"empty; the first response token needs a prompt to be predicted from")
+        if not row["token_ids"] or (objective == "sft" and not any(credit)):
+            continue
+        examples.append(Example(row["response_id"], row["prompt_token_ids"], row["token_ids"],
+                                row["sample_logprobs"] or [0.0] * len(credit), credit))
+    if not examples:
+        raise ValueError(f"run dir {data}: no response has tokens to train on with objective "
+                         f"{objective!r} and advantage {advantage!r}")
+    return examples
+
+
+# --- tensors --------------------------------------------------------------------------------------
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, Tensor]:
+    """Right-padded prompt + response batch, every tensor [B, L] with L = the longest prompt + response.
+
+    input_ids (pad_id past the end), attention_mask (1 = real token), labels (the response token ids
+    at their own positions, IGNORE_INDEX on prompt and padding: Hugging Face's unshifted layout),
+    and, aligned with labels (0 elsewhere), credit and sample_logprobs.
+    """
+    length = max(len(e.prompt_ids) + len(e.token_ids) for e in examples)
+    shape = (len(examples), length)
+    batch = {"input_ids": torch.full(shape, pad_id, dtype=torch.long),
+             "attention_mask": torch.zeros(shape, dtype=torch.long),
+             "labels": torch.full(shape, IGNORE_INDEX, dtype=torch.long),
+             "credit": torch.zeros(shape), "sample_logprobs": torch.zeros(shape)}
+    for b, e in enumerate(examples):
+        P, T = len(e.prompt_ids), len(e.token_ids)
+        batch["input_ids"][b, :P + T] = torch.tensor(e.prompt_ids + e.token_ids)
+        batch["attention_mask"][b, :P + T] = 1
+        batch["labels"][b, P:P + T] = torch.tensor(e.token_ids)
+        batch["credit"][b, P:P + T] = torch.tensor(e.credit)
+        batch["sample_logprobs"][b, P:P + T] = torch.tensor(e.sample_logprobs)
+    return batch
+
+
+def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
+    """log pi(labels[:, t + 1] | ...) from logits[:, t]: [B, L, V], [B, L] -> [B, L - 1] float32,
+    0 where the label is IGNORE_INDEX. cross_entropy avoids a [B, L, V] log-softmax copy."""
+    targets = labels[:, 1:]
+    nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets.clamp(min=0), reduction="none")
+    return torch.where(targets != IGNORE_INDEX, -nll, 0.0)
+
+
+def train_step(model, batch: dict[str, Tensor], objective: str, optimizer: torch.optim.Optimizer,
+               clip_eps: float = 0.2) -> dict[str, float]:
+    """One forward, backward and optimizer step on a collate() batch (on the model's device).
+
+    Returns loss, mean_advantage (mean credit over the response tokens: the advantage for `pg`,
+    the SFT weight for `sft`) and tokens (number of response tokens).
+    """
+    model.train()
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"]
+    mask = labels[:, 1:] != IGNORE_INDEX
+    credit = batch["credit"][:, 1:]
+    if objective == "sft":
+        loss = token_weighted_sft_loss(logits, labels, batch["credit"])
+    elif objective == "pg":
+        loss = policy_gradient_loss(token_logprobs(logits, labels), batch["sample_logprobs"][:, 1:], credit,
+                                    mask, clip_eps)
+    else:
+        raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return {"loss": loss.item(), "mean_advantage": credit[mask].mean().item(), "tokens": int(mask.sum())}
+
+
+def batch_indices(n: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """Example indices of 0-based step `step`: consecutive slices of a stream of per-epoch
+    permutations seeded by (seed, epoch), so the batch depends on (seed, step) only."""
+    positions = range(step * batch_size, (step + 1) * batch_size)
+    perms = {epoch: np.random.default_rng([seed, epoch]).permutation(n)
+             for epoch in {pos // n for pos in positions}}
+    return [int(perms[pos // n][pos % n]) for pos in positions]
+
+
+# --- model, checkpoints, metrics --------------------------------------------------------------------
+
+
+def load_model(config: TrainConfig, checkpoint: Path | None):
+    """(model, tokenizer) from the latest checkpoint, else from config.model (or the shipped policy)."""
+    if not config.lora:
+        return load_policy(checkpoint or config.model, device=config.device)
+    try:
+        from peft import LoraConfig, PeftModel, get_peft_model
+    except ImportError as err:
+        raise ImportError("TrainConfig.lora=True needs the optional package `peft` (pip install peft)") from err
+    model, tokenizer = load_policy(config.model, device=config.device)
+    if checkpoint is not None:  # a LoRA checkpoint holds only the adapter
+        return PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True), tokenizer
+    lora = LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear")
+    return get_peft_model(model, lora), tokenizer
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    steps = [int(p.name.split("-", 1)[1]) for p in out.glob("checkpoint-*") if p.name.split("-", 1)[1].isdigit()]
+    return out / f"checkpoint-{max(steps)}" if steps else None
+
+
+def _identity(config: TrainConfig) -> dict[str, Any]:
+    fields = {key: getattr(config, key) for key in RESUME_KEYS}
+    fields["data"] = str(Path(config.data).resolve())
+    return fields
+
+
+def save_checkpoint(model, tokenizer, optimizer, step: int, config: TrainConfig, dest: Path) -> Path:
+    """Weights (safetensors), tokenizer and trainer state into `dest`, atomically (tmp folder + rename)."""
+    tmp = dest.with_name(f"{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    state = {"step": step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    torch.save(state, tmp / STATE_FILE)
+    (tmp / CONFIG_FILE).write_text(json.dumps({**asdict(config), "identity": _identity(config)}, indent=2))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def restore(checkpoint: Path, config: TrainConfig, optimizer) -> int:
+    """Load optimizer and RNG state from a checkpoint of the same configuration; returns its step."""
+    saved = json.loads((checkpoint / CONFIG_FILE).read_text())["identity"]
+    changed = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in _identity(config).items() if saved.get(k) != v]
+    if changed:
+        raise ValueError(f"{checkpoint.parent} holds a run with another configuration ({'; '.join(changed)}); "
+                         f"use a new out dir or the same settings")
+    state = torch.load(checkpoint / STATE_FILE, weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return int(state["step"])
+
+
+def reset_metrics(path: Path, through_step: int) -> None:
+    """Keep the rows of steps <= through_step (steps after the resumed checkpoint are redone)."""
+    rows = []
+    if path.exists():
+        with path.open() as f:
+            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= through_step]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRICS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_metrics(csv_path: Path, png_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with csv_path.open() as f:
+        rows = list(csv.DictReader(f))
+    steps = [int(r["step"]) for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for ax, key in zip(axes, ("loss", "mean_advantage")):
+        ax.plot(steps, [float(r[key]) for r in rows], marker=".")
+        ax.set_xlabel("step")
+        ax.set_title(key)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+
+def train(config: TrainConfig) -> Path:
+    """Train (or resume training) from config.data; returns the final checkpoint folder out/final."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)  # LoRA init; a resume then restores the saved RNG state
+    examples = load_examples(config.data, config.advantage, config.objective)
+    checkpoint = latest_checkpoint(out)
+    model, tokenizer = load_model(config, checkpoint)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
+    start = restore(checkpoint, config, optimizer) if checkpoint else 0
+    metrics_csv = out / "metrics.csv"
+    reset_metrics(metrics_csv, start)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    with metrics_csv.open("a", newline="") as f:
+        log = csv.DictWriter(f, fieldnames=METRICS)
+        progress = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train")
+        for step in progress:
+            batch = collate([examples[i] for i in batch_indices(len(examples), config.batch_size, config.seed, step)],
+                            pad_id)
+            row = train_step(model, {k: v.to(device) for k, v in batch.items()}, config.objective, optimizer,
+                             config.clip_eps)
+            log.writerow({"step": step + 1, **row})
+            f.flush()
+            progress.set_postfix(loss=f"{row['loss']:.4f}")
+            if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
+                save_checkpoint(model, tokenizer, optimizer, step + 1, config, out / f"checkpoint-{step + 1}")
+    plot_metrics(metrics_csv, out / "metrics.png")
+    return save_checkpoint(model, tokenizer, optimizer, max(start, config.steps), config, out / "final")

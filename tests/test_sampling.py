@@ -1,0 +1,227 @@
+"""Sampling with a real tiny random Llama saved to disk: determinism, batching, log-probs, stopping."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from pipeline.models import load_policy
+from pipeline.prompts import sampling_prompt
+from pipeline.sampling import SamplingConfig, TransformersSampler, choose_tokens, make_sampler
+from schemas.records import RecordError, SqlSpec, TaskRecord
+from tests.test_models import save_tiny_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ["How many concerts were held in 2014?", "List the names of all singers.",
+           "Write a haiku about the sea, in lower case.", "Call the weather tool for Paris.",
+           "Which stadium has the largest capacity? Answer with one SQL query."]
+
+
+def record(i: int, prompt: str | None = None) -> TaskRecord:
+    return TaskRecord(id=f"r{i}", task="sql", prompt=PROMPTS[i] if prompt is None else prompt,
+                      reference_response="<sql>SELECT 1</sql>", spec=SqlSpec("concerts.sqlite", "SELECT 1"))
+
+
+RECORDS = [record(i) for i in range(len(PROMPTS))]
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    return save_tiny_policy(tmp_path_factory.mktemp("tiny-policy"))
+
+
+@pytest.fixture(scope="module")
+def policy(policy_dir):
+    return load_policy(policy_dir)
+
+
+@pytest.fixture(scope="module")
+def sampler(policy):
+    model, tokenizer = policy
+    return TransformersSampler(model, tokenizer, "tiny", progress=False)
+
+
+def tokens(samples):
+    return {s.response_id: s.token_ids for s in samples}
+
+
+def config(**changes) -> SamplingConfig:
+    return dataclasses.replace(SamplingConfig(n=2, max_new_tokens=24), **changes)
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(sampler):
+    first = sampler.sample(RECORDS[:2], config(seed=3))
+    assert tokens(first) == tokens(sampler.sample(RECORDS[:2], config(seed=3)))
+    assert tokens(first) != tokens(sampler.sample(RECORDS[:2], config(seed=4)))
+
+
+def test_tokens_do_not_depend_on_the_rest_of_the_batch(sampler):
+    alone = tokens(sampler.sample([RECORDS[2]], config(n=3)))
+    # other records before and after it, and a batch size that splits its 3 rows over two batches
+    for batch_size in (32, 5):
+        mixed = tokens(sampler.sample([RECORDS[0], RECORDS[4], RECORDS[2], RECORDS[1]],
+                                      config(n=3, batch_size=batch_size)))
+        assert {k: mixed[k] for k in alone} == alone
+
+
+def test_greedy_batch_equals_single_and_huggingface_generate(policy, sampler):
+    model, tokenizer = policy
+    greedy = config(n=1, temperature=0.0, max_new_tokens=20)
+    batched = sampler.sample(RECORDS, greedy)
+    for rec, sample in zip(RECORDS, batched):
+        assert sampler.sample([rec], greedy)[0].token_ids == sample.token_ids
+        ids = torch.tensor([sample.prompt_token_ids])
+        reference = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False)
+        assert reference[0, ids.shape[1]:].tolist() == sample.token_ids
+
+
+def test_left_padding_keeps_absolute_positions(policy):
+    """Llama's rotary positions are shift-invariant; GPT-2's learned absolute positions are not, so this
+    catches position ids that count the padding."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _, tokenizer = policy
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=48, n_layer=2, n_head=4,
+                                      initializer_range=0.3, bos_token_id=1, eos_token_id=2)).eval()
+    sampler = TransformersSampler(gpt2, tokenizer, "gpt2", progress=False)
+    greedy = config(n=1, temperature=0.0, max_new_tokens=12)
+    batched = tokens(sampler.sample(RECORDS, greedy))
+    assert batched == {k: v for rec in RECORDS for k, v in tokens(sampler.sample([rec], greedy)).items()}
+
+
+def test_sample_logprobs_equal_a_teacher_forced_forward(policy, sampler):
+    model, _ = policy
+    # temperature and top-p change which tokens are drawn, never the stored (raw) log-probs
+    for sample in sampler.sample(RECORDS, config(n=2, temperature=0.7, top_p=0.9, max_new_tokens=32)):
+        ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(ids).logits[0].float(), -1)
+        P, T = len(sample.prompt_token_ids), len(sample.token_ids)
+        expected = logprobs[P - 1: P + T - 1].gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(sample.sample_logprobs), expected, rtol=0, atol=1e-4)
+
+
+def test_stop_string_ends_the_response_at_the_completing_token(sampler):
+    free = sampler.sample([RECORDS[1]], config(n=1, max_new_tokens=40))[0]
+    stop = free.response[10:12]  # two characters: the stop string completes on a later token than it starts
+    stopped = sampler.sample([RECORDS[1]], config(n=1, max_new_tokens=40, stop=(stop,)))[0]
+    T = len(stopped.token_ids)
+    assert stopped.token_ids == free.token_ids[:T] and T < len(free.token_ids)
+    assert stop in stopped.response
+    assert stop not in sampler.tokenizer.decode(stopped.token_ids[:-1], skip_special_tokens=True)
+    assert len(stopped.sample_logprobs) == T
+
+
+def test_eos_is_kept_and_ends_the_response(policy_dir):
+    model, tokenizer = load_policy(policy_dir)
+    greedy = config(n=1, temperature=0.0, max_new_tokens=30)
+    free = TransformersSampler(model, tokenizer, "tiny", progress=False).sample([RECORDS[0]], greedy)[0]
+    target = free.token_ids[8]
+    # give eos the same output row as `target`: the tie goes to the lower id, eos (2), so greedy decoding
+    # emits eos exactly where it first emitted `target`
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id] = model.lm_head.weight[target]
+    ended = TransformersSampler(model, tokenizer, "tiny", progress=False).sample([RECORDS[0]], greedy)[0]
+    cut = free.token_ids.index(target)
+    assert ended.token_ids == free.token_ids[:cut] + [tokenizer.eos_token_id]
+    assert ended.response == tokenizer.decode(free.token_ids[:cut]) and "</s>" not in ended.response
+    assert len(ended.sample_logprobs) == cut + 1
+
+
+def test_n_samples_per_prompt_with_unique_ids(policy, sampler):
+    _, tokenizer = policy
+    samples = sampler.sample(RECORDS[:3], config(n=5, seed=7))
+    assert [s.response_id for s in samples] == [f"r{i}/{j}" for i in range(3) for j in range(5)]
+    for s in samples:
+        rec = RECORDS[int(s.group_id[1:])]
+        assert s.prompt == sampling_prompt(rec.prompt) and s.task == "sql" and s.seed == 7 and s.model == "tiny"
+        assert s.prompt_token_ids == tokenizer(s.prompt)["input_ids"]
+        assert len(s.token_ids) == len(s.sample_logprobs)
+        assert len(s.token_ids) == 24 or s.token_ids[-1] == tokenizer.eos_token_id  # ran out or ended
+        assert tokenizer.eos_token_id not in s.token_ids[:-1]
+        assert s.response == tokenizer.decode(s.token_ids, skip_special_tokens=True)
+    assert len({tuple(s.token_ids) for s in samples}) == 15
+
+
+def test_tiny_top_p_is_greedy(sampler):
+    greedy = tokens(sampler.sample(RECORDS, config(n=1, temperature=0.0)))
+    assert tokens(sampler.sample(RECORDS, config(n=1, temperature=1.0, top_p=1e-6))) == greedy
+
+
+def test_choose_tokens_follows_the_tempered_nucleus_distribution():
+    logits = torch.tensor([2.0, 1.5, 0.3, 0.0, -1.0, -3.0])
+    draws = 20000
+    uniforms = torch.rand(draws, generator=torch.Generator().manual_seed(0))
+    chosen = choose_tokens(logits.expand(draws, -1), uniforms, temperature=0.8, top_p=0.75)
+    weights = np.exp(logits.double().numpy() / 0.8)
+    probs = weights / weights.sum()
+    keep = np.cumsum(probs) - probs < 0.75  # already sorted: the nucleus is a prefix
+    expected = np.where(keep, probs, 0) / probs[keep].sum()
+    counts = np.bincount(chosen.numpy(), minlength=6)
+    assert counts[~keep].sum() == 0
+    assert stats.chisquare(counts[keep], expected[keep] * draws).pvalue > 1e-3
+
+
+def test_chat_template_renders_the_prompt(policy_dir):
+    model, tokenizer = load_policy(policy_dir)
+    tokenizer.chat_template = "{% for m in messages %}<s>user: {{ m['content'] }}\n{% endfor %}assistant: "
+    sample = TransformersSampler(model, tokenizer, "tiny", progress=False).sample([RECORDS[0]], config(n=1))[0]
+    assert sample.prompt == f"<s>user: {PROMPTS[0]}\nassistant: "
+    assert sample.prompt_token_ids[0] == tokenizer.bos_token_id
+    assert sample.prompt_token_ids == tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
+
+
+def test_bad_records_and_configs_are_named(sampler):
+    with pytest.raises(RecordError, match="'r9'.*'prompt'"):
+        sampler.sample([record(9, "   ")], config())
+    with pytest.raises(RecordError, match="'r0'.*'id'"):
+        sampler.sample([RECORDS[0], RECORDS[0]], config())
+    with pytest.raises(ValueError, match="temperature=-1, top_p=0.0"):
+        SamplingConfig(top_p=0.0, temperature=-1)  # names every bad field
+    with pytest.raises(ValueError, match="unknown sampling backend 'hf'.*transformers, vllm"):
+        make_sampler("hf")
+
+
+def test_cpu_path_never_imports_vllm(policy_dir):
+    code = ("import sys; from pipeline.sampling import make_sampler, SamplingConfig; from tests.test_sampling import "
+            f"RECORDS; make_sampler('transformers', {str(policy_dir)!r}).sample(RECORDS[:1], SamplingConfig(n=1, "
+            "max_new_tokens=2)); assert 'pipeline.sampling' in sys.modules and 'vllm' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_vllm_backend_without_vllm_says_what_to_do(policy_dir):
+    with pytest.raises(RuntimeError, match=r"needs the \[gpu\] extra and a CUDA device; use --backend transformers"):
+        make_sampler("vllm", str(policy_dir))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
+                    reason="needs CUDA and vllm")
+def test_vllm_greedy_agrees_with_transformers(tmp_path):
+    from tests.test_models import tiny_config, tiny_tokenizer
+    from transformers import LlamaForCausalLM
+
+    # head_dim 64: vLLM's attention kernels do not take the tests' tiny head size. float32 on both sides
+    # (vLLM V1 runs it with its Triton attention) so that only kernel rounding differs.
+    torch.manual_seed(0)
+    tokenizer = tiny_tokenizer()
+    config_ = tiny_config(len(tokenizer), hidden_size=256, intermediate_size=512, initializer_range=0.1)
+    LlamaForCausalLM(config_).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    records = [record(i % len(PROMPTS), f"{PROMPTS[i % len(PROMPTS)]} (variant {i})") for i in range(40)]
+    records = [dataclasses.replace(r, id=f"g{i}") for i, r in enumerate(records)]
+    greedy = config(n=1, temperature=0.0, max_new_tokens=32)
+    hf = make_sampler("transformers", str(tmp_path), device="cuda", dtype=torch.float32).sample(records, greedy)
+    vl = make_sampler("vllm", str(tmp_path), dtype=torch.float32).sample(records, greedy)
+    agree = [a.token_ids[:32] == b.token_ids[:32] for a, b in zip(hf, vl)]
+    assert sum(agree) >= 0.95 * len(records)

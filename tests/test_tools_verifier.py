@@ -1,0 +1,263 @@
+"""Tool-calling verifier: format, correctness (formula, types, order), feedback, record errors, demo set."""
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+
+from schemas.records import RecordError, TaskRecord, ToolCall, ToolSpec
+from verifiers import tools
+from verifiers.demo import build_tools
+
+WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}
+SEARCH = {"name": "search_web", "parameters": {"type": "object", "properties": {
+    "query": {"type": "string"}, "limit": {"type": "integer"}, "offset": {"type": "integer"}}, "required": ["query"]}}
+CONVERT = {"name": "convert_units", "parameters": {"type": "object", "properties": {
+    "value": {"type": "number"}, "from_unit": {"type": "string"}, "to_unit": {"type": "string"}}, "required": ["value"]}}
+PARIS = ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})
+JAZZ = ToolCall("search_web", {"query": "jazz", "limit": 10, "offset": 20})
+
+
+def record(*calls: ToolCall, record_id: str = "tool-test", tool_list=(WEATHER, SEARCH, CONVERT)) -> TaskRecord:
+    return TaskRecord(record_id, "tools", "Call a tool.", "", ToolSpec(tuple(tool_list), tuple(calls)))
+
+
+def block(name, arguments) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def scores(rec: TaskRecord, response: str) -> tuple[float, float]:
+    fmt, correct = tools.verify(rec, response)
+    assert (fmt.name, correct.name) == ("format", "correctness")
+    return fmt.score, correct.score
+
+
+# ---------------------------------------------------------------- format
+
+GOOD_FORMAT = [
+    tools.render_calls([PARIS]),
+    "\n  " + tools.render_calls([PARIS, JAZZ]) + "\n",
+    '<tool_call>\n{"arguments": {}, "name": "x", "extra": 1}\n</tool_call>',  # wrong call, right shape
+]
+BAD_FORMAT = [
+    ("", "no <tool_call>"),
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', "no <tool_call>"),
+    ("Sure! " + tools.render_calls([PARIS]), "text outside the tags: 'Sure!'"),
+    (tools.render_calls([PARIS]) + "<tool_call>{", "an unmatched tag"),
+    (tools.render_calls([PARIS]) + "</tool_call>", "an unmatched tag"),
+    ("<tool_call>{'name': 'get_weather'}</tool_call>", "block 1 is not valid JSON"),
+    ("<tool_call>[1, 2]</tool_call>", "block 1 is not a JSON object"),
+    ('<tool_call>{"name": 3, "arguments": {}}</tool_call>', "block 1 has no string 'name'"),
+    ('<tool_call>{"name": "get_weather", "arguments": []}</tool_call>', "block 1 has no object 'arguments'"),
+    (tools.render_calls([PARIS]) + '<tool_call>{"name": "x"}</tool_call>', "block 2 has no object 'arguments'"),
+]
+
+
+@pytest.mark.parametrize("response", GOOD_FORMAT)
+def test_format_passes(response):
+    assert scores(record(PARIS), response)[0] == 1.0
+
+
+@pytest.mark.parametrize("response,problem", BAD_FORMAT)
+def test_format_fails_with_the_problem_named(response, problem):
+    fmt, _ = tools.verify(record(PARIS), response)
+    assert fmt.score == 0.0
+    assert fmt.feedback.startswith(tools.FORMAT_RULE) and f"Found: {problem}" in fmt.feedback
+
+
+def test_format_and_correctness_are_decoupled():
+    # well-formed but wrong, and malformed around a right call
+    assert scores(record(PARIS), block("get_weather", {"city": "Rome", "unit": "celsius"})) == (1.0, 0.5)
+    assert scores(record(PARIS), "Here: " + tools.render_calls([PARIS])) == (0.0, 1.0)
+
+
+# ---------------------------------------------------------------- correctness
+
+@pytest.mark.parametrize("response,expected", [
+    (block("get_weather", {"unit": "celsius", "city": "Paris"}), 1.0),        # keyword order
+    (block("get_weather", {"city": "Paris", "unit": "fahrenheit"}), 0.5),     # one of two arguments
+    (block("get_weather", {"city": "Paris"}), 0.5),                           # a missing argument
+    (block("get_weather", {"city": "Paris", "unit": "celsius", "days": 3}), 2 / 3),  # extra argument
+    (block("search_web", {"city": "Paris", "unit": "celsius"}), 0.0),         # wrong function
+    (tools.render_calls([PARIS, PARIS]), 0.5),                                # an extra call
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>'
+     '<tool_call>{"name": "get_weather"}</tool_call>', 1.0),                  # malformed block: format's job
+])
+def test_correctness_formula_one_call(response, expected):
+    assert scores(record(PARIS), response)[1] == pytest.approx(expected)
+
+
+def test_correctness_two_calls_order_insensitive_and_partial():
+    rec = record(PARIS, JAZZ)
+    assert scores(rec, tools.render_calls([JAZZ, PARIS]))[1] == 1.0
+    half_jazz = block("search_web", {"query": "jazz", "limit": 11, "offset": 21, "page": 1})  # 1 / (3 + 1)
+    assert scores(rec, half_jazz + tools.render_calls([PARIS]))[1] == pytest.approx((0.25 + 1) / 2)
+    assert scores(rec, tools.render_calls([PARIS]))[1] == pytest.approx(0.5)  # a missing call
+    # two calls of one tool: the best matching, not the first fit, pairs them
+    a, b = ToolCall("search_web", {"query": "a", "limit": 1}), ToolCall("search_web", {"query": "b", "limit": 2})
+    assert scores(record(a, b), tools.render_calls([b, a]))[1] == 1.0
+
+
+@pytest.mark.parametrize("got,expected", [
+    ({"value": 5.0, "from_unit": "km"}, 1.0),      # number param: 5.0 == 5
+    ({"value": "5", "from_unit": "km"}, 0.5),      # "5" is a string
+    ({"value": True, "from_unit": "km"}, 0.5),     # a boolean is not a number
+    ({"value": 5, "from_unit": "KM"}, 0.5),        # strings compare exactly
+])
+def test_type_aware_number_param(got, expected):
+    ref = ToolCall("convert_units", {"value": 5, "from_unit": "km"})
+    assert scores(record(ref), block("convert_units", got))[1] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("offset,expected", [(20, 1.0), (20.0, 2 / 3), ("20", 2 / 3), (21, 2 / 3)])
+def test_type_aware_integer_param(offset, expected):
+    got = block("search_web", {"query": "jazz", "limit": 10, "offset": offset})
+    assert scores(record(JAZZ), got)[1] == pytest.approx(expected)
+
+
+def test_same_value_is_json_typed():
+    assert tools.same_value({"a": [1, "x"]}, {"a": [1, "x"]})
+    assert not tools.same_value({"a": [1.0]}, {"a": [1]}, "number")  # nested values stay strict
+    assert not tools.same_value(1, True) and not tools.same_value(None, 0)
+    assert tools.same_value(2, 2.0, "number") and not tools.same_value(2, 2.0, "integer")
+
+
+def test_correctness_matches_brute_force_over_matchings():
+    """The assignment equals the best of all one-to-one matchings (permutations) on random calls."""
+    rng = random.Random(0)
+    props = {t["name"]: t["parameters"]["properties"] for t in (WEATHER, SEARCH, CONVERT)}
+
+    def random_call():
+        name = rng.choice(["get_weather", "search_web"])
+        keys = rng.sample(sorted(props[name]) + ["zz"], rng.randint(0, 3))
+        return ToolCall(name, {k: rng.choice([1, 2, "1"]) for k in keys})
+
+    for _ in range(60):
+        refs = [random_call() for _ in range(rng.randint(1, 3))]
+        calls = [random_call() for _ in range(rng.randint(1, 4))]
+        best = 0.0
+        for perm in itertools.permutations(range(max(len(refs), len(calls)))):
+            total = sum(tools.call_score(r, calls[perm[i]], props[r.name])[0]
+                        for i, r in enumerate(refs) if perm[i] < len(calls))
+            best = max(best, total)
+        got, _ = tools.correctness(refs, calls, (WEATHER, SEARCH, CONVERT))
+        assert got == pytest.approx(best / max(len(refs), len(calls)))
+
+
+def test_correctness_feedback():
+    _, correct = tools.verify(record(PARIS), block("get_weather", {"city": "Paris", "unit": "fahrenheit"}))
+    assert correct.feedback == ("Expected call: get_weather(city='Paris', unit='celsius'). "
+                                "Found: argument 'unit': got 'fahrenheit', expected 'celsius'.")
+    _, correct = tools.verify(record(PARIS, JAZZ), block("get_stock_price", {"symbol": "X"}))
+    assert correct.feedback.startswith("Expected calls: get_weather(city='Paris', unit='celsius'); "
+                                       "search_web(query='jazz', limit=10, offset=20). Found: ")
+    assert "no call to get_weather" in correct.feedback and "unexpected call 'get_stock_price'" in correct.feedback
+    _, correct = tools.verify(record(PARIS), tools.render_calls([PARIS]))
+    assert correct.feedback.endswith("Found: all calls match.")
+
+
+# ---------------------------------------------------------------- parts, garbage, record errors
+
+def test_response_parts_labels():
+    text = ' <tool_call> {"arguments": {"name": "x"}, "name": "get_weather"} </tool_call>\nbye <tool_call>{'
+    spans = tools.response_parts(record(PARIS), text)
+    got = [(text[a:b], label) for a, b, label in spans]
+    assert got == [(" ", "other"), ("<tool_call>", "tags"), (' {"arguments": ', "other"),
+                   ('{"name": "x"}', "arguments"), (', "name": ', "other"), ('"get_weather"', "name"),
+                   ("} ", "other"), ("</tool_call>", "tags"), ("\nbye ", "other"), ("<tool_call>", "tags"),
+                   ("{", "other")]
+
+
+GARBAGE = [
+    "", "<tool_call>", "</tool_call><tool_call>", "<tool_call>" * 1000 + "</tool_call>",
+    "<tool_call>" + "[" * 100_000 + "</tool_call>", "\x00\xff\ud800" * 1000,
+    "<tool_call>" + json.dumps({"name": "get_weather", "arguments": {"city": "P" * 500_000}}) + "</tool_call>",
+    '<tool_call>{"name": "get_weather", "arguments": {"city": NaN}}</tool_call>',
+    "<tool_call></tool_call>" * 200,
+]
+
+
+@pytest.mark.parametrize("response", GARBAGE, ids=range(len(GARBAGE)))
+def test_garbage_never_raises(response):
+    rec = record(PARIS, JAZZ)
+    assert all(0.0 <= s <= 1.0 for s in scores(rec, response))
+    spans = tools.response_parts(rec, response)
+    assert [a for a, _, _ in spans] == [0] + [b for _, b, _ in spans[:-1]] if spans else response == ""
+    assert sum(b - a for a, b, _ in spans) == len(response)
+
+
+BAD_RECORDS = [
+    ((ToolCall("get_time", {}),), (WEATHER,), "reference_calls[0].name", "not one of the tools"),
+    ((PARIS, ToolCall("get_weather", {"town": "Rome"})), (WEATHER,), "reference_calls[1].arguments.town", "no parameter"),
+    ((ToolCall("search_web", {"query": "a", "limit": "3"}),), (SEARCH,), "reference_calls[0].arguments.limit",
+     "expected a integer"),
+    ((ToolCall("get_weather", {"city": "Rome", "unit": "kelvin"}),), (WEATHER,), "reference_calls[0].arguments.unit",
+     "not one of"),
+    ((ToolCall("get_weather", {"unit": "celsius"}),), (WEATHER,), "reference_calls[0].arguments", "missing required city"),
+    ((), (WEATHER,), "reference_calls", "at least one call"),
+    ((PARIS,), (WEATHER, {"name": "f", "parameters": {"properties": {"x": {"type": "float"}}}}),
+     "tools[1].parameters.properties.x.type", "got 'float'"),
+    ((PARIS,), (WEATHER, {"name": "f", "parameters": {"properties": {}, "required": ["y"]}}),
+     "tools[1].parameters.required", "names of properties"),
+    ((PARIS,), (WEATHER, {"name": "f"}), "tools[1].parameters", "'properties'"),
+]
+
+
+@pytest.mark.parametrize("calls,tool_list,field,reason", BAD_RECORDS)
+def test_bad_records_name_id_and_field(calls, tool_list, field, reason):
+    rec = record(*calls, record_id="bad-3", tool_list=tool_list)
+    with pytest.raises(RecordError) as err:
+        tools.validate(rec)
+    assert (err.value.record_id, err.value.field) == ("bad-3", field)
+    assert reason in err.value.reason
+    with pytest.raises(RecordError):
+        tools.verify(rec, tools.render_calls([PARIS]))
+
+
+# ---------------------------------------------------------------- demo set
+
+def load_demo() -> list[dict]:
+    return [json.loads(line) for line in build_tools.OUT_JSONL.read_text(encoding="utf-8").splitlines()]
+
+
+def test_demo_file_is_current_and_every_reference_scores_one():
+    shipped = load_demo()
+    assert shipped == build_tools.build()
+    assert [r["id"] for r in shipped] == [f"tool-{i:04d}" for i in range(200)]
+    assert sum(r["split"] == "test" for r in shipped) == 40
+    assert 10 <= len({c["name"] for r in shipped for c in r["reference_calls"]}) <= 15
+    assert 20 <= sum(len(r["reference_calls"]) == 2 for r in shipped) <= 80
+    for obj in shipped:
+        rec = build_tools.as_task_record(obj)
+        assert len(obj["prompt"]) <= 450 and obj["prompt"].endswith(build_tools.INSTRUCTION)
+        assert obj["reference_response"] == tools.render_calls(list(rec.spec.reference_calls))
+        assert scores(rec, obj["reference_response"]) == (1.0, 1.0), obj["id"]
+
+
+def test_demo_off_by_one_integer_is_wrong():
+    """Every integer argument is stated in the request, and one more than it loses credit."""
+    checked = 0
+    for obj in load_demo():
+        rec = build_tools.as_task_record(obj)
+        for i, call in enumerate(obj["reference_calls"]):
+            for key, value in call["arguments"].items():
+                if type(value) is int:
+                    assert str(value) in obj["prompt"]
+                    calls = [dict(c, arguments=dict(c["arguments"])) for c in obj["reference_calls"]]
+                    calls[i]["arguments"][key] = value + 1
+                    wrong = tools.render_calls([ToolCall(c["name"], c["arguments"]) for c in calls])
+                    assert scores(rec, wrong)[1] < 1.0
+                    checked += 1
+    assert checked >= 50
+
+
+def test_demo_loads_through_the_task_loader():
+    from verifiers.tasks import load_tasks
+
+    records, rejected = load_tasks(build_tools.OUT_JSONL)
+    assert not rejected and len(records) == 200
+    for rec in records:
+        tools.validate(rec)

@@ -1,0 +1,311 @@
+"""Training stage (method.md section 5): policy-gradient loss, batching, train_step, train() with
+checkpoints and resume, and the errors of the training view, on a tiny random Llama and a small
+run directory written with the real RunWriter."""
+import csv
+import shutil
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from pipeline.losses import IGNORE_INDEX, policy_gradient_loss, token_weighted_sft_loss
+from pipeline.train import (
+    Example,
+    TrainConfig,
+    batch_indices,
+    collate,
+    load_examples,
+    read_training,
+    token_logprobs,
+    train,
+    train_step,
+)
+from pipeline.writer import RunWriter
+from schemas import CREDITS, RESPONSES
+
+VOCAB = 64
+PAD = 0
+
+# (prompt ids, response ids, GDPO advantage, MRTPO per-token advantage); lengths differ on purpose
+RESPONSES_SPEC = [
+    ([5, 6, 7], [10, 11, 12, 13], 1.0, [1.5, 0.5, 1.5, 0.5]),
+    ([5, 6, 7], [14, 15], -1.0, [-0.5, -1.5]),
+    ([8, 9], [16, 17, 18, 19, 20, 21], 0.5, [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]),
+    ([8, 9], [22, 23, 24], -0.5, [-1.0, -0.5, 0.0]),
+    ([25, 26, 27, 28], [29, 30], 2.0, [3.0, 1.0]),
+    ([25, 26, 27, 28], [31, 32, 33], -2.0, [-2.0, -3.0, -1.0]),
+]
+
+
+def tiny_policy(folder, seed=0):
+    """A random 2-layer Llama and a word-level tokenizer ("w<id>" = id) saved as a local policy folder."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      pad_token_id=PAD, bos_token_id=1, eos_token_id=1)
+    LlamaForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
+    vocab = {"<pad>": PAD, "<eos>": 1, **{f"w{i}": i for i in range(2, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(folder)
+    return folder
+
+
+def response_rows(spec=RESPONSES_SPEC, p2t=False):
+    rows = []
+    for i, (prompt, tokens, gdpo, mrtpo) in enumerate(spec):
+        rows.append({
+            "response_id": f"r{i}", "group_id": f"g{i // 2}", "shard": 0, "task": "sql",
+            "prompt": " ".join(f"w{t}" for t in prompt), "response": " ".join(f"w{t}" for t in tokens),
+            "prompt_token_ids": prompt, "token_ids": tokens, "sample_logprobs": [-np.log(VOCAB)] * len(tokens),
+            "reward_names": ["format", "execution"], "rewards": [1.0, float(i % 2 == 0)],
+            "feedback": ["ok", "ok"], "reward_advs": [0.0, gdpo], "adv_grpo": gdpo, "adv_gdpo": gdpo,
+            "adv_mrtpo": mrtpo, "p2t_raw": None, "p2t_reward": None,
+            "adv_p2t": [gdpo + 0.1 * t for t in range(len(tokens))] if p2t else None,
+            "status": "ok", "model": "tiny", "seed": 0,
+        })
+    return rows
+
+
+def write_run(folder, rows):
+    """A run directory written by the real RunWriter (an empty credits table: the trainer does not read it)."""
+    writer = RunWriter(str(folder))
+    writer.write_shard(0, {"responses": pa.Table.from_pylist(rows, schema=RESPONSES),
+                           "credits": CREDITS.empty_table()}, stats={})
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    return tiny_policy(tmp_path_factory.mktemp("policy"))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    rows = response_rows()
+    rows.append({**rows[0], "response_id": "r_err", "status": "verifier_error: timeout"})
+    return write_run(tmp_path_factory.mktemp("run"), rows)
+
+
+def load_model(folder):
+    return LlamaForCausalLM.from_pretrained(folder)
+
+
+# --- policy-gradient loss ----------------------------------------------------------------------
+
+
+def test_pg_loss_with_uniform_advantages_is_the_gdpo_surrogate():
+    g = torch.Generator().manual_seed(0)
+    lengths, adv = [4, 2, 6], [1.3, -0.7, 0.4]
+    logprobs = -torch.rand(3, 6, generator=g) * 3
+    sample = logprobs + (torch.rand(3, 6, generator=g) - 0.5)  # ratios up to e^0.5: some clipped
+    mask = torch.arange(6)[None] < torch.tensor(lengths)[:, None]
+    logprobs[~mask] = 1e4  # padding holds garbage; it must not count
+    advantages = torch.tensor(adv)[:, None].expand(3, 6)
+    eps = 0.2
+    total = 0.0
+    for i, (T, A) in enumerate(zip(lengths, adv)):  # per response: sum_t min(rho A, clip(rho) A)
+        for t in range(T):
+            rho = float(np.exp(logprobs[i, t] - sample[i, t]))
+            total += min(rho * A, float(np.clip(rho, 1 - eps, 1 + eps)) * A)
+    expected = -total / sum(lengths)
+    ours = policy_gradient_loss(logprobs, sample, advantages, mask, clip_eps=eps)
+    assert ours.item() == pytest.approx(expected, rel=1e-5)
+    assert np.mean([np.exp(logprobs[i, t] - sample[i, t]) > 1 + eps
+                    for i, T in enumerate(lengths) for t in range(T)]) > 0  # clipping was exercised
+
+
+def test_pg_loss_equal_lengths_is_the_mean_of_per_response_means_and_clips_gradients():
+    logprobs = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]], requires_grad=True)
+    sample = torch.tensor([[-1.5, -2.0], [-1.0, -1.0]])  # rho = [e^0.5, 1], [1, e^-1]
+    adv = torch.tensor([[2.0, 2.0], [-1.0, -1.0]])
+    loss = policy_gradient_loss(logprobs, sample, adv, torch.ones(2, 2, dtype=torch.bool))
+    per_response = [np.mean([min(2 * np.exp(0.5), 1.2 * 2), 2.0]), np.mean([-1.0, min(-np.exp(-1), -0.8)])]
+    assert loss.item() == pytest.approx(-np.mean(per_response), rel=1e-6)
+    loss.backward()
+    # clipped tokens (rho > 1+e with A > 0; rho < 1-e with A < 0) get no gradient, the others -A rho / N
+    assert logprobs.grad[0, 0] == 0 and logprobs.grad[1, 1] == 0
+    assert logprobs.grad[0, 1].item() == pytest.approx(-2.0 / 4) and logprobs.grad[1, 0].item() == pytest.approx(1 / 4)
+
+
+# --- batching ------------------------------------------------------------------------------------
+
+
+def examples_of(spec, weights_seed=0):
+    g = np.random.default_rng(weights_seed)
+    return [Example(f"r{i}", p, r, [-1.0] * len(r), g.uniform(0.1, 2.0, len(r)).tolist())
+            for i, (p, r, _, _) in enumerate(spec)]
+
+
+def test_padded_batch_equals_unpadded_per_example_computation(policy_dir):
+    model = load_model(policy_dir).eval()
+    examples = examples_of(RESPONSES_SPEC)
+    batch = collate(examples, PAD)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        padded_lp = token_logprobs(logits, batch["labels"])
+        sft = token_weighted_sft_loss(logits, batch["labels"], batch["credit"])
+        num = den = 0.0
+        for b, e in enumerate(examples):
+            ids = torch.tensor([e.prompt_ids + e.token_ids])
+            logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+            P, T = len(e.prompt_ids), len(e.token_ids)
+            own = torch.stack([logp[P - 1 + t, e.token_ids[t]] for t in range(T)])
+            # labels live on the response positions only, shifted by one against the logits
+            assert torch.allclose(padded_lp[b, P - 1:P - 1 + T], own, atol=1e-5)
+            assert (padded_lp[b, :P - 1] == 0).all() and (padded_lp[b, P - 1 + T:] == 0).all()
+            num -= (torch.tensor(e.credit) * own).sum()
+            den += sum(e.credit)
+    assert sft.item() == pytest.approx((num / den).item(), rel=1e-5)
+    assert (batch["labels"] != IGNORE_INDEX).sum() == sum(len(e.token_ids) for e in examples)
+
+
+def test_batch_indices_are_seeded_epoch_permutations():
+    n, bs = 7, 3
+    stream = [i for step in range(7) for i in batch_indices(n, bs, seed=1, step=step)]  # 3 epochs
+    for epoch in range(3):
+        assert sorted(stream[epoch * n:(epoch + 1) * n]) == list(range(n))
+    assert stream == [i for step in range(7) for i in batch_indices(n, bs, seed=1, step=step)]
+    assert stream != [i for step in range(7) for i in batch_indices(n, bs, seed=2, step=step)]
+
+
+# --- one optimizer step ----------------------------------------------------------------------------
+
+
+def credited_batch(model):
+    """Responses whose tokens carry +1 or -1; sample log-probs = the model's own (rho = 1)."""
+    spec = [([5, 6, 7], [10, 11, 12, 13], [1, 1, -1, -1]), ([5, 6, 7], [14, 15, 16], [-1, -1, -1]),
+            ([8, 9], [17, 18, 19, 20, 21], [1, -1, 1, -1, 1])]
+    examples = [Example(f"r{i}", p, r, [0.0] * len(r), [float(a) for a in adv]) for i, (p, r, adv) in enumerate(spec)]
+    batch = collate(examples, PAD)
+    with torch.no_grad():
+        lp = token_logprobs(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                            batch["labels"])
+    batch["sample_logprobs"][:, 1:] = lp
+    return batch, lp
+
+
+@pytest.mark.parametrize("optim", ["sgd", "adamw"])
+def test_one_pg_step_raises_credited_and_lowers_debited_tokens(policy_dir, optim):
+    model = load_model(policy_dir)
+    batch, before = credited_batch(model)
+    opt = (torch.optim.SGD(model.parameters(), lr=0.5) if optim == "sgd"
+           else torch.optim.AdamW(model.parameters(), lr=1e-3))
+    metrics = train_step(model, batch, "pg", opt, clip_eps=0.2)
+    with torch.no_grad():
+        after = token_logprobs(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                               batch["labels"])
+    credit, mask = batch["credit"][:, 1:], batch["labels"][:, 1:] != IGNORE_INDEX
+    change = after - before
+    assert change[mask & (credit > 0)].mean() > 0 and change[mask & (credit < 0)].mean() < 0
+    # at this size every single token moves the way its own credit points
+    assert torch.equal(torch.sign(change[mask]), torch.sign(credit[mask]))
+    assert metrics["tokens"] == 12 and metrics["mean_advantage"] == pytest.approx(-2 / 12)
+    assert metrics["loss"] == pytest.approx(2 / 12, rel=1e-4)  # rho = 1: loss = -mean A
+
+
+def test_one_sft_step_lowers_the_weighted_loss(policy_dir):
+    model = load_model(policy_dir)
+    batch = collate(examples_of(RESPONSES_SPEC), PAD)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    first = train_step(model, batch, "sft", opt)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert token_weighted_sft_loss(logits, batch["labels"], batch["credit"]).item() < first["loss"]
+
+
+# --- reading the training view -----------------------------------------------------------------------
+
+
+def test_advantage_kinds_mixes_and_sft_weights(run_dir):
+    rows = {r["response_id"]: r for r in read_training(run_dir, "mrtpo:0.25,gdpo:2")}
+    assert sorted(rows) == [f"r{i}" for i in range(6)]  # the verifier_error row is not trained on
+    for i, (_, tokens, gdpo, mrtpo) in enumerate(RESPONSES_SPEC):
+        assert rows[f"r{i}"]["advantages"] == pytest.approx([0.25 * m + 2 * gdpo for m in mrtpo])
+    pg = {e.response_id: e for e in load_examples(run_dir, "gdpo", "pg")}
+    assert pg["r1"].credit == [-1.0, -1.0] and pg["r1"].prompt_ids == [5, 6, 7]
+    sft = {e.response_id: e for e in load_examples(run_dir, "mrtpo", "sft")}
+    assert set(sft) == {"r0", "r2", "r4"}  # all-zero weights (negative advantages) add nothing: dropped
+    assert sft["r2"].credit == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    default = {e.response_id: e.credit for e in load_examples(run_dir, None, "sft")}
+    assert default == {k: e.credit for k, e in sft.items()}  # sft_weight = positive part of MRTPO
+
+
+def test_unknown_kind_null_and_missing_columns_are_clear_errors(run_dir, tmp_path):
+    with pytest.raises(ValueError, match="unknown advantage kind 'grpo'"):
+        TrainConfig(data=run_dir, out=str(tmp_path), advantage="mrtpo:0.5,grpo:0.5")
+    with pytest.raises(ValueError, match=rf"run dir {run_dir}: advantage kind 'p2t' \(column adv_p2t\) is NULL "
+                                         r"for 6 of 6 responses, e.g. response 'r0'"):
+        load_examples(run_dir, "p2t", "pg")
+    rows = response_rows()
+    rows[4]["adv_mrtpo"] = rows[4]["adv_mrtpo"][:1]
+    with pytest.raises(ValueError, match="response 'r4': field 'adv_mrtpo' has 1 values for 2 tokens"):
+        read_training(write_run(tmp_path / "misaligned", rows), "mrtpo")
+    # a run written by an older schema, without the column at all
+    old = tmp_path / "old"
+    write_run(old, response_rows())
+    table = pq.read_table(old / "responses" / "part-00000.parquet").drop_columns(["adv_p2t"])
+    pq.write_table(table, old / "responses" / "part-00000.parquet")
+    with pytest.raises(ValueError, match=rf"run dir {old}: cannot read advantage 'p2t'.*adv_p2t"):
+        read_training(old, "p2t")
+
+
+def test_lora_without_peft_is_a_clear_error(run_dir, policy_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` fail as when it is not installed
+    config = TrainConfig(data=run_dir, out=str(tmp_path), model=str(policy_dir), lora=True, steps=1)
+    with pytest.raises(ImportError, match="lora=True needs the optional package `peft`"):
+        train(config)
+
+
+# --- train(): checkpoints, metrics, resume ----------------------------------------------------------
+
+
+def read_metrics(out):
+    with open(out / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_dir, tmp_path):
+    base = shutil.copytree(policy_dir, tmp_path / "base")
+    settings = dict(data=run_dir, model=str(base), advantage="mrtpo", batch_size=3, lr=1e-3, save_every=2)
+    out = tmp_path / "out"
+    final = train(TrainConfig(out=str(out), steps=4, **settings))
+    assert final == out / "final"
+    for name in ("checkpoint-2", "checkpoint-4", "final"):
+        assert {"model.safetensors", "config.json", "tokenizer.json", "trainer_state.pt"} <= {
+            p.name for p in (out / name).iterdir()}
+    assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3, 4]
+    assert all(int(r["tokens"]) > 0 and np.isfinite(float(r["loss"])) for r in read_metrics(out))
+    assert (out / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    step4 = weights(out / "checkpoint-4")
+    assert any(not torch.equal(step4[k], v) for k, v in weights(base).items())  # it trained
+
+    with pytest.raises(ValueError, match="holds a run with another configuration"):
+        train(TrainConfig(out=str(out), steps=6, **{**settings, "lr": 1e-2}))
+
+    # Resume to 6 steps without the base model: only checkpoint-4 can supply the weights.
+    shutil.rmtree(base)
+    train(TrainConfig(out=str(out), steps=6, **settings))
+    assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
+    state = torch.load(out / "final" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 6
+
+    # ... and it lands where an uninterrupted 6-step run lands (same batches, AdamW moments, RNG).
+    shutil.copytree(policy_dir, base)
+    straight = tmp_path / "straight"
+    train(TrainConfig(out=str(straight), steps=6, **settings))
+    resumed, uninterrupted = weights(out / "final"), weights(straight / "final")
+    for key, value in uninterrupted.items():
+        assert torch.allclose(resumed[key], value, atol=1e-6), key
+    assert [float(r["loss"]) for r in read_metrics(out)] == pytest.approx(
+        [float(r["loss"]) for r in read_metrics(straight)], rel=1e-6)

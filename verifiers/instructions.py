@@ -1,0 +1,92 @@
+"""Instruction-following verifier: one reward per constraint, named `c{index}_{kind}`.
+
+    constraints = [{"kind": "keyword_include", "args": {"keywords": ["river"]}}, ...]
+    rewards     = ["c0_keyword_include", ...]      score in [0, 1], see `verifiers.checkers`
+
+Feedback is the constraint's own sentence (the one the prompt uses) plus what was found:
+"Include the keywords 'river' and 'stone'. Found: 'river'; missing 'stone'."
+
+`response_parts` labels what the response is made of, whatever the constraints ask:
+    json            the whole (stripped) response when it parses as a JSON object or array;
+                    nothing else is labelled then
+    quote           the two wrapping double quotes of a response that starts and ends with '"'
+    bullets         a bullet line ('* ' or '- ') with its newline
+    section_header  a 'SECTION n' line with its newline
+    title           a <<...>> title
+    text            everything else
+"""
+from __future__ import annotations
+
+import itertools
+import re
+
+from schemas.records import InstructionSpec, RecordError, RewardScore, TaskRecord
+
+from .checkers import CHECKERS, parse_json, validate_args
+
+_PAINTED = (  # (label, pattern), later ones win where they overlap
+    ("bullets", re.compile(r"^[ \t]*[*-][ \t]+\S.*\n?", re.MULTILINE)),
+    ("section_header", re.compile(r"^[ \t]*SECTION[ \t]+\d+\b.*\n?", re.MULTILINE)),
+    ("title", re.compile(r"<<[^<>\n]+>>")),
+)
+
+
+def validate(record: TaskRecord) -> None:
+    """Raise RecordError naming the record and the field when a constraint is unusable."""
+    spec = record.spec
+    if not isinstance(spec, InstructionSpec):
+        raise RecordError(record.id, "constraints", f"expected instruction constraints, got {type(spec).__name__}")
+    if not spec.constraints:
+        raise RecordError(record.id, "constraints", "needs at least one constraint")
+    for i, c in enumerate(spec.constraints):
+        if c.kind not in CHECKERS:
+            raise RecordError(record.id, f"constraints[{i}].kind", validate_args(c.kind, c.args))
+        problem = validate_args(c.kind, c.args)
+        if problem:
+            raise RecordError(record.id, f"constraints[{i}].args", problem)
+
+
+def reward_names(record: TaskRecord) -> list[str]:
+    return [f"c{i}_{c.kind}" for i, c in enumerate(record.spec.constraints)]
+
+
+def describe(kind: str, args: dict) -> str:
+    """The constraint as one sentence, e.g. "Use at most 40 words."."""
+    return CHECKERS[kind].describe(**args)
+
+
+def verify(record: TaskRecord, response: str) -> list[RewardScore]:
+    """One RewardScore per constraint, in order; raises only RecordError (bad constraints)."""
+    validate(record)
+    scores = []
+    for name, c in zip(reward_names(record), record.spec.constraints):
+        score, found = CHECKERS[c.kind].check(response, **c.args)
+        scores.append(RewardScore(name, float(score), f"{describe(c.kind, c.args)} Found: {found}."))
+    return scores
+
+
+def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, str]]:
+    """Contiguous (char_start, char_end, label) spans covering `response`; labels in the module docstring."""
+    labels = ["text"] * len(response)
+    body = response.strip()
+    start = len(response) - len(response.lstrip())
+    if body[:1] in ("{", "["):
+        value, error = parse_json(body)
+        if error is None and isinstance(value, (dict, list)):
+            labels[start:start + len(body)] = ["json"] * len(body)
+            return _runs(labels)
+    for label, pattern in _PAINTED:
+        for m in pattern.finditer(response):
+            labels[m.start():m.end()] = [label] * (m.end() - m.start())
+    if len(body) >= 2 and body[0] == body[-1] == '"':
+        labels[start] = labels[start + len(body) - 1] = "quote"
+    return _runs(labels)
+
+
+def _runs(labels: list[str]) -> list[tuple[int, int, str]]:
+    spans, pos = [], 0
+    for label, group in itertools.groupby(labels):
+        n = sum(1 for _ in group)
+        spans.append((pos, pos + n, label))
+        pos += n
+    return spans

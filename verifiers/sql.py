@@ -1,0 +1,150 @@
+"""Text-to-SQL verifier: format, executable, execution (in this order).
+
+    format      the response holds exactly one non-empty <sql>...</sql> block       1 / 0
+    executable  that query runs in the read-only sandbox (`verifiers.sandbox`)      1 / 0
+    execution   its result equals the reference query's result                      1 / 0
+
+Results are compared as multisets of rows, in order only when the reference query has a
+top-level ORDER BY. Numbers compare numerically (3 == 3.0, floats to a relative 1e-6);
+text, blobs and NULL compare only with their own kind. Column names are ignored.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+from schemas.records import RecordError, RewardScore, SqlSpec, TaskRecord
+
+from .sandbox import QueryResult, SandboxError, has_top_level_order_by, run_select
+
+REWARDS = ("format", "executable", "execution")
+OPEN, CLOSE = "<sql>", "</sql>"
+FORMAT_RULE = "The query must be a single SQL statement between <sql> and </sql>."
+_TAG = re.compile(r"</?sql>")
+_BLOCK = re.compile(r"<sql>(.*?)</sql>", re.DOTALL)
+_REL_TOL, _ABS_TOL = 1e-6, 1e-9
+_SHOWN_CHARS = 60  # longest row text quoted in a mismatch note
+
+
+def reward_names(record: TaskRecord) -> list[str]:
+    return list(REWARDS)
+
+
+def verify(record: TaskRecord, response: str) -> list[RewardScore]:
+    """Score one response; raises only RecordError, when the record's reference query fails."""
+    spec: SqlSpec = record.spec
+    query, found = extract_query(response)
+    fmt = RewardScore("format", float(query is not None), f"{FORMAT_RULE} {found}")
+    reference = f"The reference query is: {spec.reference_sql.strip().rstrip(';').strip()}."
+    if query is None:
+        return [
+            fmt,
+            RewardScore("executable", 0.0, "Not run: there is no single <sql> block."),
+            RewardScore("execution", 0.0, f"{reference} The query did not run."),
+        ]
+    try:
+        got = run_select(spec.db_path, query)
+    except SandboxError as e:
+        return [fmt, RewardScore("executable", 0.0, str(e)), RewardScore("execution", 0.0, f"{reference} The query did not run.")]
+    want = reference_result(record.id, spec.db_path, spec.reference_sql)
+    note = compare_results(got, want, ordered=has_top_level_order_by(spec.reference_sql))
+    return [
+        fmt,
+        RewardScore("executable", 1.0, "The query ran without error."),
+        RewardScore("execution", float(note is None), f"{reference} The result {note or 'matches the reference'}."),
+    ]
+
+
+def extract_query(response: str) -> tuple[str | None, str]:
+    """(query, what was found): the body of the one <sql> block, or None and why not."""
+    opens, closes = response.count(OPEN), response.count(CLOSE)
+    if opens == 0 and closes == 0:
+        return None, "Found no <sql> block."
+    if opens > 1 or closes > 1:
+        return None, f"Found {max(opens, closes)} <sql> blocks."
+    if closes == 0:
+        return None, "Found <sql> without a closing </sql>."
+    if opens == 0:
+        return None, "Found </sql> without an opening <sql>."
+    match = _BLOCK.search(response)
+    if match is None:
+        return None, "Found </sql> before <sql>."
+    if not match.group(1).strip():
+        return None, "Found an empty <sql> block."
+    return match.group(1), "Found one <sql> block."
+
+
+def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, str]]:
+    """Contiguous spans covering `response`: `tags` (<sql>, </sql>), `query` (a block's body), `other`."""
+    labels = ["other"] * len(response)
+    # Pair each <sql> with the next tag when that is </sql>: one linear pass over the tags
+    # (a lazy regex over "<sql>" * 10**5 would rescan the rest of the text from every opening).
+    tags = list(_TAG.finditer(response))
+    for tag, after in zip(tags, tags[1:]):
+        if tag.group() == OPEN and after.group() == CLOSE:
+            labels[tag.end() : after.start()] = ["query"] * (after.start() - tag.end())
+    for tag in tags:
+        labels[tag.start() : tag.end()] = ["tags"] * (tag.end() - tag.start())
+    spans, start = [], 0
+    for i in range(1, len(response) + 1):
+        if i == len(response) or labels[i] != labels[start]:
+            spans.append((start, i, labels[start]))
+            start = i
+    return spans
+
+
+@functools.lru_cache(maxsize=4096)
+def reference_result(record_id: str, db_path: str, reference_sql: str) -> QueryResult:
+    """The reference query's result, cached: the database file is opened immutable."""
+    try:
+        return run_select(db_path, reference_sql)
+    except SandboxError as e:
+        raise RecordError(record_id, "reference_sql", f"the reference query does not run: {e}") from None
+
+
+def compare_results(got: QueryResult, want: QueryResult, ordered: bool) -> str | None:
+    """None when equal, else a short note on how `got` differs ("has 3 rows, expected 1")."""
+    got_cols, want_cols = len(got.columns), len(want.columns)
+    if got_cols != want_cols:
+        return f"has {got_cols} column{'s' * (got_cols != 1)}, expected {want_cols}"
+    if len(got.rows) != len(want.rows):
+        return f"has {len(got.rows)} row{'s' * (len(got.rows) != 1)}, expected {len(want.rows)}"
+    got_sorted, want_sorted = sorted(got.rows, key=_row_key), sorted(want.rows, key=_row_key)
+    if not all(map(_same_row, got_sorted, want_sorted)):
+        pairs = zip(got.rows, want.rows) if ordered else zip(got_sorted, want_sorted)
+        row_got, row_want = next((g, w) for g, w in pairs if not _same_row(g, w))
+        return f"differs: it has row {_show(row_got)} where the reference has {_show(row_want)}"
+    if ordered and not all(map(_same_row, got.rows, want.rows)):
+        return "has the right rows in the wrong order"
+    return None
+
+
+def _same_row(a: tuple, b: tuple) -> bool:
+    return all(map(_same_value, a, b))
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=_REL_TOL, abs_tol=_ABS_TOL)
+    return type(a) is type(b) and a == b
+
+
+def _row_key(row: tuple) -> tuple:
+    # Numbers of either type sort together so that near-equal floats end up side by side.
+    return tuple(_value_key(v) for v in row)
+
+
+def _value_key(v) -> tuple:
+    if v is None:
+        return (0, 0)
+    if isinstance(v, (int, float)):
+        return (1, v)
+    if isinstance(v, str):
+        return (2, v)
+    return (3, bytes(v))
+
+
+def _show(row: tuple) -> str:
+    text = repr(row)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."

@@ -1,0 +1,260 @@
+"""Tool-calling verifier: format, correctness (in this order).
+
+A response is one or more blocks `<tool_call>{"name": "...", "arguments": {...}}</tool_call>`.
+
+    format       at least one block, every block a JSON object with a string `name` and an
+                 object `arguments`, only whitespace outside the blocks                     1 / 0
+    correctness  the well-formed calls against the reference calls                       [0, 1]
+
+Correctness. With reference calls R (m of them) and the response's well-formed calls P (n):
+
+    s(r, p) = [name_r == name_p] * matched(r, p) / (|args_r| + extra(r, p))    (= [name_r == name_p]
+              when both counts are 0)
+    matched = reference arguments that p gives with an equal value
+    extra   = arguments of p that r does not have
+    correctness = max over one-to-one matchings M of R and P of  sum_{(r, p) in M} s(r, p) / max(m, n)
+
+so argument order and call order do not matter, each extra argument dilutes its call's score and
+each extra (or missing) call dilutes the total. Values compare type-aware, as JSON: 1 != "1",
+True != 1, 1 != 1.0 -- except that a parameter declared `"type": "number"` takes any numeric
+value equal to the reference (1 == 1.0). Strings compare exactly.
+
+`response_parts` labels: `tags` (every <tool_call> and </tool_call> marker), `name` (the name
+value of a well-formed block, quotes included), `arguments` (its arguments object), `other`.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from schemas.records import RecordError, RewardScore, TaskRecord, ToolCall, ToolSpec
+
+REWARDS = ("format", "correctness")
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+FORMAT_RULE = 'Write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call> with nothing outside the tags.'
+_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_TAG = re.compile(r"</?tool_call>")
+_JSON_WS = re.compile(r"[ \t\n\r]*")
+_SHOWN_CHARS = 40  # longest value or stray text quoted in feedback
+_TYPES = {  # JSON-schema type -> accepted Python values (bool is not a number here)
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: type(v) is int,
+    "number": lambda v: type(v) in (int, float),
+    "boolean": lambda v: type(v) is bool,
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+# ---------------------------------------------------------------- record validation
+
+def validate(record: TaskRecord) -> None:
+    """Raise RecordError naming the record and the field when the tools or reference calls are unusable."""
+    spec = record.spec
+    if not isinstance(spec, ToolSpec):
+        raise RecordError(record.id, "tools", f"expected a tool spec, got {type(spec).__name__}")
+    for j, tool in enumerate(spec.tools):
+        _validate_tool(record.id, f"tools[{j}]", tool)
+    if not spec.reference_calls:
+        raise RecordError(record.id, "reference_calls", "needs at least one call (format asks for one)")
+    by_name = {tool["name"]: tool for tool in spec.tools}
+    for i, call in enumerate(spec.reference_calls):
+        if call.name not in by_name:
+            raise RecordError(record.id, f"reference_calls[{i}].name", f"{call.name!r} is not one of the tools")
+        params = by_name[call.name]["parameters"]
+        for key, value in call.arguments.items():
+            field = f"reference_calls[{i}].arguments.{key}"
+            prop = params["properties"].get(key)
+            if prop is None:
+                raise RecordError(record.id, field, f"{call.name} has no parameter {key!r}")
+            if not _TYPES[prop["type"]](value):
+                raise RecordError(record.id, field, f"expected a {prop['type']}, got {value!r}")
+            if "enum" in prop and value not in prop["enum"]:
+                raise RecordError(record.id, field, f"{value!r} is not one of {prop['enum']}")
+        missing = [k for k in params.get("required", []) if k not in call.arguments]
+        if missing:
+            raise RecordError(record.id, f"reference_calls[{i}].arguments", f"missing required {', '.join(missing)}")
+
+
+def _validate_tool(record_id: str, where: str, tool: Any) -> None:
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+        raise RecordError(record_id, f"{where}.name", "a tool needs a string name")
+    params = tool.get("parameters")
+    if not isinstance(params, dict) or not isinstance(params.get("properties"), dict):
+        raise RecordError(record_id, f"{where}.parameters", "expected an object with 'properties'")
+    for key, prop in params["properties"].items():
+        if not isinstance(prop, dict) or prop.get("type") not in _TYPES:
+            got = prop.get("type") if isinstance(prop, dict) else prop
+            raise RecordError(record_id, f"{where}.parameters.properties.{key}.type",
+                              f"expected one of {', '.join(_TYPES)}, got {got!r}")
+    required = params.get("required", [])
+    if not isinstance(required, list) or not set(required) <= set(params["properties"]):
+        raise RecordError(record_id, f"{where}.parameters.required", "must list names of properties")
+
+
+# ---------------------------------------------------------------- parsing
+
+def parse_calls(response: str) -> tuple[list[ToolCall], str | None]:
+    """(the calls of the well-formed blocks, None when the whole response is well-formed else the first problem)."""
+    calls, problems = [], []
+    for i, m in enumerate(_BLOCK.finditer(response)):
+        call, why = _parse_block(m.group(1))
+        if call is None:
+            problems.append(f"block {i + 1} {why}")
+        else:
+            calls.append(call)
+    outside = _BLOCK.sub("", response).strip()
+    if not _BLOCK.search(response):
+        problems.insert(0, "no <tool_call>...</tool_call> block")
+    elif _TAG.search(outside):
+        problems.insert(0, "an unmatched tag")
+    elif outside:
+        problems.insert(0, f"text outside the tags: {_clip(outside)!r}")
+    return calls, problems[0] if problems else None
+
+
+def _parse_block(body: str) -> tuple[ToolCall | None, str]:
+    try:
+        obj = json.loads(body)
+    except ValueError as e:
+        return None, f"is not valid JSON ({str(e).split(':')[0]})"
+    except RecursionError:
+        return None, "is nested too deeply"
+    if not isinstance(obj, dict):
+        return None, "is not a JSON object"
+    if not isinstance(obj.get("name"), str):
+        return None, "has no string 'name'"
+    if not isinstance(obj.get("arguments"), dict):
+        return None, "has no object 'arguments'"
+    return ToolCall(obj["name"], obj["arguments"]), ""
+
+
+# ---------------------------------------------------------------- scoring
+
+def same_value(got: Any, want: Any, param_type: str | None = None) -> bool:
+    """JSON equality that keeps types apart (1 != "1", True != 1, 1 != 1.0) except for `number` params."""
+    if param_type == "number" and _TYPES["number"](got) and _TYPES["number"](want):
+        return got == want
+    if type(got) is not type(want):
+        return False
+    if isinstance(want, dict):
+        return got.keys() == want.keys() and all(same_value(got[k], want[k]) for k in want)
+    if isinstance(want, list):
+        return len(got) == len(want) and all(same_value(g, w) for g, w in zip(got, want))
+    return got == want
+
+
+def call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict]) -> tuple[float, list[str]]:
+    """s(ref, got) of the module docstring and the argument mismatches; `params` is ref's properties."""
+    if got.name != ref.name:
+        return 0.0, []  # `correctness` reports the missing and the unexpected call
+    notes, matched = [], 0
+    for key, want in ref.arguments.items():
+        if key not in got.arguments:
+            notes.append(f"missing argument {key!r}")
+        elif same_value(got.arguments[key], want, params.get(key, {}).get("type")):
+            matched += 1
+        else:
+            notes.append(f"argument {key!r}: got {_show(got.arguments[key])}, expected {_show(want)}")
+    extra = [k for k in got.arguments if k not in ref.arguments]
+    notes += [f"unexpected argument {_clip(k)!r}" for k in extra]
+    denom = len(ref.arguments) + len(extra)
+    return (matched / denom if denom else 1.0), notes
+
+
+def correctness(refs: list[ToolCall], calls: list[ToolCall], tools: tuple[dict, ...]) -> tuple[float, list[str]]:
+    """Best one-to-one matching score of the module docstring, and the mismatch notes."""
+    if not calls:
+        return 0.0, ["no well-formed call"]
+    props = {t["name"]: t["parameters"]["properties"] for t in tools}
+    pairs = [[call_score(r, c, props[r.name]) for c in calls] for r in refs]
+    gain = np.array([[s for s, _ in row] for row in pairs])
+    rows, cols = linear_sum_assignment(gain, maximize=True)
+    notes, used = [], set()
+    for i, j in zip(rows.tolist(), cols.tolist()):
+        if refs[i].name == calls[j].name:
+            notes += pairs[i][j][1]
+            used.add(j)
+        else:
+            notes.append(f"no call to {refs[i].name}")
+    notes += [f"no call to {refs[i].name}" for i in range(len(refs)) if i not in set(rows.tolist())]
+    notes += [f"unexpected call {_clip(calls[j].name)!r}" for j in range(len(calls)) if j not in used]
+    return float(gain[rows, cols].sum()) / max(len(refs), len(calls)), notes
+
+
+def render_calls(calls: list[ToolCall]) -> str:
+    """The canonical response: one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` per line."""
+    return "\n".join(f"{OPEN}{json.dumps({'name': c.name, 'arguments': c.arguments})}{CLOSE}" for c in calls)
+
+
+def signature(call: ToolCall) -> str:
+    """get_weather(city='Paris', unit='celsius')"""
+    return f"{call.name}({', '.join(f'{k}={_show(v)}' for k, v in call.arguments.items())})"
+
+
+def reward_names(record: TaskRecord) -> list[str]:
+    return list(REWARDS)
+
+
+def verify(record: TaskRecord, response: str) -> list[RewardScore]:
+    """[format, correctness]; raises only RecordError (bad tools or reference calls)."""
+    validate(record)
+    refs = list(record.spec.reference_calls)
+    calls, problem = parse_calls(response)
+    fmt_found = problem or f"{len(calls)} well-formed call{'s' if len(calls) > 1 else ''}"
+    score, notes = correctness(refs, calls, record.spec.tools)
+    expected = f"Expected call{'s' if len(refs) > 1 else ''}: {'; '.join(signature(r) for r in refs)}."
+    return [
+        RewardScore("format", float(problem is None), f"{FORMAT_RULE} Found: {fmt_found}."),
+        RewardScore("correctness", score, f"{expected} Found: {'; '.join(notes) if notes else 'all calls match'}."),
+    ]
+
+
+def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, str]]:
+    """Contiguous (char_start, char_end, label) spans covering `response`; labels in the module docstring."""
+    labels = ["other"] * len(response)
+    for m in _BLOCK.finditer(response):
+        if _parse_block(m.group(1))[0] is not None:
+            members = _member_spans(m.group(1), m.start(1))
+            for key in ("name", "arguments"):
+                start, end = members[key]
+                labels[start:end] = [key] * (end - start)
+    for m in _TAG.finditer(response):
+        labels[m.start():m.end()] = ["tags"] * (m.end() - m.start())
+    spans, pos = [], 0
+    for label, group in itertools.groupby(labels):
+        n = sum(1 for _ in group)
+        spans.append((pos, pos + n, label))
+        pos += n
+    return spans
+
+
+def _member_spans(body: str, offset: int) -> dict[str, tuple[int, int]]:
+    """Character spans of the top-level values of `body`, a text known to parse as a JSON object."""
+    decoder, spans = json.JSONDecoder(), {}
+    i = _JSON_WS.match(body, 0).end() + 1  # past "{"
+    while True:
+        i = _JSON_WS.match(body, i).end()
+        if body[i] == "}":
+            return spans
+        key, i = decoder.raw_decode(body, i)
+        i = _JSON_WS.match(body, _JSON_WS.match(body, i).end() + 1).end()  # past ":"
+        _, end = decoder.raw_decode(body, i)
+        spans[key] = (offset + i, offset + end)  # a repeated key keeps its last value, as json.loads does
+        i = _JSON_WS.match(body, end).end()
+        i += body[i] == ","
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+
+
+def _clip(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _SHOWN_CHARS else flat[:_SHOWN_CHARS] + "..."
