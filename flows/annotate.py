@@ -9,10 +9,10 @@ Shards run on threads by default, or on Dask (a local cluster or an existing sch
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.filesystems import LocalFileSystem
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm.auto import tqdm
@@ -63,8 +63,10 @@ def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
     writer, shards, rejected = prepare_run(config, out, run_id)
     logger.info("run %s: %d prompts in %d shards, %d rejected records", run_id, sum(map(len, shards)),
                 len(shards), len(rejected))
-    storage = LocalFileSystem(basepath=f"{writer.root}/_prefect")
-    shard_task = annotate_shard_task.with_options(result_storage=storage)
+    # A Path (not an unsaved LocalFileSystem block) so that Dask workers resolve it too; remote
+    # outputs keep Prefect's default result storage (the writer's markers are the ground truth).
+    local = "://" not in out
+    shard_task = annotate_shard_task.with_options(result_storage=Path(writer.root, "_prefect") if local else None)
     futures = [shard_task.submit(shard_records, s, config, out, run_id) for s, shard_records in enumerate(shards)]
     responses = 0
     with tqdm(total=len(futures), desc="shards", unit="shard", disable=not progress) as bar:

@@ -9,12 +9,14 @@ import dataclasses
 import functools
 import hashlib
 import json
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import torch
 from tqdm.auto import tqdm
 
 import verifiers
@@ -39,6 +41,9 @@ class AnnotateConfig:
     reward_model: str | None = None  # None = the shipped tiny reward model
     device: str = "cpu"
     shard_size: int = 8  # prompts per shard
+    # torch threads on CPU: float sums are split by thread, so the count changes the last bits of
+    # every log-prob; fixing it makes a Dask worker (1 thread by default) write the same bytes.
+    cpu_threads: int = 2
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
 
@@ -84,9 +89,15 @@ class Models:
     reward_model: Any = None
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 def load_models(config: AnnotateConfig) -> Models:
-    return _load_models(config.backend, config.model, config.reward_model if "p2t" in config.credit.kinds else None,
-                        config.device, "p2t" in config.credit.kinds)
+    # One loader at a time: transformers builds models under a process-wide meta-device context,
+    # so two threads loading at once get each other's empty (meta) weights.
+    with _LOAD_LOCK:
+        return _load_models(config.backend, config.model, config.reward_model if "p2t" in config.credit.kinds else None,
+                            config.device, "p2t" in config.credit.kinds)
 
 
 @functools.lru_cache(maxsize=2)
@@ -119,6 +130,8 @@ def verify_samples(samples, records: dict[str, TaskRecord]) -> list[VerifiedSamp
 def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateConfig,
                    models: Models) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """sample -> verify -> credit for one shard; returns its tables and stats."""
+    if config.device == "cpu":
+        torch.set_num_threads(config.cpu_threads)
     by_id = {r.id: r for r in records}
     samples = models.sampler.sample(records, config.sampling)
     verified = verify_samples(samples, by_id)

@@ -45,6 +45,8 @@ def add_annotate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=s.seed)
     p.add_argument("--beta", type=float, default=c.beta, help="MRTPO mixing coefficient")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="prompts per shard")
+    p.add_argument("--cpu-threads", type=int, default=d.cpu_threads,
+                   help="torch threads per process on CPU (part of the dataset's identity)")
     p.add_argument("--run-id", default=None, help="name of the run (default: from the config hash)")
     p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
                    help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
@@ -57,7 +59,7 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
     return AnnotateConfig(
         prompts=args.prompts, tasks=tuple(args.tasks.split(",")), split=args.split,
         limit=args.limit or None, backend=args.backend, model=args.model, reward_model=args.reward_model,
-        device=args.device, shard_size=args.shard_size,
+        device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed),
         credit=CreditConfig(kinds=args.credit, beta=args.beta),

@@ -5,9 +5,10 @@ the response positions go through the LM head. Sequences are right-padded (real 
 attend to the padding that follows them, and positions 0..L-1 stay correct for each row) and
 sorted by length so that a batch wastes little on padding.
 
-Not done: reuse of the shared task-prompt prefix's KV cache. The prefix differs between the
-responses of a batch, so reusing it means one cache per prompt group expanded over its K + 1
-sequences, which caps a batch at K + 1 sequences; plain batching across responses is kept instead.
+The prompt tokens that every sequence of a batch shares (the task prompt, when the batch holds
+one prompt group: items are ordered by prompt ids, so a group's items sit side by side) are
+forwarded once and their KV cache is expanded over the batch; only the rest of each sequence
+(feedback block and response) is forwarded per row.
 """
 from __future__ import annotations
 
@@ -54,26 +55,52 @@ def build_replay_item(tokenizer, task_prompt: str, sections: Sequence[tuple[str,
                       drop_prompt_ids=drops, response_ids=list(response_ids))
 
 
-def response_logits(model, seqs: Sequence[tuple[list[int], list[int]]]) -> torch.Tensor:
+MIN_SHARED_PREFIX = 8  # below this many shared tokens a separate prefix forward is not worth it
+
+
+def shared_prefix_length(seqs: Sequence[tuple[list[int], list[int]]]) -> int:
+    """Tokens that every prompt of `seqs` starts with, leaving each prompt at least one token
+    (the hidden state that predicts the first response token must come from the suffix)."""
+    first = seqs[0][0]
+    n = min(len(p) for p, _ in seqs) - 1
+    for prompt, _ in seqs[1:]:
+        n = next((i for i in range(n) if prompt[i] != first[i]), n)
+    return max(n, 0)
+
+
+def response_logits(model, seqs: Sequence[tuple[list[int], list[int]]],
+                    min_shared_prefix: int = MIN_SHARED_PREFIX) -> torch.Tensor:
     """Logits predicting each response token, for a batch of (prompt_ids, response_ids).
 
     Returns [B, T_max, V] in the model's dtype on its device; row b is valid for t < len(response_b).
-    The logits predicting response token t sit at sequence index len(prompt) + t - 1, so the
-    hidden states are sliced there before the LM head: no [B, L, V] tensor for the prompt part.
-    Assumes logits = lm_head(last hidden state), as in Llama, Qwen and Mistral.
+    The shared prompt prefix (`shared_prefix_length`) is forwarded once, its KV cache repeated
+    over the batch; the remaining tokens are right-padded (real tokens never attend to the
+    padding that follows them). The logits predicting response token t sit at index
+    len(prompt) + t - 1, so the hidden states are sliced there before the LM head: no [B, L, V]
+    tensor for the prompt part. Assumes logits = lm_head(last hidden state), as in Llama, Qwen
+    and Mistral.
     """
-    B, L = len(seqs), max(len(p) + len(r) for p, r in seqs)
-    T = max(len(r) for _, r in seqs)
+    device, decoder = model.device, model.get_decoder()
+    B, T = len(seqs), max(len(r) for _, r in seqs)
+    shared = shared_prefix_length(seqs)
+    cache = None
+    if shared >= min_shared_prefix:
+        prefix = torch.tensor([seqs[0][0][:shared]], device=device)
+        cache = decoder(input_ids=prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(B)
+    else:
+        shared = 0
+    L = max(len(p) + len(r) for p, r in seqs) - shared
     ids = torch.zeros(B, L, dtype=torch.long)
-    attention = torch.zeros(B, L, dtype=torch.long)
+    attention = torch.zeros(B, shared + L, dtype=torch.long)
     for b, (prompt, response) in enumerate(seqs):
-        ids[b, : len(prompt) + len(response)] = torch.tensor(prompt + response)
-        attention[b, : len(prompt) + len(response)] = 1
-    device = model.device
-    hidden = model.get_decoder()(input_ids=ids.to(device), attention_mask=attention.to(device),
-                                 position_ids=torch.arange(L, device=device).expand(B, L),
-                                 use_cache=False).last_hidden_state
-    starts = torch.tensor([len(p) - 1 for p, _ in seqs], device=device)
+        rest = prompt[shared:] + response
+        ids[b, : len(rest)] = torch.tensor(rest)
+        attention[b, : shared + len(rest)] = 1
+    hidden = decoder(input_ids=ids.to(device), attention_mask=attention.to(device),
+                     position_ids=torch.arange(shared, shared + L, device=device).expand(B, L),
+                     past_key_values=cache, use_cache=cache is not None).last_hidden_state
+    starts = torch.tensor([len(p) - 1 - shared for p, _ in seqs], device=device)
     index = (starts[:, None] + torch.arange(T, device=device)).clamp(max=L - 1)
     return model.get_output_embeddings()(hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1])))
 
@@ -107,10 +134,23 @@ def replay_distances(model, items: Sequence[ReplayItem], *, batch_size: int = 16
         stats.replays_skipped += len(item.drop_prompt_ids) - done
         stats.tokens_replayed += done * len(item.response_ids)
     active = [n for n, it in enumerate(items) if it.response_ids and any(p is not None for p in it.drop_prompt_ids)]
-    active.sort(key=lambda n: len(items[n].all_prompt_ids) + len(items[n].response_ids))
-    for start in range(0, len(active), batch_size):
-        _replay_block(model, items, active[start : start + batch_size], out, batch_size, chunk_size, stats)
+    # by prompt: the items of one prompt group (same task prompt) share a batch and its prefix cache
+    active.sort(key=lambda n: (items[n].all_prompt_ids, len(items[n].response_ids)))
+    for block in _blocks(items, active, batch_size):
+        _replay_block(model, items, block, out, batch_size, chunk_size, stats)
     return out
+
+
+def _blocks(items: Sequence[ReplayItem], ordered: list[int], batch_size: int) -> list[list[int]]:
+    """Consecutive runs of at most `batch_size` items whose P_all share a prefix worth caching."""
+    blocks: list[list[int]] = []
+    for n in ordered:
+        if blocks and len(blocks[-1]) < batch_size and shared_prefix_length(
+                [(items[blocks[-1][0]].all_prompt_ids, []), (items[n].all_prompt_ids, [])]) >= MIN_SHARED_PREFIX:
+            blocks[-1].append(n)
+        else:
+            blocks.append([n])
+    return blocks
 
 
 def _replay_block(model, items, block: list[int], out: list[torch.Tensor], batch_size: int,
@@ -125,7 +165,7 @@ def _replay_block(model, items, block: list[int], out: list[torch.Tensor], batch
                 out[n][k] = 0.0
             elif drop is not None:
                 pairs.append((b, n, k))
-    pairs.sort(key=lambda p: len(items[p[1]].drop_prompt_ids[p[2]]) + len(items[p[1]].response_ids))
+    pairs.sort(key=lambda p: items[p[1]].drop_prompt_ids[p[2]])
     for start in range(0, len(pairs), batch_size):
         batch = pairs[start : start + batch_size]
         logits = response_logits(model, [(items[n].drop_prompt_ids[k], items[n].response_ids) for _, n, k in batch])

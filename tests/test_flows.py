@@ -104,3 +104,27 @@ def test_bad_records_are_rejected_and_the_rest_annotated(prefect_harness, tmp_pa
     assert "prompt" in rejected[1]["reason"] and "db" in rejected[3]["reason"]
     ids = {r["group_id"] for r in sorted_rows(out, "responses")}
     assert ids == {demo[0]["id"], demo[1]["id"]}
+
+
+def test_pipeline_flow_annotates_then_trains_from_that_run(prefect_harness, tmp_path):
+    from flows.train import pipeline_flow
+    from pipeline.train import TrainConfig
+
+    config = TrainConfig(data=str(tmp_path / "run"), out=str(tmp_path / "ckpt"), advantage="mrtpo", steps=2,
+                         batch_size=4, save_every=2)
+    result = pipeline_flow(SMALL, config)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert result["dataset_checksum"] == manifest["dataset_checksum"]
+    assert Path(result["checkpoint"]) == tmp_path / "ckpt" / "final"
+    assert (tmp_path / "ckpt" / "final" / "model.safetensors").is_file()
+    assert len((tmp_path / "ckpt" / "metrics.csv").read_text().splitlines()) == 1 + 2  # header + 2 steps
+
+
+def test_nightly_deployment_runs_the_annotate_flow_on_its_cron_into_dated_folders(tmp_path):
+    from flows.schedule import annotate_deployment
+
+    deployment = annotate_deployment(SMALL, str(tmp_path / "nightly"), "0 3 * * *")
+    assert deployment.flow_name == "annotate"
+    assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
+    assert deployment.parameters["out"] == f"{tmp_path / 'nightly'}/{{date}}"
+    assert deployment.parameters["config"] == SMALL

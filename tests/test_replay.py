@@ -9,7 +9,8 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from pipeline.prompts import replay_prompt, sampling_prompt
-from pipeline.replay import ReplayItem, ReplayStats, build_replay_item, replay_distances
+from pipeline.replay import (ReplayItem, ReplayStats, build_replay_item, replay_distances, response_logits,
+                             shared_prefix_length)
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +69,17 @@ def random_items(seed, n=7, vocab=128):
 
 @contextmanager
 def count_sequences(model):
-    """Counts the sequences (batch rows) that go through the model's decoder."""
+    """Counts the sequences (batch rows) that go through the model's decoder.
+
+    The forward of a batch's shared prompt prefix (one row, no attention mask) is not a sequence.
+    """
     seen = []
-    hook = model.get_decoder().register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+
+    def count(module, args, kwargs):
+        if kwargs.get("attention_mask") is not None:
+            seen.append(kwargs["input_ids"].shape[0])
+
+    hook = model.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
     try:
         yield seen
     finally:
@@ -182,3 +190,17 @@ def test_cuda_bf16_batched_equals_unbatched_loop(tiny_causal_lm):
     got = replay_distances(model, items, batch_size=4, chunk_size=16)
     # bf16 kernels round differently for different batch shapes; divergences stay float32
     assert_distances_close(got, reference_distances(model, items), atol=2e-2)
+
+
+def test_shared_prefix_cache_equals_full_forwards(tiny_causal_lm):
+    torch.manual_seed(3)
+    prefix = torch.randint(3, 128, (40,)).tolist()
+    seqs = [(prefix + torch.randint(3, 128, (n,)).tolist(), torch.randint(3, 128, (t,)).tolist())
+            for n, t in ((5, 7), (1, 12), (9, 3))]
+    assert shared_prefix_length(seqs) >= 40  # the prefix, plus any chance agreement after it
+    reused = response_logits(tiny_causal_lm, seqs)
+    full = response_logits(tiny_causal_lm, seqs, min_shared_prefix=10**9)
+    for b, (_, response) in enumerate(seqs):
+        torch.testing.assert_close(reused[b, :len(response)], full[b, :len(response)], atol=1e-5, rtol=1e-5)
+    assert shared_prefix_length([([1, 2, 3], [9]), ([1, 2, 3], [8])]) == 2  # one prompt token stays per row
+    assert shared_prefix_length([([1, 2, 3], [9]), ([1, 5, 3], [8])]) == 1
