@@ -178,40 +178,13 @@ def verdict(ok: bool) -> str:
 
 # --- models ---------------------------------------------------------------------------------------
 
-FALLBACK_MODELS = Path("/tmp/tokencredit-bench-models")
-
 
 def model_paths() -> tuple[str | None, str | None, str]:
-    """(policy path, reward-model path, description) for `AnnotateConfig(model=, reward_model=)`.
-
-    The shipped tiny models (None, None) when they are in `pipeline/models/`; else random-weight
-    models of the same configs (`pipeline.tiny_models`) with a BPE tokenizer trained on the demo
-    prompts, saved once under /tmp. Random weights time the same work, but their samples fail
-    most checks, so fewer groups have reward variance and fewer replays survive gating.
-    """
+    """(policy path, reward-model path, description) for `AnnotateConfig(model=, reward_model=)`:
+    the shipped tiny models (None means them); fails clearly when they are missing."""
     from pipeline.models import DEFAULT_POLICY, DEFAULT_REWARD_MODEL
 
-    if (DEFAULT_POLICY / "config.json").is_file() and (DEFAULT_REWARD_MODEL / "config.json").is_file():
-        return None, None, "shipped tiny policy + reward model"
-    policy, rm = FALLBACK_MODELS / "policy", FALLBACK_MODELS / "rm"
-    if not (rm / "config.json").is_file():
-        _build_fallback_models(policy, rm)
-    return str(policy), str(rm), "random-weight models with the tiny configs (shipped ones not landed)"
-
-
-def _build_fallback_models(policy: Path, rm: Path) -> None:
-    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
-
-    import verifiers
-    from pipeline.tiny_models import policy_config, response_tags, reward_config, train_tokenizer
-    from pipeline.prompts import replay_prompt
-
-    records, _ = verifiers.load_tasks("demo")
-    texts = [t for r in records for t in (r.prompt, r.reference_response,
-                                          replay_prompt(r.prompt, [("format", "x"), ("execution", "y")]))]
-    tokenizer = train_tokenizer(texts, response_tags(records))
-    torch.manual_seed(0)
-    for folder, model in ((policy, LlamaForCausalLM(policy_config(tokenizer))),
-                          (rm, LlamaForSequenceClassification(reward_config(tokenizer)))):
-        model.save_pretrained(folder, safe_serialization=True)
-        tokenizer.save_pretrained(folder)
+    for folder in (DEFAULT_POLICY, DEFAULT_REWARD_MODEL):
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder} is missing: build it with `python -m pipeline.tiny_models all`")
+    return None, None, "shipped tiny policy + reward model"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .annotate import AnnotateConfig
@@ -180,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Prefect's telemetry stays off unless the user turns it on (it is read when prefect is imported).
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -8,6 +8,7 @@ code runs only when the caller asks for it.
 from __future__ import annotations
 
 import importlib.resources
+import inspect
 from pathlib import Path
 
 import torch
@@ -88,3 +89,9 @@ def load_reward_model(path: str | Path | None = None, *, device: str = "cpu", dt
         raise ValueError(f"reward model {str(path or DEFAULT_REWARD_MODEL)!r} has num_labels="
                          f"{model.config.num_labels}; a reward model has one output (num_labels=1)")
     return model, tokenizer
+
+
+def cache_keyword(module) -> str:
+    """The forward's name for the KV cache argument: transformers renamed `past_key_values` to
+    `cache` during 5.x (the old name warns, and goes in 5.40)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"

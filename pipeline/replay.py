@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
 from .divergence import js_divergence
+from .models import cache_keyword
 from .prompts import replay_prompt
 
 
@@ -83,11 +85,12 @@ def response_logits(model, seqs: Sequence[tuple[list[int], list[int]]],
     device, decoder = model.device, model.get_decoder()
     B, T = len(seqs), max(len(r) for _, r in seqs)
     shared = shared_prefix_length(seqs)
-    cache = None
+    cache = {}
     if shared >= min_shared_prefix:
         prefix = torch.tensor([seqs[0][0][:shared]], device=device)
-        cache = decoder(input_ids=prefix, use_cache=True).past_key_values
-        cache.batch_repeat_interleave(B)
+        cache = {cache_keyword(decoder): DynamicCache(config=model.config)}  # filled in place
+        decoder(input_ids=prefix, use_cache=True, **cache)
+        next(iter(cache.values())).batch_repeat_interleave(B)
     else:
         shared = 0
     L = max(len(p) + len(r) for p, r in seqs) - shared
@@ -99,7 +102,7 @@ def response_logits(model, seqs: Sequence[tuple[list[int], list[int]]],
         attention[b, : shared + len(rest)] = 1
     hidden = decoder(input_ids=ids.to(device), attention_mask=attention.to(device),
                      position_ids=torch.arange(shared, shared + L, device=device).expand(B, L),
-                     past_key_values=cache, use_cache=cache is not None).last_hidden_state
+                     use_cache=bool(cache), **cache).last_hidden_state
     starts = torch.tensor([len(p) - 1 - shared for p, _ in seqs], device=device)
     index = (starts[:, None] + torch.arange(T, device=device)).clamp(max=L - 1)
     return model.get_output_embeddings()(hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1])))

@@ -12,7 +12,6 @@ what a later teacher-forced forward of prompt + response reproduces, and what of
 from __future__ import annotations
 
 import hashlib
-import inspect
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from transformers import DynamicCache
 
 from schemas.records import RecordError, Sample, TaskRecord
 
-from .models import load_policy, model_name
+from .models import cache_keyword, load_policy, model_name
 from .prompts import sampling_prompt
 
 BACKENDS = ("transformers", "vllm")
@@ -142,9 +141,7 @@ class TransformersSampler:
         self.model, self.tokenizer, self.name, self.progress = model, tokenizer, name, progress
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids, default=0)
-        # transformers renamed the forward's `past_key_values` to `cache` during 5.x
-        params = inspect.signature(model.forward).parameters
-        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = cache_keyword(model)
 
     def sample(self, records: Sequence[TaskRecord], config: SamplingConfig) -> list[Sample]:
         check_records(records)
