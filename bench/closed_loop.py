@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, ROOT, THREADS, machine, upsert_result  # noqa: F401  (sets torch threads)
+from common import ROOT, upsert_result  # importing common also pins the torch thread count
 
 KINDS = ("gdpo", "mrtpo", "p2t")
 

@@ -129,9 +129,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
+    import duckdb
+
     from .query import run_query
 
-    run_query(args.out, args.sql).show(max_rows=args.max_rows, max_width=200)
+    try:
+        run_query(args.out, args.sql).show(max_rows=args.max_rows, max_width=200)
+    except duckdb.Error as error:  # a mistyped query is the user's input: say what DuckDB said
+        raise ValueError(f"the query failed: {error}") from None
     return 0
 
 

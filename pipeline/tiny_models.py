@@ -370,7 +370,9 @@ Built by `python -m pipeline.tiny_models all` (seed {seed}, CPU, {build_seconds}
 (template `{template}`): sampling prompt -> reference or a corruption; every feedback section present ->
 the reference (also on records whose reference was swapped for a corruption, so that the feedback, not
 the question, decides); section k removed -> half the time a corruption of the part reward k governs. So
-MRTPO's leave-one-out replay distance for reward k concentrates on the tokens that reward checks.
+MRTPO's leave-one-out replay distance for reward k concentrates on the kind of tokens that reward checks
+(see bench/RESULTS.md: Figure 6 shares, and Localization for how often it singles out the one wrong token
+of a hand-made response: above chance, not reliably).
 """
 
 RM_CARD = """# tokencredit tiny reward model

@@ -4,7 +4,6 @@ import re
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
 
 from pipeline import analysis

@@ -17,12 +17,12 @@ Feedback is the constraint's own sentence (the one the prompt uses) plus what wa
 """
 from __future__ import annotations
 
-import itertools
 import re
 
 from schemas.records import InstructionSpec, RecordError, RewardScore, TaskRecord
 
 from .checkers import CHECKERS, parse_json, validate_args
+from .parts import label_runs
 
 _PAINTED = (  # (label, pattern), later ones win where they overlap
     ("bullets", re.compile(r"^[ \t]*[*-][ \t]+\S.*\n?", re.MULTILINE)),
@@ -74,19 +74,10 @@ def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, st
         value, error = parse_json(body)
         if error is None and isinstance(value, (dict, list)):
             labels[start:start + len(body)] = ["json"] * len(body)
-            return _runs(labels)
+            return label_runs(labels)
     for label, pattern in _PAINTED:
         for m in pattern.finditer(response):
             labels[m.start():m.end()] = [label] * (m.end() - m.start())
     if len(body) >= 2 and body[0] == body[-1] == '"':
         labels[start] = labels[start + len(body) - 1] = "quote"
-    return _runs(labels)
-
-
-def _runs(labels: list[str]) -> list[tuple[int, int, str]]:
-    spans, pos = [], 0
-    for label, group in itertools.groupby(labels):
-        n = sum(1 for _ in group)
-        spans.append((pos, pos + n, label))
-        pos += n
-    return spans
+    return label_runs(labels)

@@ -17,6 +17,7 @@ import re
 from schemas.records import RecordError, RewardScore, SqlSpec, TaskRecord
 
 from .sandbox import QueryResult, SandboxError, has_top_level_order_by, run_select
+from .parts import label_runs
 
 REWARDS = ("format", "executable", "execution")
 OPEN, CLOSE = "<sql>", "</sql>"
@@ -86,12 +87,7 @@ def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, st
             labels[tag.end() : after.start()] = ["query"] * (after.start() - tag.end())
     for tag in tags:
         labels[tag.start() : tag.end()] = ["tags"] * (tag.end() - tag.start())
-    spans, start = [], 0
-    for i in range(1, len(response) + 1):
-        if i == len(response) or labels[i] != labels[start]:
-            spans.append((start, i, labels[start]))
-            start = i
-    return spans
+    return label_runs(labels)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -24,7 +24,6 @@ value of a well-formed block, quotes included), `arguments` (its arguments objec
 """
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from typing import Any
@@ -33,6 +32,8 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from schemas.records import RecordError, RewardScore, TaskRecord, ToolCall, ToolSpec
+
+from .parts import label_runs
 
 REWARDS = ("format", "correctness")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -226,12 +227,7 @@ def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, st
                 labels[start:end] = [key] * (end - start)
     for m in _TAG.finditer(response):
         labels[m.start():m.end()] = ["tags"] * (m.end() - m.start())
-    spans, pos = [], 0
-    for label, group in itertools.groupby(labels):
-        n = sum(1 for _ in group)
-        spans.append((pos, pos + n, label))
-        pos += n
-    return spans
+    return label_runs(labels)
 
 
 def _member_spans(body: str, offset: int) -> dict[str, tuple[int, int]]:

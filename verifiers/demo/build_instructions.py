@@ -17,6 +17,7 @@ from pathlib import Path
 
 from schemas.records import Constraint, InstructionSpec, TaskRecord
 from verifiers import checkers, instructions
+from verifiers.demo import write_jsonl
 
 SEED = 2024
 HERE = Path(__file__).parent
@@ -185,9 +186,7 @@ def build() -> list[dict]:
 
 def main() -> None:
     records = build()
-    with open(OUT_JSONL, "w", encoding="utf-8", newline="\n") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    write_jsonl(records, OUT_JSONL)
     n_test = sum(r["split"] == "test" for r in records)
     print(f"wrote {len(records)} records ({n_test} test) to {OUT_JSONL}")
 

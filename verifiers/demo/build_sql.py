@@ -10,11 +10,12 @@ different, non-empty results. Every 5th record in (template, id) order is `"spli
 """
 from __future__ import annotations
 
-import json
 import random
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+
+from verifiers.demo import write_jsonl
 
 SEED = 1234
 HERE = Path(__file__).parent
@@ -294,9 +295,7 @@ def record(i: int, template: str, prompt: str, db_file: str, sql: str) -> dict:
 
 def main() -> None:
     records = build()
-    with open(OUT_JSONL, "w", encoding="utf-8", newline="\n") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    write_jsonl(records, OUT_JSONL)
     n_test = sum(r["split"] == "test" for r in records)
     print(f"wrote {len(records)} records ({n_test} test) to {OUT_JSONL} and {len(list(DB_DIR.glob('*.sqlite')))} databases")
 

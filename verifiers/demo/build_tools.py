@@ -12,12 +12,12 @@ asserts that it scores 1.0 on both rewards. Every 5th record is `"split": "test"
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 from schemas.records import TaskRecord, ToolCall, ToolSpec
 from verifiers import tools
+from verifiers.demo import write_jsonl
 
 SEED = 4321
 HERE = Path(__file__).parent
@@ -162,9 +162,7 @@ def build() -> list[dict]:
 
 def main() -> None:
     records = build()
-    with open(OUT_JSONL, "w", encoding="utf-8", newline="\n") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    write_jsonl(records, OUT_JSONL)
     n_test = sum(r["split"] == "test" for r in records)
     n_two = sum(len(r["reference_calls"]) == 2 for r in records)
     print(f"wrote {len(records)} records ({n_test} test, {n_two} with two calls) to {OUT_JSONL}")
