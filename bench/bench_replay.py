@@ -23,7 +23,7 @@ import tempfile
 
 import torch
 
-from common import interleaved_times, model_paths, upsert_result, verdict
+from common import THREADS, interleaved_times, model_paths, upsert_result, verdict
 
 TARGET_FORWARD = 1.25
 TARGET_ANNOTATION = 1.15
@@ -79,7 +79,7 @@ def annotation_ratio(policy_path, rm_path, limit: int, repeats: int) -> tuple[di
     from pipeline.annotate import AnnotateConfig, load_models, run_annotation
     from pipeline.credit import CreditConfig
 
-    base = AnnotateConfig(limit=limit, model=policy_path, reward_model=rm_path)
+    base = AnnotateConfig(limit=limit, model=policy_path, reward_model=rm_path, cpu_threads=THREADS)
     configs = {"gdpo+mrtpo": dataclasses.replace(base, credit=CreditConfig(kinds=("gdpo", "mrtpo"))),
                "gdpo": dataclasses.replace(base, credit=CreditConfig(kinds=("gdpo",)))}
     load_models(configs["gdpo"])  # cached per process: keep the one-off model load out of the timing

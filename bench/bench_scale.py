@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 
-from common import mib, model_paths, peak_extra_bytes, run_child, upsert_result, verdict
+from common import THREADS, mib, model_paths, peak_extra_bytes, run_child, upsert_result, verdict
 
 FACTORS = (1, 4, 16)
 
@@ -28,7 +28,8 @@ def config_for(prompts: int, policy_path, rm_path):
     tasks = sorted({r.task for r in load_prompt_set(AnnotateConfig(limit=None))[0]})
     if prompts % len(tasks):
         raise ValueError(f"--base x factor must be a multiple of the {len(tasks)} demo tasks {tasks}")
-    return AnnotateConfig(tasks=tuple(tasks), limit=prompts // len(tasks), model=policy_path, reward_model=rm_path)
+    return AnnotateConfig(tasks=tuple(tasks), limit=prompts // len(tasks), model=policy_path, reward_model=rm_path,
+                          cpu_threads=THREADS)
 
 
 def child(prompts: int) -> None:

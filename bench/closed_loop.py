@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, upsert_result  # importing common also pins the torch thread count
+from common import ROOT, THREADS, upsert_result
 
 KINDS = ("gdpo", "mrtpo", "p2t")
 
@@ -59,7 +59,7 @@ def one_run(kind: str, seed: int, args, work: Path, test_records) -> list[dict]:
     for it in range(args.iterations):
         run_dir, ckpt = work / f"{kind}-{seed}-data-{it}", work / f"{kind}-{seed}-ckpt-{it}"
         config = AnnotateConfig(tasks=("sql", "instructions", "tools"), split="train", limit=args.prompts,
-                                model=policy, shard_size=args.prompts * 3,
+                                model=policy, shard_size=args.prompts * 3, cpu_threads=THREADS,
                                 sampling=SamplingConfig(n=args.n, max_new_tokens=96, seed=1000 * seed + it),
                                 credit=CreditConfig(kinds=("gdpo",) if kind == "gdpo" else ("gdpo", kind)))
         start = time.perf_counter()
