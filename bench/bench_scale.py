@@ -70,10 +70,12 @@ def main() -> None:
               f"peak extra RSS {mib(r['extra'])}", flush=True)
     ratios = {f: runs[f]["seconds"] / runs[1]["seconds"] for f in factors[1:]}
     rows = {f: runs[f]["totals"]["credits"] / runs[1]["totals"]["credits"] for f in factors[1:]}
-    # linear: time grows with the work (credit rows), within 25%
-    linear = all(0.75 <= ratios[f] / rows[f] <= 1.25 for f in factors[1:])
+    # at most linear: time grows no faster than the work (credit rows), within 25%; a fixed start-up
+    # cost (first batches, writer set-up) makes the small run slower per row, so growth below
+    # linear is expected
+    linear = all(ratios[f] / rows[f] <= 1.25 for f in factors[1:])
     print("time ratios: " + ", ".join(f"{f}x/1x = {ratios[f]:.2f} (rows {rows[f]:.2f})" for f in factors[1:])
-          + f"; linear: {verdict(linear)}")
+          + f"; at most linear: {verdict(linear)}")
     upsert_result(
         "Annotation scaling (bench_scale.py)",
         "`run_annotation` (sample, verify, GDPO + MRTPO credit, write) at 1x/4x/16x a base prompt count, "
@@ -84,7 +86,7 @@ def main() -> None:
                   f"{runs[f]['totals']['credits'] / runs[f]['seconds']:,.0f} rows/s, peak {mib(runs[f]['extra'])}"
                   for f in factors)
         + "; time ratios " + ", ".join(f"{f}x/1x {ratios[f]:.2f} (rows {rows[f]:.2f})" for f in factors[1:]),
-        f"linear (time/rows ratio within 25%): {verdict(linear)}",
+        f"at most linear (time ratio <= 1.25 x rows ratio): {verdict(linear)}",
     )
 
 

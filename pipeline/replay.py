@@ -2,13 +2,12 @@
 
 Each response is teacher-forced once after `P_all` and once after each ungated `P_\\k`; only
 the response positions go through the LM head. Sequences are right-padded (real tokens never
-attend to the padding that follows them, and positions 0..L-1 stay correct for each row) and
-sorted by length so that a batch wastes little on padding.
+attend to the padding that follows them, and positions stay correct for each row).
 
-The prompt tokens that every sequence of a batch shares (the task prompt, when the batch holds
-one prompt group: items are ordered by prompt ids, so a group's items sit side by side) are
-forwarded once and their KV cache is expanded over the batch; only the rest of each sequence
-(feedback block and response) is forwarded per row.
+Items are ordered by prompt, so the responses of one prompt group share a batch; the prompt
+tokens that every sequence of a batch shares (the task prompt) are forwarded once and their KV
+cache is repeated over the batch, and only the rest of each sequence (feedback block and
+response) is forwarded per row.
 """
 from __future__ import annotations
 
