@@ -9,9 +9,10 @@ import dataclasses
 import functools
 import hashlib
 import json
+import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,38 +23,15 @@ from tqdm.auto import tqdm
 import verifiers
 from schemas.records import TaskRecord, VerifiedSample
 
-from .credit import CreditConfig, assign_credit
-from .sampling import SamplingConfig, make_sampler
+from .bounds import context_length, fit_to_context, render_bounded
+from .config import AnnotateConfig
+from .credit import assign_credit
+from .sampling import make_sampler
 from .tables import credits_table, responses_table
 from .writer import RunWriter
 
 
-@dataclass(frozen=True)
-class AnnotateConfig:
-    """Everything that determines the dataset (hashed into the run's identity)."""
-
-    prompts: str = "demo"
-    tasks: tuple[str, ...] = ("sql", "instructions", "tools")
-    split: str | None = None  # None = all records
-    limit: int | None = 16  # prompts per task; None = all
-    backend: str = "transformers"
-    model: str | None = None  # None = the shipped tiny policy
-    reward_model: str | None = None  # None = the shipped tiny reward model
-    device: str = "cpu"
-    shard_size: int = 8  # prompts per shard
-    # torch threads on CPU: float sums are split by thread, so the count changes the last bits of
-    # every log-prob; fixing it makes a Dask worker (1 thread by default) write the same bytes.
-    cpu_threads: int = 2
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    credit: CreditConfig = field(default_factory=CreditConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
-
-
+@functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """Hash of the package sources: identifies the code without needing a git checkout."""
     digest = hashlib.sha256()
@@ -142,34 +120,73 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
     return tables, stats
 
 
-def write_rejected(out: str, rejected: Sequence[verifiers.Rejected]) -> None:
-    path = Path(out) / "rejected.jsonl"
-    if "://" in out:
-        return
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rejected))
-    tmp.replace(path)
+def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) -> None:
+    writer.write_file("rejected.jsonl", "".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rejected).encode())
+
+
+def prompt_tokenizer(config: AnnotateConfig):
+    """(the policy's tokenizer, the context in tokens that prompt + response must fit: the policy's,
+    and the reward model's too when P2T reads the response). Raises FileNotFoundError/ValueError
+    for a missing or unusable model folder, before any weights load."""
+    from .models import DEFAULT_POLICY, DEFAULT_REWARD_MODEL, load_tokenizer, resolve_model_path
+
+    folders = [resolve_model_path(config.model, DEFAULT_POLICY)]
+    if "p2t" in config.credit.kinds:
+        folders.append(resolve_model_path(config.reward_model, DEFAULT_REWARD_MODEL))
+    contexts = [c for c in map(context_length, folders) if c is not None]
+    return load_tokenizer(folders[0]), min(contexts, default=None)
+
+
+def check_inputs(config: AnnotateConfig, out: str) -> None:
+    """Raise the user errors a run would hit before any model loads (or Prefect starts): no prompt
+    file, no model folder, a chat template that the sandbox refuses or that hangs, another config
+    or a live writer in `out`."""
+    records, _ = load_prompt_set(config)
+    tokenizer, _ = prompt_tokenizer(config)
+    if records:
+        render_bounded(tokenizer, records[0])
+    writer = RunWriter(out)
+    writer.check_config(config.digest())
+    writer.check_unlocked()
 
 
 def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
-    """Load and split the prompt set, record the run in the manifest, write rejected records.
+    """Load the prompt set and reject records that do not fit the model's context, lock `out`,
+    record the run in the manifest, clean up what a crash left there, write rejected records.
 
-    Returns (writer, shards, rejected).
+    Returns (writer, shards, rejected); the writer holds the lock on `out` until `writer.unlock()`.
     """
     records, rejected = load_prompt_set(config)
+    tokenizer, context = prompt_tokenizer(config)
+    records, too_long = fit_to_context(records, tokenizer, context, config.sampling.max_new_tokens, config.prompts)
+    rejected += too_long
+    shards = shards_of(records, config.shard_size)
     writer = RunWriter(out)
-    writer.start(run_id or config.digest()[:12], config.to_dict(), config.digest(), code_version())
-    write_rejected(out, rejected)
-    return writer, shards_of(records, config.shard_size), rejected
+    writer.lock()
+    try:
+        writer.start(run_id or config.digest()[:12], config.to_dict(), config.digest(), code_version(),
+                     n_shards=len(shards), seeds={"sampling": config.sampling.seed})
+        redo = writer.resume_check(len(shards))
+        if redo:
+            print(f"{out}: the files of shards {redo} differ from their checksums; writing them again",
+                  file=sys.stderr)
+        write_rejected(writer, rejected)
+    except BaseException:
+        writer.unlock()
+        raise
+    return writer, shards, rejected
 
 
 def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
                    progress: bool = True) -> dict[str, Any]:
     """Annotate every shard not yet written under `out`, in this process; returns the manifest."""
     writer, shards, rejected = prepare_run(config, out, run_id)
-    todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
-    models = load_models(config) if todo else None
-    for s in tqdm(todo, desc="shards", unit="shard", disable=not progress):
-        tables, stats = annotate_shard(shards[s], s, config, models)
-        writer.write_shard(s, tables, stats)
-    return writer.finish(len(shards), {"rejected": len(rejected)})
+    try:
+        todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
+        models = load_models(config) if todo else None
+        for s in tqdm(todo, desc="shards", unit="shard", disable=not progress):
+            tables, stats = annotate_shard(shards[s], s, config, models)
+            writer.write_shard(s, tables, stats, code_version=code_version())
+        return writer.finish(len(shards), {"rejected": len(rejected)})
+    finally:
+        writer.unlock()

@@ -7,37 +7,16 @@ not enter the normalization.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from schemas.records import AnnotatedResponse, TaskRecord, TokenCredit, VerifiedSample
 
 from .advantages import gdpo, group_has_variance, grpo
+from .config import CreditConfig
 from .mrtpo import mrtpo_advantages
 from .p2t import P2TStats, attribute, p2t_advantages, token_rewards
 from .replay import build_replay_item, replay_distances
-
-CREDIT_KINDS = ("gdpo", "mrtpo", "p2t")
-
-
-@dataclass(frozen=True)
-class CreditConfig:
-    kinds: tuple[str, ...] = ("gdpo", "mrtpo")
-    beta: float = 0.5
-    max_second_moment: float | None = None
-    replay_batch_size: int = 16
-    chunk_size: int = 128
-    p2t_form: str = "paper"
-    p2t_omega: float = 0.6
-    p2t_alpha: float = 0.1
-    p2t_baseline: str = "pad"
-
-    def __post_init__(self) -> None:
-        unknown = set(self.kinds) - set(CREDIT_KINDS)
-        if unknown or "gdpo" not in self.kinds:
-            raise ValueError(f"credit kinds {self.kinds}: each must be one of {CREDIT_KINDS}, gdpo included")
-
 
 def reward_tensors(verified: Sequence[VerifiedSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """rewards [N, K_max] float32, mask [N, K_max] bool, group [N] long (index of the prompt)."""

@@ -78,9 +78,10 @@ VERL_SCHEMA = pa.schema([
 ])
 
 
-def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo") -> Path:
+def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo",
+              allow_incomplete: bool = False) -> Path:
     """Save the run as a `datasets.Dataset` folder at `dest` (layout in the module docstring)."""
-    rows = read_training(out_dir, advantage)
+    rows = read_training(out_dir, advantage, allow_incomplete)
     ds = datasets.Dataset.from_dict({
         "prompt": [r["prompt"] for r in rows],
         "completion": [r["response"] for r in rows],
@@ -95,10 +96,11 @@ def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo") -
     return Path(dest)
 
 
-def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mrtpo") -> Path:
+def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mrtpo",
+                allow_incomplete: bool = False) -> Path:
     """Write the run as one verl-style Parquet file `dest_file` (layout in the module docstring)."""
-    rows = read_training(out_dir, advantage)
-    scores = {rid: (names, values) for rid, names, values in connect(out_dir).sql(
+    rows = read_training(out_dir, advantage, allow_incomplete)
+    scores = {rid: (names, values) for rid, names, values in connect(out_dir, allow_incomplete=allow_incomplete).sql(
         "SELECT response_id, reward_names, rewards FROM responses WHERE status = 'ok'").fetchall()}
     records = []
     for index, r in enumerate(rows):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -23,30 +22,11 @@ from transformers import DynamicCache
 
 from schemas.records import RecordError, Sample, TaskRecord
 
+from .config import SamplingConfig
 from .models import cache_keyword, load_policy, model_name
 from .prompts import sampling_prompt
 
 BACKENDS = ("transformers", "vllm")
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    n: int = 4  # responses per prompt
-    max_new_tokens: int = 96
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()  # a response ends at the token that completes one of these strings
-    seed: int = 0
-    batch_size: int = 32  # rows (prompt x sample) per forward
-
-    def __post_init__(self):
-        object.__setattr__(self, "stop", tuple(self.stop))
-        checks = {"n": self.n >= 1, "max_new_tokens": self.max_new_tokens >= 1, "temperature": self.temperature >= 0,
-                  "top_p": 0 < self.top_p <= 1, "batch_size": self.batch_size >= 1,
-                  "stop": all(isinstance(s, str) and s for s in self.stop)}
-        bad = [name for name, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"SamplingConfig: invalid {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
 
 
 class Sampler(Protocol):

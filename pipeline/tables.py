@@ -14,12 +14,15 @@ def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[in
     """Text and [char_start, char_end) of each token within the decoded response.
 
     Decoding prefixes (not single tokens) keeps byte-level BPE merges and skipped special
-    tokens consistent with how the response text itself was decoded.
+    tokens consistent with how the response text itself was decoded. A token's text is its
+    span of that text (" age", not the vocabulary entry "Ġage"); a token with no span of its
+    own (a special token such as the end of sequence) is decoded alone ("<|im_end|>").
     """
     ends = [len(tokenizer.decode(token_ids[: t + 1], skip_special_tokens=True)) for t in range(len(token_ids))]
     starts = [0, *ends[:-1]]
-    texts = tokenizer.convert_ids_to_tokens(list(token_ids))
-    return [str(t) for t in texts], starts, ends
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    texts = [text[s:e] if e > s else tokenizer.decode([t]) for t, s, e in zip(token_ids, starts, ends)]
+    return texts, starts, ends
 
 
 def _part_of(spans: list[tuple[int, int, str]], start: int, end: int) -> str:
@@ -41,7 +44,7 @@ def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Ta
             "task": sample.task, "prompt": sample.prompt, "response": sample.response,
             "prompt_token_ids": sample.prompt_token_ids, "token_ids": sample.token_ids,
             "sample_logprobs": sample.sample_logprobs,
-            "reward_names": [r.name for r in item.verified.rewards],
+            "reward_names": [verifiers.stored_reward(sample.task, r.name)[0] for r in item.verified.rewards],
             "rewards": [r.score for r in item.verified.rewards],
             "feedback": [r.feedback for r in item.verified.rewards],
             "reward_advs": credit.reward_adv if credit else None,
@@ -66,7 +69,8 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
         spans = verifiers.response_parts(records[sample.group_id], sample.response)
         parts = [_part_of(spans, s, e) for s, e in zip(starts, ends)]
         T = len(sample.token_ids)
-        for k, reward in enumerate(credit.reward_names):
+        for k, name in enumerate(credit.reward_names):
+            reward, constraint_index = verifiers.stored_reward(sample.task, name)
             distance = credit.distance[k]
             columns["response_id"] += [sample.response_id] * T
             columns["task"] += [sample.task] * T
@@ -77,6 +81,7 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
             columns["char_end"] += ends
             columns["part"] += parts
             columns["reward"] += [reward] * T
+            columns["constraint_index"] += [constraint_index] * T
             columns["reward_adv"] += [credit.reward_adv[k]] * T
             columns["distance"] += distance if distance is not None else [None] * T
             columns["weight"] += credit.weight[k]

@@ -62,6 +62,7 @@ class TrainConfig:
     device: str = "cpu"
     lora: bool = False  # LoRA adapters via `peft` (optional); checkpoints then hold only the adapter
     save_every: int = 25
+    allow_incomplete: bool = False  # train on a run whose annotation has not finished
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -93,7 +94,7 @@ def parse_advantage(spec: str) -> dict[str, float]:
 # --- reading the training view ------------------------------------------------------------------
 
 
-def read_training(data: str | Path, advantage: str | None) -> list[dict[str, Any]]:
+def read_training(data: str | Path, advantage: str | None, allow_incomplete: bool = False) -> list[dict[str, Any]]:
     """Rows of the run's `training` view (ordered by response_id); with `advantage` given, each row
     also has `advantages`: the chosen kind, or the coefficient-weighted sum of a mix, per token.
 
@@ -104,7 +105,8 @@ def read_training(data: str | Path, advantage: str | None) -> list[dict[str, Any
     columns = ", ".join(["response_id", "group_id", "task", "prompt", "response", "prompt_token_ids",
                          "token_ids", "sample_logprobs", "sft_weight", *(f"adv_{k}" for k in mix)])
     try:
-        rows = connect(data).sql(f"SELECT {columns} FROM training ORDER BY response_id").to_arrow_table().to_pylist()
+        rows = connect(data, allow_incomplete=allow_incomplete).sql(
+            f"SELECT {columns} FROM training ORDER BY response_id").to_arrow_table().to_pylist()
     except duckdb.BinderException as err:
         raise ValueError(f"run dir {data}: cannot read advantage {advantage!r} from the training view "
                          f"({str(err).splitlines()[0]})") from err
@@ -142,11 +144,12 @@ class Example:
     credit: list[float]  # per-token advantage (pg) or SFT weight (sft)
 
 
-def load_examples(data: str | Path, advantage: str | None, objective: str) -> list[Example]:
+def load_examples(data: str | Path, advantage: str | None, objective: str,
+                  allow_incomplete: bool = False) -> list[Example]:
     """The run's responses as Examples. Responses without tokens are dropped, and for `sft` also those
     whose weights are all zero: they add nothing to the numerator or the denominator of the loss."""
     examples = []
-    for row in read_training(data, advantage):
+    for row in read_training(data, advantage, allow_incomplete):
         if objective == "pg":
             credit = row["advantages"]
             if row["sample_logprobs"] is None:
@@ -332,7 +335,7 @@ def train(config: TrainConfig) -> Path:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)  # LoRA init; a resume then restores the saved RNG state
-    examples = load_examples(config.data, config.advantage, config.objective)
+    examples = load_examples(config.data, config.advantage, config.objective, config.allow_incomplete)
     checkpoint = latest_checkpoint(out)
     model, tokenizer = load_model(config, checkpoint)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)

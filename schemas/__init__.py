@@ -1,8 +1,8 @@
 """Arrow schemas of the tokencredit dataset and the DuckDB views over a run directory.
 
 A run directory holds `responses/part-*.parquet`, `credits/part-*.parquet` and
-`manifest.json`; `views.sql` (with `{out}` replaced by the run directory) creates the
-`responses`, `credits` and `training` views.
+`manifest.json`; `views.sql` (with `{responses}` and `{credits}` replaced by table expressions
+over the manifest's part files) creates the `responses`, `credits` and `training` views.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from importlib.resources import files
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: instruction rewards stored as their kind + credits.constraint_index
 
 RESPONSES = pa.schema(
     [
@@ -23,6 +23,7 @@ RESPONSES = pa.schema(
         pa.field("prompt_token_ids", pa.list_(pa.int32())),
         pa.field("token_ids", pa.list_(pa.int32())),
         pa.field("sample_logprobs", pa.list_(pa.float32())),
+        # the verifier's rewards in order; an instruction constraint's kind (list position = its index)
         pa.field("reward_names", pa.list_(pa.string())),
         pa.field("rewards", pa.list_(pa.float32())),
         pa.field("feedback", pa.list_(pa.string())),
@@ -50,6 +51,7 @@ CREDITS = pa.schema(
         pa.field("char_end", pa.int32()),
         pa.field("part", pa.string()),
         pa.field("reward", pa.string(), nullable=False),
+        pa.field("constraint_index", pa.int32()),  # which constraint of an instruction record; NULL elsewhere
         pa.field("reward_adv", pa.float32()),
         pa.field("distance", pa.float32()),
         pa.field("weight", pa.float32()),
@@ -66,7 +68,10 @@ def with_version(schema: pa.Schema, table: str) -> pa.Schema:
     return schema.with_metadata({"tokencredit.schema_version": SCHEMA_VERSION, "tokencredit.table": table})
 
 
-def views_sql(out: str) -> str:
-    """DuckDB statements creating the views over run directory `out`."""
+def views_sql(sources: dict[str, str]) -> str:
+    """DuckDB statements creating the views; `sources` maps each table of TABLES to a table
+    expression over its files, e.g. {"responses": "read_parquet(['OUT/responses/part-00000.parquet'])"}."""
     text = files("schemas").joinpath("views.sql").read_text()
-    return text.replace("{out}", str(out).replace("'", "''"))
+    for name in TABLES:
+        text = text.replace("{" + name + "}", sources[name])
+    return text

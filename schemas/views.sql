@@ -1,9 +1,10 @@
--- Views over one tokencredit run directory ({out} is replaced by its path).
+-- Views over one tokencredit run directory. {responses} and {credits} are replaced by table
+-- expressions over exactly the part files its manifest lists (pipeline/query.py).
 CREATE OR REPLACE VIEW responses AS
-    SELECT * FROM read_parquet('{out}/responses/part-*.parquet');
+    SELECT * FROM {responses};
 
 CREATE OR REPLACE VIEW credits AS
-    SELECT * FROM read_parquet('{out}/credits/part-*.parquet');
+    SELECT * FROM {credits};
 
 -- What a trainer reads: one row per response, one float list per advantage kind, each
 -- aligned with token_ids. adv_gdpo is the response advantage broadcast to every token;

@@ -76,8 +76,10 @@ def response_rows(spec=RESPONSES_SPEC, p2t=False):
 def write_run(folder, rows):
     """A run directory written by the real RunWriter (an empty credits table: the trainer does not read it)."""
     writer = RunWriter(str(folder))
+    writer.start("train-test", {}, "train-test", "test")
     writer.write_shard(0, {"responses": pa.Table.from_pylist(rows, schema=RESPONSES),
                            "credits": CREDITS.empty_table()}, stats={})
+    writer.finish(1, {})
     return str(folder)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.query import run_query
 from pipeline.writer import RunWriter
-from schemas import CREDITS, RESPONSES, SCHEMA_VERSION, views_sql
+from schemas import CREDITS, RESPONSES, SCHEMA_VERSION, TABLES, views_sql
 
 
 def shard_tables(shard: int, responses: int = 3, tokens: int = 4) -> dict[str, pa.Table]:
@@ -89,7 +89,7 @@ def test_views_and_readers_see_the_same_rows(tmp_path):
         writer.write_shard(shard, shard_tables(shard), {})
     writer.finish(2, {})
     con = duckdb.connect()
-    con.execute(views_sql(str(tmp_path)))
+    con.execute(views_sql({name: f"read_parquet('{tmp_path}/{name}/part-*.parquet')" for name in TABLES}))
     assert con.execute("select count(*) from credits").fetchall() == [(2 * 3 * 4,)]
     training = run_query(tmp_path, "select token_ids, adv_gdpo, adv_mrtpo, sft_weight from training").fetchall()
     assert len(training) == 6

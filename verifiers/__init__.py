@@ -4,6 +4,7 @@
     scores = verify(record, response_text)        # list[RewardScore], fixed reward order
     names = reward_names(record)                  # the same order, without a response
     spans = response_parts(record, response_text) # [(char_start, char_end, part)] for analysis
+    kind, index = stored_reward(task, name)       # ("keyword_include", 2) for "c2_keyword_include"
 
 `verify` never raises on any response string; a malformed task record raises
 `schemas.records.RecordError` naming the record id and the field.
@@ -30,4 +31,10 @@ def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, st
     return _BY_TASK[record.task].response_parts(record, response)
 
 
-__all__ = ["Rejected", "load_tasks", "parse_record", "verify", "reward_names", "response_parts"]
+def stored_reward(task: str, name: str) -> tuple[str, int | None]:
+    """(reward, constraint_index) as the dataset stores a reward name: instruction rewards
+    `c{i}_{kind}` become (kind, i); the other tasks' names stay as they are, with no index."""
+    return instructions.split_reward_name(name) if task == "instructions" else (name, None)
+
+
+__all__ = ["Rejected", "load_tasks", "parse_record", "verify", "reward_names", "response_parts", "stored_reward"]

@@ -3,6 +3,9 @@
     constraints = [{"kind": "keyword_include", "args": {"keywords": ["river"]}}, ...]
     rewards     = ["c0_keyword_include", ...]      score in [0, 1], see `verifiers.checkers`
 
+The index keeps two constraints of one kind apart (and names each in the replay prompt); the
+dataset stores the kind as the reward and the index in its own column (`split_reward_name`).
+
 Feedback is the constraint's own sentence (the one the prompt uses) plus what was found:
 "Include the keywords 'river' and 'stone'. Found: 'river'; missing 'stone'."
 
@@ -48,6 +51,17 @@ def validate(record: TaskRecord) -> None:
 
 def reward_names(record: TaskRecord) -> list[str]:
     return [f"c{i}_{c.kind}" for i, c in enumerate(record.spec.constraints)]
+
+
+_NAME = re.compile(r"c(\d+)_(.+)")
+
+
+def split_reward_name(name: str) -> tuple[str, int]:
+    """"c2_keyword_include" -> ("keyword_include", 2): the constraint's kind and index."""
+    match = _NAME.fullmatch(name)
+    if match is None:
+        raise ValueError(f"instruction reward name {name!r} is not c<index>_<kind>")
+    return match.group(2), int(match.group(1))
 
 
 def describe(kind: str, args: dict) -> str:

@@ -30,7 +30,7 @@ DEMO = "demo"  # load_tasks("demo") reads the bundled verifiers/demo/*.jsonl
 
 @dataclass
 class Rejected:
-    line_no: int  # 1-based line in `path`
+    line_no: int | None  # 1-based line in `path`; None when the annotate stage rejected a loaded record
     record_id: str | None  # None when the line has no usable id
     reason: str
     raw: str
