@@ -16,6 +16,7 @@ from .advantages import gdpo, group_has_variance, grpo
 from .config import CreditConfig
 from .mrtpo import mrtpo_advantages
 from .p2t import P2TStats, attribute, p2t_advantages, token_rewards
+from .progress import Progress
 from .replay import build_replay_item, replay_distances
 
 def reward_tensors(verified: Sequence[VerifiedSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,8 +42,10 @@ def _padded(rows: Sequence[torch.Tensor], T: int, fill: float) -> torch.Tensor:
 
 
 def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRecord], config: CreditConfig,
-                  policy=None, tokenizer=None, reward_model=None) -> tuple[list[AnnotatedResponse], dict]:
-    """Credit every `ok` response of one batch; returns annotated responses (input order) and stats."""
+                  policy=None, tokenizer=None, reward_model=None,
+                  progress: bool = True) -> tuple[list[AnnotatedResponse], dict]:
+    """Credit every `ok` response of one batch; returns annotated responses (input order) and stats.
+    `progress`: show the replay's and P2T's progress (pipeline.progress)."""
     ok = [v for v in verified if v.status == "ok"]
     annotated = {id(v): AnnotatedResponse(verified=v, adv_grpo=None, adv_gdpo=None) for v in verified}
     stats = {"responses": len(verified), "verifier_failures": len(verified) - len(ok)}
@@ -61,8 +64,10 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
         items = [build_replay_item(tokenizer, records[v.sample.group_id].prompt,
                                    [(r.name, r.feedback) for r in v.rewards], v.sample.token_ids,
                                    ungated[i, : len(v.rewards)].tolist()) for i, v in enumerate(ok)]
-        distances = replay_distances(policy, items, batch_size=config.replay_batch_size,
-                                     chunk_size=config.chunk_size)
+        replay_tokens = sum(len(it.response_ids) * sum(p is not None for p in it.drop_prompt_ids) for it in items)
+        with Progress("replay", total=replay_tokens, unit="token", enabled=progress and replay_tokens > 0) as bar:
+            distances = replay_distances(policy, items, batch_size=config.replay_batch_size,
+                                         chunk_size=config.chunk_size, on_progress=bar.update)
         k_max = rewards.shape[1]
         distance = _padded([torch.cat([d, torch.full((k_max - d.shape[0], d.shape[1]), float("nan"))])
                             for d in distances], T, float("nan"))
@@ -73,7 +78,7 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
     weights, token_adv, total = mrtpo_advantages(result.reward_adv, distance, token_mask, mask, beta,
                                                  result.scale, result.shift, config.max_second_moment)
 
-    p2t = _p2t(ok, result.total, config, reward_model) if "p2t" in config.kinds else None
+    p2t = _p2t(ok, result.total, config, reward_model, progress) if "p2t" in config.kinds else None
     if p2t is not None:
         stats.update(p2t_responses=p2t[1].responses, p2t_near_flat=p2t[1].near_flat)
 
@@ -95,10 +100,13 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
     return [annotated[id(v)] for v in verified], stats
 
 
-def _p2t(ok: Sequence[VerifiedSample], response_adv: torch.Tensor, config: CreditConfig, reward_model):
+def _p2t(ok: Sequence[VerifiedSample], response_adv: torch.Tensor, config: CreditConfig, reward_model,
+         progress: bool = True):
     """P2T token rewards and advantages per response (method.md section 3)."""
-    attributions = attribute(reward_model, [v.sample.prompt_token_ids for v in ok],
-                             [v.sample.token_ids for v in ok], baseline=config.p2t_baseline)
+    with Progress("p2t", total=len(ok), unit="response", enabled=progress) as bar:
+        attributions = attribute(reward_model, [v.sample.prompt_token_ids for v in ok],
+                                 [v.sample.token_ids for v in ok], baseline=config.p2t_baseline,
+                                 on_progress=bar.update)
     stats = P2TStats()
     columns = []
     for i, a in enumerate(attributions):

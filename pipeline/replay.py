@@ -11,7 +11,7 @@ response) is forwarded per row.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -117,13 +117,15 @@ def _check_item(n: int, item: ReplayItem) -> None:
 
 @torch.inference_mode()
 def replay_distances(model, items: Sequence[ReplayItem], *, batch_size: int = 16, chunk_size: int = 128,
-                     stats: ReplayStats | None = None) -> list[torch.Tensor]:
+                     stats: ReplayStats | None = None,
+                     on_progress: Callable[[int], None] | None = None) -> list[torch.Tensor]:
     """Replay distances per item: [K, T] float32 on CPU, NaN rows for gated rewards.
 
     model: a causal LM in eval mode. `P_all` is forwarded once per item and shared by its K
     comparisons; an item with every reward gated is not forwarded at all. A `P_\\k` identical
     to `P_all` gives d = 0 without a forward (the same input gives the same distribution).
-    Counts are added to `stats` when given.
+    Counts are added to `stats` when given; `on_progress(tokens)` is called after each block
+    of items with the response tokens it replayed (summed over its ungated rewards).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -140,6 +142,9 @@ def replay_distances(model, items: Sequence[ReplayItem], *, batch_size: int = 16
     active.sort(key=lambda n: (items[n].all_prompt_ids, len(items[n].response_ids)))
     for block in _blocks(items, active, batch_size):
         _replay_block(model, items, block, out, batch_size, chunk_size, stats)
+        if on_progress is not None:
+            on_progress(sum(len(items[n].response_ids) * sum(p is not None for p in items[n].drop_prompt_ids)
+                            for n in block))
     return out
 
 

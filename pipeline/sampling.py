@@ -12,18 +12,17 @@ what a later teacher-forced forward of prompt + response reproduces, and what of
 from __future__ import annotations
 
 import hashlib
-import sys
 from collections.abc import Sequence
 from typing import Protocol
 
 import torch
-from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from schemas.records import RecordError, Sample, TaskRecord
 
 from .config import SamplingConfig
 from .models import cache_keyword, load_policy, model_name
+from .progress import Progress
 from .prompts import sampling_prompt
 
 BACKENDS = ("transformers", "vllm")
@@ -128,15 +127,14 @@ class TransformersSampler:
         prompts = {r.id: render_prompt(self.tokenizer, r.prompt) for r in records}
         rows = [(r, j) for r in records for j in range(config.n)]
         samples = []
-        show = self.progress and sys.stderr.isatty()
-        with tqdm(total=len(rows), desc="sampling", unit="response", disable=not show) as bar:
+        with Progress("sampling", total=len(rows), unit="response", enabled=self.progress) as bar:
             for start in range(0, len(rows), config.batch_size):
                 batch = rows[start: start + config.batch_size]
                 tokens, logprobs = self.generate([prompts[r.id][1] for r, _ in batch],
                                                  [row_seed(config.seed, r.id, j) for r, j in batch], config)
                 samples += [build_sample(r, j, prompts[r.id], t, lp, self.tokenizer, self.name, config.seed)
                             for (r, j), t, lp in zip(batch, tokens, logprobs)]
-                bar.update(len(batch))
+                bar.update(len(batch), tokens=sum(map(len, tokens)))
         return samples
 
     @torch.inference_mode()
