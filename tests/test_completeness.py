@@ -147,10 +147,12 @@ def test_the_lock_dies_with_its_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_annotate_records_code_version_and_seed_and_repairs_a_changed_part_file(tmp_path, capsys):
+@pytest.mark.parametrize("runner", ["none", "threads"])
+def test_annotate_records_code_version_and_seed_and_repairs_a_changed_part_file(prefect_harness, tmp_path, capsys,
+                                                                                 runner):
     out = tmp_path / "run"
     args = ["annotate", "--out", str(out), "--limit", "1", "--n", "2", "--max-new-tokens", "16", "--seed", "7",
-            "--tasks", "sql,tools", "--shard-size", "1", "--runner", "none"]
+            "--tasks", "sql,tools", "--shard-size", "1", "--runner", runner]
     assert main(args) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["seeds"] == {"sampling": 7} and manifest["complete"] and manifest["n_shards"] == 2
