@@ -238,9 +238,15 @@ class RunWriter:
                 f"(hash {previous[:12]} != {config_hash[:12]}); use a new --out or the same config")
 
     def resume_check(self, n_shards: int) -> list[int]:
-        """Before (re)writing shards: delete temporary files and unmarked part files, and unmark every
-        shard whose files are missing or differ from the checksums in its marker. Returns the shards
-        unmarked (they are written again). Call it holding the lock."""
+        """Before (re)writing shards: delete temporary files, and unmark every shard whose files are
+        missing or differ from the checksums in its marker. Returns the shards unmarked (they are
+        written again). Call it holding the lock.
+
+        Unmarked part files stay: they are whole files (written under a temporary name, then
+        renamed), their shard's rewrite replaces them, and readers never list them. A task of a
+        killed run that still runs on a Dask worker may finish a shard meanwhile; it writes the
+        same bytes, and if this deletes its temporary file that task fails, and the shard is
+        written here."""
         for folder in ("", *TABLES, SHARDS):
             infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"), allow_not_found=True))
             for info in infos:
@@ -253,12 +259,6 @@ class RunWriter:
             self._write_json(MANIFEST, self.manifest)
         for s in redo:
             self.fs.delete_file(f"{self.root}/{self._marker(s)}")
-            marked[s] = None
-        keep = {entry[name]["path"] for entry in marked.values() if entry for name in TABLES if name in entry}
-        for name in TABLES:
-            for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{name}", allow_not_found=True)):
-                if info.base_name.startswith("part-") and f"{name}/{info.base_name}" not in keep:
-                    self.fs.delete_file(info.path)
         return redo
 
     def _files_match(self, entry: dict[str, Any]) -> bool:
