@@ -162,6 +162,7 @@ def test_annotate_records_code_version_and_seed_and_repairs_a_changed_part_file(
     pq.write_table(CREDITS.empty_table(), part)  # a file that no longer holds its checksum
     capsys.readouterr()
     assert main(args) == 0
-    assert "shards [1] differ from their checksums" in capsys.readouterr().err
+    if runner == "none":  # in a flow the line goes to Prefect's log
+        assert "shards [1] differ from their checksums" in capsys.readouterr().err
     assert part.read_bytes() == good
     assert json.loads((out / "manifest.json").read_text())["dataset_checksum"] == manifest["dataset_checksum"]
