@@ -39,7 +39,7 @@ def build_run(out: Path, rows: int) -> int:
     writer.start("bench-analysis", {"rows": rows}, "bench-analysis", "bench", n_shards=copies)
     responses = pq.read_table(base / "responses")
     for c in range(copies):
-        credits = con.execute(f"SELECT * REPLACE (response_id || '~{c}' AS response_id) FROM {source}").arrow()
+        credits = con.execute(f"SELECT * REPLACE (response_id || '~{c}' AS response_id) FROM {source}").to_arrow_table()
         writer.write_shard(c, {"responses": responses if c == 0 else responses.schema.empty_table(),
                                "credits": credits}, {})
     return writer.finish(copies, {})["totals"]["credits"]
