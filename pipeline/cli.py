@@ -113,7 +113,7 @@ class _NoUserErrorTracebacks(logging.Filter):
 def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
     from flows.annotate import run_annotate_flow
 
-    for handler in logging.getLogger("prefect").handlers:
+    for handler in logging.getLogger().handlers:  # Prefect's console handler sits on the root logger
         handler.addFilter(_NoUserErrorTracebacks())
     try:
         return run_annotate_flow(config, args.out, run_id=args.run_id, runner=args.runner,

@@ -122,3 +122,17 @@ def test_a_bad_template_stops_the_run_with_one_line(tmp_path, template, message)
     assert result.returncode == 2 and time.monotonic() - start < 120
     lines = result.stderr.strip().splitlines()[:-1]  # the last line is the peak memory
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_user_error_inside_the_prefect_flow_is_one_line_without_traceback(tmp_path):
+    """The template hangs only on the third record, so the flow (not the checks before it) meets it."""
+    late = ('{% if "Oslo" in messages[0]["content"] %}' + NESTED_LOOPS.removesuffix("x") + "{% endif %}"
+            '{{ messages[0]["content"] }}\n### Response\n')
+    model = policy_with_template(tmp_path / "policy", late)
+    result = run_cli("annotate", "--out", str(tmp_path / "run"), "--model", str(model), "--limit", "3",
+                     "--n", "2", "--tasks", "tools", timeout=900)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("tokencredit annotate: error:")]
+    assert len(errors) == 1 and "record 'tool-0002'" in errors[0] and "ran past" in errors[0]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
