@@ -44,6 +44,7 @@ def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Ta
             "reward_names": [r.name for r in item.verified.rewards],
             "rewards": [r.score for r in item.verified.rewards],
             "feedback": [r.feedback for r in item.verified.rewards],
+            "observed": [r.observed for r in item.verified.rewards],
             "reward_advs": credit.reward_adv if credit else None,
             "adv_grpo": item.adv_grpo, "adv_gdpo": item.adv_gdpo,
             "adv_mrtpo": credit.adv_mrtpo if credit else None,

@@ -25,7 +25,8 @@ RESPONSES = pa.schema(
         pa.field("sample_logprobs", pa.list_(pa.float32())),
         pa.field("reward_names", pa.list_(pa.string())),
         pa.field("rewards", pa.list_(pa.float32())),
-        pa.field("feedback", pa.list_(pa.string())),
+        pa.field("feedback", pa.list_(pa.string())),  # per reward: what the verifier expected
+        pa.field("observed", pa.list_(pa.string())),  # per reward: what it found in the response
         pa.field("reward_advs", pa.list_(pa.float32())),
         pa.field("adv_grpo", pa.float32()),
         pa.field("adv_gdpo", pa.float32()),

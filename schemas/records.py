@@ -76,11 +76,14 @@ class TaskRecord:
 
 @dataclass(frozen=True)
 class RewardScore:
-    """One reward of one response: a score in [0, 1] and what the verifier checked."""
+    """One reward of one response: a score in [0, 1], what the verifier expected (`feedback`: the
+    reference query, the expected call, the constraint; never the response's own tokens) and what it
+    found in the response (`observed`: may quote the response)."""
 
     name: str
     score: float
     feedback: str
+    observed: str = ""
 
 
 @dataclass
