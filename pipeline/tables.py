@@ -80,6 +80,9 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
             columns["reward"] += [reward] * T
             columns["reward_adv"] += [credit.reward_adv[k]] * T
             columns["distance"] += distance if distance is not None else [None] * T
+            js = credit.js[k] if credit.js is not None else None
+            columns["js"] += js if js is not None else [None] * T
+            columns["floored"] += [bool(credit.floored[k]) if credit.floored is not None else None] * T
             columns["weight"] += credit.weight[k]
             columns["advantage"] += credit.advantage[k]
             columns["beta"] += [credit.beta] * T

@@ -10,7 +10,7 @@ from importlib.resources import files
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 RESPONSES = pa.schema(
     [
@@ -52,7 +52,9 @@ CREDITS = pa.schema(
         pa.field("part", pa.string()),
         pa.field("reward", pa.string(), nullable=False),
         pa.field("reward_adv", pa.float32()),
-        pa.field("distance", pa.float32()),
+        pa.field("distance", pa.float32()),  # replay relevance d of the run's option (manifest: credit.relevance)
+        pa.field("js", pa.float32()),  # JS distance, when stored beside another relevance
+        pa.field("floored", pa.bool_()),  # d under the noise floor: uniform weights for this (response, reward)
         pa.field("weight", pa.float32()),
         pa.field("advantage", pa.float32()),
         pa.field("beta", pa.float32()),

@@ -115,10 +115,12 @@ class TokenCredit:
 
     reward_names: list[str]
     reward_adv: list[float]  # [K] GDPO per-reward advantage A[i,k]
-    distance: list[list[float] | None]  # [K][T] replay JS distance, None where gated
+    distance: list[list[float] | None]  # [K][T] replay relevance d (the configured option, raw), None where gated
     weight: list[list[float]]  # [K][T] mean-1 replay weight
     advantage: list[list[float]]  # [K][T] A[i,k,t]
     beta: float
+    js: list[list[float] | None] | None = None  # [K][T] JS distance when stored beside another relevance
+    floored: list[bool] | None = None  # [K] relevance under the noise floor: uniform weights
     adv_mrtpo: list[float] | None = None  # [T]
     p2t_raw: list[float] | None = None  # [T] gradient x input
     p2t_reward: list[float] | None = None  # [T] token reward of the chosen form
