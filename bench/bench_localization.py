@@ -53,6 +53,7 @@ class Case:
     response: str
     edit: tuple[int, int]
     reward: str
+    reference: str  # the record's reference response, which the case edits once
 
 
 def load_cases() -> list[Case]:
@@ -64,7 +65,7 @@ def load_cases() -> list[Case]:
     by_id = {r.id: r for r in records}
     rows = [json.loads(line) for line in (CASES / "cases.jsonl").read_text().splitlines() if line.strip()]
     return [Case(c["id"], c["family"], c["kind"], c["split"], by_id[c["record_id"]], c["response"],
-                 tuple(c["edit_span"]), c["reward"]) for c in rows]
+                 tuple(c["edit_span"]), c["reward"], by_id[c["record_id"]].reference_response) for c in rows]
 
 
 # --- replay (cached) --------------------------------------------------------------------------------
@@ -176,12 +177,22 @@ def tag_positions(spans, response: str, tags: tuple[str, ...]) -> list[int]:
     return sorted(out)
 
 
-def case_metrics(case: Case, row: dict, kind: str, floor: float) -> dict:
+def edited_tokens(case: Case, row: dict, tokenizer) -> list[int]:
+    """The edit's tokens: those overlapping its characters, and the first token at which the response
+    departs from the reference (for a deletion, the token after the gap is not always the first to differ:
+    `", "target` and `", "mode` share `", "`)."""
+    ids = tokenizer(case.response, add_special_tokens=False)["input_ids"]
+    ref = tokenizer(case.reference, add_special_tokens=False)["input_ids"]
+    departure = next((t for t, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
+    return sorted(set(covering(row["spans"], *case.edit)) | {departure})
+
+
+def case_metrics(case: Case, row: dict, kind: str, floor: float, tokenizer) -> dict:
     from pipeline.relevance import apply_floor
 
     values, floored = apply_floor(relevance_rows(row, kind), floor)
     T = values.shape[1]
-    edited = covering(row["spans"], *case.edit)
+    edited = edited_tokens(case, row, tokenizer)
     k = row["names"].index(case.reward)
     blamed = values[k]
     signal = bool((blamed > 0).any())
@@ -212,11 +223,11 @@ def summarize(per_case: list[dict]) -> dict:
             "format_share_median": statistics.median(share) if share else None}
 
 
-def evaluate(cases: list[Case], rows: dict[str, dict], kind: str, floor: float, split: str) -> dict:
+def evaluate(cases: list[Case], rows: dict[str, dict], kind: str, floor: float, split: str, tokenizer) -> dict:
     chosen = [c for c in cases if c.split == split]
     if not chosen:
         return {"cases": 0}
-    metrics = {c.id: case_metrics(c, rows[c.id], kind, floor) for c in chosen}
+    metrics = {c.id: case_metrics(c, rows[c.id], kind, floor, tokenizer) for c in chosen}
     result = summarize(list(metrics.values()))
     for attr in ("family", "kind"):
         groups = sorted({getattr(c, attr) for c in chosen})
@@ -233,6 +244,9 @@ def run(models: list[str], quick: bool) -> list[dict]:
         cases = [c for i, c in enumerate(cases) if i % 8 == 0]
     table = []
     for model in models:
+        from pipeline.models import load_tokenizer
+
+        tokenizer = load_tokenizer(None if model == "tiny" else model)
         for style in STYLES:
             for ablation in ABLATIONS:
                 rows = replay_cases(model, cases, ablation, style, placebo=ablation == "drop")
@@ -244,7 +258,7 @@ def run(models: list[str], quick: bool) -> list[dict]:
                             continue
                         table.append({"model": "tiny" if model == "tiny" else model, "split": split,
                                       "relevance": kind, "ablation": ablation, "style": style, "floor": floor,
-                                      **evaluate(cases, rows, kind, floor, split)})
+                                      **evaluate(cases, rows, kind, floor, split, tokenizer)})
     return table
 
 

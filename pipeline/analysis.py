@@ -252,6 +252,7 @@ def _credits_table(columns: dict[str, list[np.ndarray]], ids: list[str], rewards
         "token_text": _strings(flat["token_id"], list(_VOCAB)), "part": _strings(flat["part"], list(_PARTS)),
         "reward": _strings(flat["reward"], rewards),
         "distance": pa.array(flat["distance"], mask=np.isnan(flat["distance"])),
+        "js": pa.nulls(len(flat["weight"]), pa.float32()), "floored": np.zeros(len(flat["weight"]), dtype=bool),
         "beta": np.full(len(flat["weight"]), beta)}).select(CREDITS.names)
 
 
@@ -292,7 +293,8 @@ def _shard(shard: int, first: int, n: int, tokens: int, K: int, group_size: int,
             "prompt": f"prompt {groups[j]}", "response": "".join(_VOCAB[t] for t in token_ids),
             "token_ids": token_ids.tolist(), "sample_logprobs": (-rng.random(T)).tolist(),
             "reward_names": reward_names, "rewards": scores[j].tolist(),
-            "feedback": [f"checked {r}" for r in reward_names], "reward_advs": A[j].tolist(),
+            "feedback": [f"checked {r}" for r in reward_names], "observed": ["" for _ in reward_names],
+            "reward_advs": A[j].tolist(),
             "adv_gdpo": adv_gdpo[j], "adv_mrtpo": (c * (adv.sum(0) - m)).tolist() if mrtpo else None,
             "p2t_raw": raw, "p2t_reward": raw, "adv_p2t": (adv_gdpo[j] + 0.1 * np.array(raw)).tolist() if p2t else None,
             "status": "ok", "model": "synthetic", "seed": 0})
