@@ -65,17 +65,21 @@ def response_rows(spec=RESPONSES_SPEC, p2t=False):
             "prompt": " ".join(f"w{t}" for t in prompt), "response": " ".join(f"w{t}" for t in tokens),
             "prompt_token_ids": prompt, "token_ids": tokens, "sample_logprobs": [-np.log(VOCAB)] * len(tokens),
             "reward_names": ["format", "execution"], "rewards": [1.0, float(i % 2 == 0)],
-            "feedback": ["ok", "ok"], "reward_advs": [0.0, gdpo], "adv_grpo": gdpo, "adv_gdpo": gdpo,
-            "adv_mrtpo": mrtpo, "p2t_raw": None, "p2t_reward": None,
-            "adv_p2t": [gdpo + 0.1 * t for t in range(len(tokens))] if p2t else None,
+            "feedback": ["ok", "ok"], "reward_advs": [0.0, gdpo], "adv_grpo": gdpo, "gdpo_sum": gdpo,
+            "mrtpo_sum": mrtpo, "p2t_raw": None, "p2t_reward": [float(t) for t in range(len(tokens))] if p2t else None,
+            "p2t_alpha": 0.1 if p2t else None,
             "status": "ok", "model": "tiny", "seed": 0,
         })
     return rows
 
 
 def write_run(folder, rows):
-    """A run directory written by the real RunWriter (an empty credits table: the trainer does not read it)."""
+    """A run directory written by the real RunWriter (an empty credits table: the trainer does not read it).
+
+    Its GDPO batch step is "none" (c = 1, m = 0), so the views' advantages are the rows' sums as given.
+    """
     writer = RunWriter(str(folder))
+    writer.start("run", {"credit": {"gdpo": {"batch": "none"}}}, "synthetic", "test")
     writer.write_shard(0, {"responses": pa.Table.from_pylist(rows, schema=RESPONSES),
                            "credits": CREDITS.empty_table()}, stats={})
     return str(folder)
@@ -244,15 +248,15 @@ def test_unknown_kind_null_and_missing_columns_are_clear_errors(run_dir, tmp_pat
                                          r"for 6 of 6 responses, e.g. response 'r0'"):
         load_examples(run_dir, "p2t", "pg")
     rows = response_rows()
-    rows[4]["adv_mrtpo"] = rows[4]["adv_mrtpo"][:1]
+    rows[4]["mrtpo_sum"] = rows[4]["mrtpo_sum"][:1]
     with pytest.raises(ValueError, match="response 'r4': field 'adv_mrtpo' has 1 values for 2 tokens"):
         read_training(write_run(tmp_path / "misaligned", rows), "mrtpo")
     # a run written by an older schema, without the column at all
     old = tmp_path / "old"
     write_run(old, response_rows())
-    table = pq.read_table(old / "responses" / "part-00000.parquet").drop_columns(["adv_p2t"])
+    table = pq.read_table(old / "responses" / "part-00000.parquet").drop_columns(["p2t_alpha"])
     pq.write_table(table, old / "responses" / "part-00000.parquet")
-    with pytest.raises(ValueError, match=rf"run dir {old}: cannot read advantage 'p2t'.*adv_p2t"):
+    with pytest.raises(ValueError, match=rf"run dir {old}: cannot create the views .*p2t_alpha.*schema"):
         read_training(old, "p2t")
 
 
