@@ -115,7 +115,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         export_hf(args.out, dest, advantage=args.advantage)
     else:
         dest = dest if dest.endswith(".parquet") else f"{dest}.parquet"
-        export_verl(args.out, dest, advantage=args.advantage)
+        export_verl(args.out, dest, advantage=args.advantage, prompts=args.prompts)
     print(f"wrote {dest}")
     return 0
 
@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["hf", "verl"], default="hf")
     p.add_argument("--advantage", default="mrtpo")
     p.add_argument("--dest", default=None)
+    p.add_argument("--prompts", default=None,
+                   help="verl: the task JSONL file or folder of the run (default: the one its manifest names)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("serve", help="serve the annotate flow on a cron schedule (Prefect)")
