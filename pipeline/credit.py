@@ -20,7 +20,9 @@ from schemas.records import AnnotatedResponse, TaskRecord, TokenCredit, Verified
 from .advantages import GdpoOptions, condition_on, gdpo, grpo, sum_rewards
 from .mrtpo import mrtpo_advantages
 from .p2t import P2TStats, attribute, token_rewards
-from .replay import build_replay_item, replay_distances
+from .prompts import ABLATIONS, FEEDBACK_STYLES, feedback_text
+from .relevance import DEFAULT_FLOORS, RELEVANCES, apply_floor, relevance
+from .replay import build_replay_item, replay
 
 CREDIT_KINDS = ("gdpo", "mrtpo", "p2t")
 
@@ -30,6 +32,13 @@ class CreditConfig:
     kinds: tuple[str, ...] = ("gdpo", "mrtpo")
     beta: float = 0.5
     max_second_moment: float | None = None
+    # MRTPO's relevance, ablation and feedback style: the defaults localize best on the dev split of
+    # bench/localization with SmolLM2-135M-Instruct (bench/RESULTS.md)
+    relevance: str = "logprob_signed"
+    ablation: str = "drop"
+    feedback_style: str = "expected"
+    relevance_floor: float | None = None  # None: the option's calibrated floor (relevance.DEFAULT_FLOORS)
+    store_js: bool = False  # also store the paper's JS distance beside another relevance
     replay_batch_size: int = 16
     chunk_size: int = 128
     p2t_form: str = "paper"
@@ -50,6 +59,16 @@ class CreditConfig:
         object.__setattr__(self, "reward_weights", tuple(tuple(w) for w in self.reward_weights))
         if self.condition is not None:
             object.__setattr__(self, "condition", tuple(self.condition))
+        for name, value, allowed in (("relevance", self.relevance, RELEVANCES), ("ablation", self.ablation, ABLATIONS),
+                                     ("feedback_style", self.feedback_style, FEEDBACK_STYLES)):
+            if value not in allowed:
+                raise ValueError(f"credit {name} {value!r}: choose from {', '.join(allowed)}")
+        if self.relevance_floor is not None and self.relevance_floor < 0:
+            raise ValueError(f"credit relevance_floor must be >= 0, got {self.relevance_floor}")
+
+    @property
+    def floor(self) -> float:
+        return DEFAULT_FLOORS[self.relevance] if self.relevance_floor is None else self.relevance_floor
 
 
 def reward_tensors(verified: Sequence[VerifiedSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -86,13 +105,6 @@ def reward_options(verified: Sequence[VerifiedSample], rewards: torch.Tensor, ma
     return rewards, weights
 
 
-def _padded(rows: Sequence[torch.Tensor], T: int, fill: float) -> torch.Tensor:
-    out = torch.full((len(rows), rows[0].shape[0], T), fill)
-    for i, row in enumerate(rows):
-        out[i, :, : row.shape[1]] = row
-    return out
-
-
 def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRecord], config: CreditConfig,
                   policy=None, tokenizer=None, reward_model=None) -> tuple[list[AnnotatedResponse], dict]:
     """Credit every `ok` response of one batch; returns annotated responses (input order) and stats.
@@ -116,20 +128,17 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
 
     beta = config.beta if "mrtpo" in config.kinds else 0.0
     if "mrtpo" in config.kinds:
-        items = [build_replay_item(tokenizer, records[v.sample.group_id].prompt,
-                                   [(r.name, r.feedback) for r in v.rewards], v.sample.token_ids,
-                                   ungated[i, : len(v.rewards)].tolist()) for i, v in enumerate(ok)]
-        distances = replay_distances(policy, items, batch_size=config.replay_batch_size,
-                                     chunk_size=config.chunk_size)
-        k_max = rewards.shape[1]
-        distance = _padded([torch.cat([d, torch.full((k_max - d.shape[0], d.shape[1]), float("nan"))])
-                            for d in distances], T, float("nan"))
+        distance, js, floored = _replay_relevance(ok, records, ungated, result.reward_adv, T, config, policy, tokenizer)
         stats.update(replays_done=int(ungated.sum()), replays_skipped=int((mask & ~ungated).sum()),
+                     replays_floored=int(floored.sum()),
                      tokens_replayed=int((ungated.sum(1) * torch.tensor(lengths)).sum()))
     else:
         distance = torch.full((len(ok), rewards.shape[1], T), float("nan"))
+        js, floored = None, torch.zeros(len(ok), rewards.shape[1], dtype=torch.bool)
+    # floored pairs get uniform weights (their relevance is zeroed); the stored relevance stays raw
+    weighted = torch.where(floored[:, :, None], 0.0, distance)
     one, zero = torch.tensor(1.0), torch.tensor(0.0)
-    weights, token_adv, _ = mrtpo_advantages(result.reward_adv, distance, token_mask, mask, beta, one, zero,
+    weights, token_adv, _ = mrtpo_advantages(result.reward_adv, weighted, token_mask, mask, beta, one, zero,
                                              config.max_second_moment)
     mrtpo_sum = sum_rewards(reward_weight[:, :, None] * token_adv, dim=1)  # [N, T], S[i] on every token at beta 0
 
@@ -146,6 +155,8 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
             reward_names=[r.name for r in v.rewards],
             reward_adv=result.reward_adv[i, :K].tolist(),
             distance=[distance[i, k, :n].tolist() if replayed[k] else None for k in range(K)],
+            js=[js[i, k, :n].tolist() if replayed[k] and js is not None else None for k in range(K)],
+            floored=[bool(floored[i, k]) for k in range(K)],
             weight=weights[i, :K, :n].tolist(),
             advantage=token_adv[i, :K, :n].tolist(),
             beta=beta,
@@ -153,6 +164,30 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
             **(p2t[0][i] if p2t is not None else {}),
         )
     return [annotated[id(v)] for v in verified], stats
+
+
+def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], ungated: torch.Tensor,
+                      reward_adv: torch.Tensor, T: int, config: CreditConfig, policy, tokenizer):
+    """Replay the ungated pairs -> (relevance [N, K, T], JS [N, K, T] or None, floored [N, K]); NaN where not
+    replayed. The sign of each reward's advantage orients `logprob_signed`."""
+    items = [build_replay_item(tokenizer, records[v.sample.group_id].prompt,
+                               [(r.name, feedback_text(r, config.feedback_style)) for r in v.rewards],
+                               v.sample.token_ids, ungated[i, : len(v.rewards)].tolist(), config.ablation)
+             for i, v in enumerate(ok)]
+    want_js = config.relevance == "js" or config.store_js
+    outputs = replay(policy, items, js=want_js, batch_size=config.replay_batch_size, chunk_size=config.chunk_size)
+    K = reward_adv.shape[1]
+    distance = torch.full((len(ok), K, T), float("nan"))
+    js = torch.full((len(ok), K, T), float("nan")) if want_js else None
+    floored = torch.zeros(len(ok), K, dtype=torch.bool)
+    for i, out in enumerate(outputs):
+        k, n = out.logprob_drop.shape
+        raw = relevance(config.relevance, out, torch.sign(reward_adv[i, :k]))
+        distance[i, :k, :n] = raw
+        floored[i, :k] = apply_floor(raw, config.floor)[1]
+        if js is not None:
+            js[i, :k, :n] = out.js
+    return distance, js, floored
 
 
 def _p2t(ok: Sequence[VerifiedSample], config: CreditConfig, reward_model):

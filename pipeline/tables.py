@@ -44,6 +44,7 @@ def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Ta
             "reward_names": [r.name for r in item.verified.rewards],
             "rewards": [r.score for r in item.verified.rewards],
             "feedback": [r.feedback for r in item.verified.rewards],
+            "observed": [r.observed for r in item.verified.rewards],
             "reward_advs": credit.reward_adv if credit else None,
             "adv_grpo": item.adv_grpo, "gdpo_sum": item.gdpo_sum,
             "mrtpo_sum": credit.mrtpo_sum if credit else None,
@@ -79,6 +80,9 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
             columns["reward"] += [reward] * T
             columns["reward_adv"] += [credit.reward_adv[k]] * T
             columns["distance"] += distance if distance is not None else [None] * T
+            js = credit.js[k] if credit.js is not None else None
+            columns["js"] += js if js is not None else [None] * T
+            columns["floored"] += [bool(credit.floored[k]) if credit.floored is not None else None] * T
             columns["weight"] += credit.weight[k]
             columns["advantage"] += credit.advantage[k]
             columns["beta"] += [credit.beta] * T

@@ -25,7 +25,8 @@ RESPONSES = pa.schema(
         pa.field("sample_logprobs", pa.list_(pa.float32())),
         pa.field("reward_names", pa.list_(pa.string())),
         pa.field("rewards", pa.list_(pa.float32())),
-        pa.field("feedback", pa.list_(pa.string())),
+        pa.field("feedback", pa.list_(pa.string())),  # per reward: what the verifier expected
+        pa.field("observed", pa.list_(pa.string())),  # per reward: what it found in the response
         pa.field("reward_advs", pa.list_(pa.float32())),
         pa.field("adv_grpo", pa.float32()),
         # before GDPO's batch step (the views apply c and m over the whole run): S[i] = sum_k w_k A[i,k]
@@ -52,7 +53,9 @@ CREDITS = pa.schema(
         pa.field("part", pa.string()),
         pa.field("reward", pa.string(), nullable=False),
         pa.field("reward_adv", pa.float32()),
-        pa.field("distance", pa.float32()),
+        pa.field("distance", pa.float32()),  # replay relevance d of the run's option (manifest: credit.relevance)
+        pa.field("js", pa.float32()),  # JS distance, when stored beside another relevance
+        pa.field("floored", pa.bool_()),  # d under the noise floor: uniform weights for this (response, reward)
         pa.field("weight", pa.float32()),
         pa.field("advantage", pa.float32()),
         pa.field("beta", pa.float32()),

@@ -76,11 +76,14 @@ class TaskRecord:
 
 @dataclass(frozen=True)
 class RewardScore:
-    """One reward of one response: a score in [0, 1] and what the verifier checked."""
+    """One reward of one response: a score in [0, 1], what the verifier expected (`feedback`: the
+    reference query, the expected call, the constraint; never the response's own tokens) and what it
+    found in the response (`observed`: may quote the response)."""
 
     name: str
     score: float
     feedback: str
+    observed: str = ""
 
 
 @dataclass
@@ -112,10 +115,12 @@ class TokenCredit:
 
     reward_names: list[str]
     reward_adv: list[float]  # [K] GDPO per-reward advantage A[i,k]
-    distance: list[list[float] | None]  # [K][T] replay JS distance, None where gated
+    distance: list[list[float] | None]  # [K][T] replay relevance d (the configured option, raw), None where gated
     weight: list[list[float]]  # [K][T] mean-1 replay weight
     advantage: list[list[float]]  # [K][T] A[i,k,t]
     beta: float
+    js: list[list[float] | None] | None = None  # [K][T] JS distance when stored beside another relevance
+    floored: list[bool] | None = None  # [K] relevance under the noise floor: uniform weights
     mrtpo_sum: list[float] | None = None  # [T] sum_k w_k A[i,k,t], before GDPO's batch step
     p2t_raw: list[float] | None = None  # [T] gradient x input
     p2t_reward: list[float] | None = None  # [T] token reward of the chosen form

@@ -71,13 +71,15 @@ def test_binary_edges():
     assert score("no_commas", {}, "full-width\uff0ccomma") == 0.0
 
 
-def test_feedback_is_constraint_sentence_plus_found():
+def test_feedback_is_the_constraint_sentence_and_observed_what_was_found():
     (result,) = instructions.verify(record(("keyword_include", {"keywords": ["river", "stone"]})), "The river.")
-    assert result.feedback == "Include the keywords 'river' and 'stone'. Found: 'river'; missing 'stone'."
+    assert (result.feedback, result.observed) == ("Include the keywords 'river' and 'stone'.",
+                                                  "Found: 'river'; missing 'stone'.")
     (result,) = instructions.verify(record(("word_count", {"min": 3, "max": 40})), "Two words")
-    assert result.feedback == "Use between 3 and 40 words. Found: 2 words."
+    assert (result.feedback, result.observed) == ("Use between 3 and 40 words.", "Found: 2 words.")
     (result,) = instructions.verify(record(("ends_with", {"phrase": "That is all."})), "Bye.")
-    assert result.feedback.startswith("End your response with 'That is all.' Found: ends with")
+    assert result.feedback == "End your response with 'That is all.'"
+    assert result.observed.startswith("Found: ends with") and "Bye" not in result.feedback
 
 
 def test_reward_names_and_order():

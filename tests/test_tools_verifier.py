@@ -65,7 +65,7 @@ def test_format_passes(response):
 def test_format_fails_with_the_problem_named(response, problem):
     fmt, _ = tools.verify(record(PARIS), response)
     assert fmt.score == 0.0
-    assert fmt.feedback.startswith(tools.FORMAT_RULE) and f"Found: {problem}" in fmt.feedback
+    assert fmt.feedback == tools.FORMAT_RULE and f"Found: {problem}" in fmt.observed
 
 
 def test_format_and_correctness_are_decoupled():
@@ -148,15 +148,17 @@ def test_correctness_matches_brute_force_over_matchings():
 
 
 def test_correctness_feedback():
+    """`feedback` states the expected calls and never quotes the response; `observed` says what differs."""
     _, correct = tools.verify(record(PARIS), block("get_weather", {"city": "Paris", "unit": "fahrenheit"}))
-    assert correct.feedback == ("Expected call: get_weather(city='Paris', unit='celsius'). "
-                                "Found: argument 'unit': got 'fahrenheit', expected 'celsius'.")
+    assert correct.feedback == "Expected call: get_weather(city='Paris', unit='celsius')."
+    assert correct.observed == "Found: argument 'unit': got 'fahrenheit', expected 'celsius'."
     _, correct = tools.verify(record(PARIS, JAZZ), block("get_stock_price", {"symbol": "X"}))
-    assert correct.feedback.startswith("Expected calls: get_weather(city='Paris', unit='celsius'); "
-                                       "search_web(query='jazz', limit=10, offset=20). Found: ")
-    assert "no call to get_weather" in correct.feedback and "unexpected call 'get_stock_price'" in correct.feedback
+    assert correct.feedback == ("Expected calls: get_weather(city='Paris', unit='celsius'); "
+                                "search_web(query='jazz', limit=10, offset=20).")
+    assert "get_stock_price" not in correct.feedback
+    assert "no call to get_weather" in correct.observed and "unexpected call 'get_stock_price'" in correct.observed
     _, correct = tools.verify(record(PARIS), tools.render_calls([PARIS]))
-    assert correct.feedback.endswith("Found: all calls match.")
+    assert correct.observed == "Found: all calls match."
 
 
 # ---------------------------------------------------------------- parts, garbage, record errors

@@ -3,8 +3,8 @@
     constraints = [{"kind": "keyword_include", "args": {"keywords": ["river"]}}, ...]
     rewards     = ["c0_keyword_include", ...]      score in [0, 1], see `verifiers.checkers`
 
-Feedback is the constraint's own sentence (the one the prompt uses) plus what was found:
-"Include the keywords 'river' and 'stone'. Found: 'river'; missing 'stone'."
+Feedback is the constraint's own sentence (the one the prompt uses), "Include the keywords 'river' and
+'stone'.", and `observed` what was found: "Found: 'river'; missing 'stone'."
 
 `response_parts` labels what the response is made of, whatever the constraints ask:
     json            the whole (stripped) response when it parses as a JSON object or array;
@@ -61,7 +61,7 @@ def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     scores = []
     for name, c in zip(reward_names(record), record.spec.constraints):
         score, found = CHECKERS[c.kind].check(response, **c.args)
-        scores.append(RewardScore(name, float(score), f"{describe(c.kind, c.args)} Found: {found}."))
+        scores.append(RewardScore(name, float(score), describe(c.kind, c.args), f"Found: {found}."))
     return scores
 
 

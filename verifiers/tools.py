@@ -211,8 +211,8 @@ def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     score, notes = correctness(refs, calls, record.spec.tools)
     expected = f"Expected call{'s' if len(refs) > 1 else ''}: {'; '.join(signature(r) for r in refs)}."
     return [
-        RewardScore("format", float(problem is None), f"{FORMAT_RULE} Found: {fmt_found}."),
-        RewardScore("correctness", score, f"{expected} Found: {'; '.join(notes) if notes else 'all calls match'}."),
+        RewardScore("format", float(problem is None), FORMAT_RULE, f"Found: {fmt_found}."),
+        RewardScore("correctness", score, expected, f"Found: {'; '.join(notes) if notes else 'all calls match'}."),
     ]
 
 
