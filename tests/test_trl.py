@@ -152,3 +152,26 @@ def test_token_weighted_sft_trainer_reads_the_training_view(tmp_path):
     trainer.train()
     assert trainer.state.log_history[0]["loss"] == pytest.approx(before, rel=1e-5)
     assert loss() < before
+
+
+def test_p2t_and_mixes_reach_the_loss(scored, records, tmp_path):
+    from pipeline.models import load_reward_model
+    from pipeline.p2t import attribute, token_rewards
+
+    base, _, inputs, output, _ = scored
+    reward_model, _ = load_reward_model()
+    trainer = MRTPOTrainer(model=base.model, records=records, args=grpo_config(tmp_path),
+                           train_dataset=base.train_dataset, processing_class=base.processing_class,
+                           credit=CreditConfig(kinds=("gdpo", "p2t"), gdpo=preset("trl")), advantage="p2t:2,gdpo:-1",
+                           reward_model=reward_model)
+    trainer.verifier = scored[1].verifier
+    advantages = trainer.token_advantages(inputs, output)
+    mask = output["completion_mask"].bool()
+    prompts = [output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist() for i in range(len(mask))]
+    completions = [output["completion_ids"][i][mask[i]].tolist() for i in range(len(mask))]
+    for i, a in enumerate(attribute(reward_model, prompts, completions)):
+        expected = 2 * (output["advantages"][i] + 0.1 * token_rewards(a.score, a.raw)) - output["advantages"][i]
+        torch.testing.assert_close(advantages[i][mask[i]], expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"needs credit kinds \['mrtpo'\]"):
+        MRTPOTrainer(model=base.model, records=records, args=grpo_config(tmp_path), train_dataset=base.train_dataset,
+                     processing_class=base.processing_class, credit=CreditConfig(kinds=("gdpo",)))

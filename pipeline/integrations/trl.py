@@ -36,6 +36,7 @@ from ..advantages import batch_statistics, preset
 from ..credit import CreditConfig, assign_credit
 from ..losses import token_weighted_sft_loss
 from ..mrtpo import smoothstep_beta
+from ..p2t import p2t_advantages
 from ..sampling import render_prompt
 from ..train import Example, collate, load_examples, parse_advantage
 
@@ -165,7 +166,7 @@ class MRTPOTrainer(GRPOTrainer):
             if "mrtpo" in self.mix:
                 per_kind["mrtpo"] = scale * (torch.tensor(a.credit.mrtpo_sum, dtype=torch.float64) - shift)
             if "p2t" in self.mix:
-                per_kind["p2t"] = gdpo + a.credit.p2t_alpha * torch.tensor(a.credit.p2t_reward, dtype=torch.float64)
+                per_kind["p2t"] = p2t_advantages(gdpo, torch.tensor(a.credit.p2t_reward), a.credit.p2t_alpha).double()
             out[i, :n] = sum(coef * per_kind[kind] for kind, coef in self.mix.items())
         return out.float()
 
