@@ -250,6 +250,7 @@ def _credits_table(columns: dict[str, list[np.ndarray]], ids: list[str], rewards
         "token_text": _strings(flat["token_id"], list(_VOCAB)), "part": _strings(flat["part"], list(_PARTS)),
         "reward": _strings(flat["reward"], rewards),
         "distance": pa.array(flat["distance"], mask=np.isnan(flat["distance"])),
+        "js": pa.nulls(len(flat["weight"]), pa.float32()), "floored": np.zeros(len(flat["weight"]), dtype=bool),
         "beta": np.full(len(flat["weight"]), beta)}).select(CREDITS.names)
 
 
