@@ -41,7 +41,7 @@ from ..sampling import render_prompt
 from ..train import Example, collate, load_examples, parse_advantage
 
 __all__ = ["MRTPOTrainer", "TokenWeightedSFTTrainer", "prompt_dataset", "sft_dataset", "verifier_rewards",
-           "weighted_collator", "GRPOConfig"]
+           "weighted_collator"]
 
 
 def prompt_dataset(records: Sequence[TaskRecord], tokenizer) -> datasets.Dataset:
