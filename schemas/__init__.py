@@ -10,7 +10,7 @@ from importlib.resources import files
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "2.0"  # 2.0: GDPO's batch step moved from the shards to the views
 
 RESPONSES = pa.schema(
     [
@@ -29,11 +29,12 @@ RESPONSES = pa.schema(
         pa.field("observed", pa.list_(pa.string())),  # per reward: what it found in the response
         pa.field("reward_advs", pa.list_(pa.float32())),
         pa.field("adv_grpo", pa.float32()),
-        pa.field("adv_gdpo", pa.float32()),
-        pa.field("adv_mrtpo", pa.list_(pa.float32())),
+        # before GDPO's batch step (the views apply c and m over the whole run): S[i] = sum_k w_k A[i,k]
+        pa.field("gdpo_sum", pa.float32()),
+        pa.field("mrtpo_sum", pa.list_(pa.float32())),  # [T] sum_k w_k A[i,k,t]
         pa.field("p2t_raw", pa.list_(pa.float32())),
         pa.field("p2t_reward", pa.list_(pa.float32())),
-        pa.field("adv_p2t", pa.list_(pa.float32())),
+        pa.field("p2t_alpha", pa.float32()),  # A_p2t[i,t] = A_gdpo[i] + p2t_alpha * p2t_reward[t]
         pa.field("status", pa.string()),
         pa.field("model", pa.string()),
         pa.field("seed", pa.int64()),
@@ -69,7 +70,20 @@ def with_version(schema: pa.Schema, table: str) -> pa.Schema:
     return schema.with_metadata({"tokencredit.schema_version": SCHEMA_VERSION, "tokencredit.table": table})
 
 
-def views_sql(out: str) -> str:
-    """DuckDB statements creating the views over run directory `out`."""
+BATCH_DEFAULTS = {"batch": "std", "batch_ddof": 0, "batch_eps": 1e-6}  # method.md's GDPO batch step
+
+
+def views_sql(out: str, gdpo: dict | None = None) -> str:
+    """DuckDB statements creating the views over run directory `out`.
+
+    gdpo: the run's GDPO options (the manifest's config.credit.gdpo); the batch step uses their
+    `batch`, `batch_ddof` and `batch_eps` (defaults: the method's).
+    """
+    options = {**BATCH_DEFAULTS, **{k: v for k, v in (gdpo or {}).items() if k in BATCH_DEFAULTS}}
+    if options["batch"] not in ("std", "whiten", "none"):
+        raise ValueError(f"GDPO batch step {options['batch']!r} is not one of std, whiten, none")
     text = files("schemas").joinpath("views.sql").read_text()
+    text = text.replace("{batch}", options["batch"])
+    text = text.replace("{batch_ddof}", str(int(options["batch_ddof"])))
+    text = text.replace("{batch_eps}", repr(float(options["batch_eps"])))
     return text.replace("{out}", str(out).replace("'", "''"))

@@ -121,16 +121,16 @@ class TokenCredit:
     beta: float
     js: list[list[float] | None] | None = None  # [K][T] JS distance when stored beside another relevance
     floored: list[bool] | None = None  # [K] relevance under the noise floor: uniform weights
-    adv_mrtpo: list[float] | None = None  # [T]
+    mrtpo_sum: list[float] | None = None  # [T] sum_k w_k A[i,k,t], before GDPO's batch step
     p2t_raw: list[float] | None = None  # [T] gradient x input
     p2t_reward: list[float] | None = None  # [T] token reward of the chosen form
-    adv_p2t: list[float] | None = None  # [T]
+    p2t_alpha: float | None = None  # A_p2t[i,t] = A_gdpo[i] + p2t_alpha * p2t_reward[t]
 
 
 @dataclass
 class AnnotatedResponse:
     verified: VerifiedSample
     adv_grpo: float
-    adv_gdpo: float
+    gdpo_sum: float  # S[i] = sum_k w_k A[i,k], before GDPO's batch step (c, m are over the whole run)
     credit: TokenCredit | None = None
     extra: dict[str, Any] = field(default_factory=dict)

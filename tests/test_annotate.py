@@ -30,5 +30,5 @@ def test_a_crashing_verifier_keeps_the_row_with_a_failed_status():
     table = responses_table(annotated, shard=0).to_pylist()
     assert [row["response_id"] for row in table] == [s.response_id for s in samples]
     failed = table[2]
-    assert failed["status"].startswith("verifier_error") and failed["adv_gdpo"] is None and failed["rewards"] == []
-    assert all(row["adv_gdpo"] is not None for i, row in enumerate(table) if i != 2)
+    assert failed["status"].startswith("verifier_error") and failed["gdpo_sum"] is None and failed["rewards"] == []
+    assert all(row["gdpo_sum"] is not None for i, row in enumerate(table) if i != 2)
