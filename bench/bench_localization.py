@@ -247,8 +247,8 @@ def run(models: list[str], quick: bool) -> list[dict]:
         from pipeline.models import load_tokenizer
 
         tokenizer = load_tokenizer(None if model == "tiny" else model)
-        for style in STYLES:
-            for ablation in ABLATIONS:
+        for ablation in ABLATIONS:
+            for style in STYLES:
                 rows = replay_cases(model, cases, ablation, style, placebo=ablation == "drop")
                 dev_rows = list(replay_cases(model, cases, "drop", style, placebo=True).values())
                 for kind in RELEVANCES:

@@ -17,6 +17,8 @@ import sys
 
 from .annotate import AnnotateConfig
 from .credit import CREDIT_KINDS, CreditConfig
+from .prompts import ABLATIONS, FEEDBACK_STYLES
+from .relevance import RELEVANCES
 from .sampling import SamplingConfig
 
 
@@ -47,6 +49,15 @@ def add_annotate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=s.top_p)
     p.add_argument("--seed", type=int, default=s.seed)
     p.add_argument("--beta", type=float, default=c.beta, help="MRTPO mixing coefficient")
+    p.add_argument("--relevance", choices=RELEVANCES, default=c.relevance,
+                   help="MRTPO's per-token relevance from the replay (see pipeline/relevance.py)")
+    p.add_argument("--ablation", choices=ABLATIONS, default=c.ablation,
+                   help="P_\\k removes feedback section k (drop) or fills it with neutral text (null)")
+    p.add_argument("--feedback-style", choices=FEEDBACK_STYLES, default=c.feedback_style,
+                   help="replay feedback: what each verifier expected, or that and what it found")
+    p.add_argument("--relevance-floor", type=float, default=None,
+                   help="mean relevance under which a pair gets uniform weights (default: the option's calibrated floor)")
+    p.add_argument("--store-js", action="store_true", help="also store the JS distance beside another relevance")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="prompts per shard")
     p.add_argument("--cpu-threads", type=int, default=d.cpu_threads,
                    help="torch threads per process on CPU (part of the dataset's identity)")
@@ -65,7 +76,9 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
         device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed),
-        credit=CreditConfig(kinds=args.credit, beta=args.beta),
+        credit=CreditConfig(kinds=args.credit, beta=args.beta, relevance=args.relevance, ablation=args.ablation,
+                            feedback_style=args.feedback_style, relevance_floor=args.relevance_floor,
+                            store_js=args.store_js),
     )
 
 
