@@ -5,8 +5,9 @@
 Where rows come from, by path:
     *.jsonl, or a *.json holding one object per line     one row per line
     *.json holding a list (Spider, BIRD)                 one row per item (line_no = item number)
-    *.parquet                                            one row per table row
-    a `datasets` folder (save_to_disk)                   one row per example, `split` from its split name
+    *.parquet                                            one row per table row  (Arrow rows: null
+    a `datasets` folder (save_to_disk)                   one row per example     object keys dropped;
+                                                         `split` from the split name if train/test)
     any other folder                                     every *.jsonl in it, sorted (BFCL: its BFCL_*.json)
 
 What each format makes of a row:
@@ -129,6 +130,7 @@ def _parquet_rows(file: Path) -> Iterator[Row]:
     import pyarrow.parquet as pq
 
     for i, row in enumerate(pq.read_table(file).to_pylist(), start=1):
+        row = _without_nulls(row)
         yield Row(str(file), i, json.dumps(row, default=str, ensure_ascii=False), row)
 
 
@@ -140,10 +142,21 @@ def _dataset_rows(folder: Path) -> Iterator[Row]:
     number = itertools.count(1)
     for split, dataset in splits:
         for row in dataset:
+            row = _without_nulls(row)
             if split in ("train", "test"):
                 row.setdefault("split", split)
             yield Row(f"{folder}" + (f"[{split}]" if split else ""), next(number),
                       json.dumps(row, default=str, ensure_ascii=False), row)
+
+
+def _without_nulls(value: Any) -> Any:
+    """Arrow stores objects as structs with every key of the column, null where a row has none:
+    drop those keys again (a JSON null argument cannot be told apart from an absent one there)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def _renamed(obj: Any, columns: dict[str, str], line_no: int) -> Any:
