@@ -284,18 +284,22 @@ def _bfcl_reference(record_id: str, index: int, call: Any, functions: dict[str, 
 
     The first accepted value is the reference value and the rest its alternatives; a parameter
     that may be left out (and is not required) is a default; one whose only accepted value is ""
-    must be left out, so it is not in the reference (passing it is an extra argument). A dict
+    must be left out, so it is not in the reference (passing it is an extra argument), nor is an
+    optional one the function does not declare. A dict
     value, itself {key: [accepted values]}, expands to every dict it accepts."""
     where = f"ground_truth[{index}]"
     if not isinstance(call, dict) or len(call) != 1:
         raise RecordError(record_id, where, "expected {function name: {parameter: [accepted values]}}")
     (name, params), = call.items()
-    required = set(functions.get(name, {}).get("parameters", {}).get("required", []))
+    declared = functions.get(name, {}).get("parameters", {})
+    required = set(declared.get("required", []))
     arguments, defaults, alternatives = {}, {}, {}
     for param, accepted in params.items():
         if not isinstance(accepted, list):
             raise RecordError(record_id, f"{where}.{param}", "expected a list of accepted values")
         optional = "" in accepted and param not in required
+        if optional and param not in declared.get("properties", {}):
+            continue  # an optional parameter the function lacks: passing it is an extra argument in BFCL too
         values = [v for value in accepted if value != "" for v in _expanded(value, record_id, f"{where}.{param}")]
         if not values:
             if not optional:
