@@ -169,3 +169,21 @@ def test_a_file_plugin_runs_in_dask_workers_and_writes_what_the_threads_runner_w
     rows = ds.dataset(tmp_path / "dask" / "responses").to_table().to_pylist()
     assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
     assert dask["config"]["verifiers"][0]["source_sha256"] == config.verifiers[0].source_sha256
+
+
+def crashing(record, response):
+    raise RuntimeError("the grader is down")
+
+
+@pytest.mark.slow
+def test_a_run_where_every_response_is_a_verifier_error_exits_2_with_one_line(tmp_path, capsys):
+    from pipeline.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku."}\n')
+    code = main(["annotate", "--out", str(tmp_path / "out"), "--prompts", str(prompts), "--runner", "none",
+                 "--verifier", f"haiku={__file__}:crashing", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("tokencredit annotate: error:")]
+    assert code == 2 and "Traceback" not in err and len(errors) == 1  # beside it only progress bars
+    assert "every one of 2 responses is a verifier_error" in errors[0]
