@@ -20,7 +20,8 @@ import torch
 from tqdm.auto import tqdm
 
 import verifiers
-from schemas.records import TaskRecord, VerifiedSample
+from schemas.records import RecordError, TaskRecord, VerifiedSample
+from verifiers.plugins import PluginRef, tasks_of
 
 from .credit import CreditConfig, assign_credit
 from .sampling import SamplingConfig, make_sampler
@@ -33,7 +34,12 @@ class AnnotateConfig:
     """Everything that determines the dataset (hashed into the run's identity)."""
 
     prompts: str = "demo"
-    tasks: tuple[str, ...] = ("sql", "instructions", "tools")
+    format: str = "native"  # of the prompt file: see `verifiers.formats`
+    databases: str | None = None  # folder `db` paths resolve in (None: beside the prompt file)
+    semantics: str | None = None  # e.g. "ifeval", "bfcl", "tokencredit"; None = the format's default
+    columns: tuple[tuple[str, str], ...] = ()  # (native field, source column or 'constant') renames
+    verifiers: tuple[PluginRef, ...] = ()  # plugin verifiers, source hashes included
+    tasks: tuple[str, ...] | None = None  # None = every task of the prompt set
     split: str | None = None  # None = all records
     limit: int | None = 16  # prompts per task; None = all
     backend: str = "transformers"
@@ -66,15 +72,43 @@ def code_version() -> str:
 
 
 def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[verifiers.Rejected]]:
-    records, rejected = verifiers.load_tasks(config.prompts)
+    """The records to annotate and the rejected ones; a prompt too long for the model is rejected
+    here, before any tensor is allocated for it."""
+    records, rejected = verifiers.load_tasks(
+        config.prompts, config.format, databases=config.databases, semantics=config.semantics,
+        columns=dict(config.columns), plugin_tasks=tasks_of(config.verifiers), check=prompt_fits(config))
     chosen, per_task = [], {}
     for record in records:
-        if record.task not in config.tasks or (config.split and record.split != config.split):
+        if (config.tasks is not None and record.task not in config.tasks) or (config.split and record.split != config.split):
             continue
         per_task[record.task] = per_task.get(record.task, 0) + 1
         if config.limit is None or per_task[record.task] <= config.limit:
             chosen.append(record)
     return chosen, rejected
+
+
+def prompt_fits(config: AnnotateConfig):
+    """A load-time check: RecordError (field `prompt`) when the rendered prompt plus
+    `max_new_tokens` does not fit the model's context (`max_position_embeddings`)."""
+    from .models import DEFAULT_POLICY, load_tokenizer, resolve_model_path
+    from .sampling import render_prompt
+
+    model_config = json.loads((resolve_model_path(config.model, DEFAULT_POLICY) / "config.json").read_text())
+    context = model_config.get("max_position_embeddings")
+    if not context:
+        return None
+    tokenizer = load_tokenizer(config.model)
+    budget = context - config.sampling.max_new_tokens
+
+    def check(record: TaskRecord) -> None:
+        if len(record.prompt) > budget * 64:  # past any tokenizer's chars-per-token: no need to tokenize it
+            raise RecordError(record.id, "prompt", f"{len(record.prompt)} characters cannot fit the model's "
+                              f"context of {context} tokens")
+        n = len(render_prompt(tokenizer, record.prompt)[1])
+        if n > budget:
+            raise RecordError(record.id, "prompt", f"{n} tokens with the chat template; the model's context is "
+                              f"{context} tokens and {config.sampling.max_new_tokens} are kept for the response")
+    return check
 
 
 def shards_of(records: Sequence[TaskRecord], shard_size: int) -> list[list[TaskRecord]]:
@@ -116,12 +150,20 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
     return Models(sampler, policy, tokenizer, rm)
 
 
-def verify_samples(samples, records: dict[str, TaskRecord]) -> list[VerifiedSample]:
-    """The verify stage; a verifier that crashes marks its response failed, never drops it."""
-    verified = []
+def verify_samples(samples, records: dict[str, TaskRecord],
+                   plugin_refs: Sequence[PluginRef] = ()) -> list[VerifiedSample]:
+    """The verify stage; a verifier that crashes marks its response failed, never drops it. GDPO
+    normalizes reward k across a group, so a response whose reward names differ from those of its
+    group's first verified response is marked failed too."""
+    verified, names = [], {}
     for sample in samples:
         try:
-            verified.append(VerifiedSample(sample, verifiers.verify(records[sample.group_id], sample.response)))
+            scores = verifiers.verify(records[sample.group_id], sample.response, plugin_refs)
+            got = [s.name for s in scores]
+            if names.setdefault(sample.group_id, got) != got:
+                raise ValueError(f"reward names {got} differ from {names[sample.group_id]} of another response "
+                                 "of this record; a verifier must return the same names for every response")
+            verified.append(VerifiedSample(sample, scores))
         except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the batch
             verified.append(VerifiedSample(sample, [], status=f"verifier_error: {type(error).__name__}: {error}"))
     return verified
@@ -134,7 +176,7 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
         torch.set_num_threads(config.cpu_threads)
     by_id = {r.id: r for r in records}
     samples = models.sampler.sample(records, config.sampling)
-    verified = verify_samples(samples, by_id)
+    verified = verify_samples(samples, by_id, config.verifiers)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
                                      models.reward_model)
     tables = {"responses": responses_table(annotated, shard),
@@ -157,9 +199,14 @@ def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
     Returns (writer, shards, rejected).
     """
     records, rejected = load_prompt_set(config)
+    chosen = (f" of tasks {','.join(config.tasks)}" if config.tasks else "") + (f" in split {config.split}" if config.split else "")
+    if not records and not rejected:
+        raise ValueError(f"the prompt set {config.prompts} has no record{chosen} to annotate")
     writer = RunWriter(out)
     writer.start(run_id or config.digest()[:12], config.to_dict(), config.digest(), code_version())
     write_rejected(out, rejected)
+    if not records:
+        raise ValueError(f"no prompt record{chosen} to annotate: {len(rejected)} rejected, see {out}/rejected.jsonl")
     return writer, shards_of(records, config.shard_size), rejected
 
 

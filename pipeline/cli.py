@@ -15,6 +15,8 @@ import json
 import os
 import sys
 
+from verifiers.formats import FORMATS
+
 from .annotate import AnnotateConfig
 from .credit import CREDIT_KINDS, CreditConfig
 from .prompts import ABLATIONS, FEEDBACK_STYLES
@@ -33,8 +35,19 @@ def _kinds(text: str) -> tuple[str, ...]:
 def add_annotate_args(p: argparse.ArgumentParser) -> None:
     d, s, c = AnnotateConfig(), SamplingConfig(), CreditConfig()
     p.add_argument("--out", required=True, help="run directory (local path or pyarrow URI)")
-    p.add_argument("--prompts", default=d.prompts, help="task JSONL file, folder of them, or 'demo'")
-    p.add_argument("--tasks", default=",".join(d.tasks), help="comma list of sql,instructions,tools")
+    p.add_argument("--prompts", default=d.prompts, help="prompt file or folder (see --format), or 'demo'")
+    p.add_argument("--format", default=d.format, choices=FORMATS,
+                   help="layout of the prompt file: native JSONL, ifeval, ifbench, spider, bird, bfcl, hf")
+    p.add_argument("--databases", default=None, help="folder that SQL records' db paths resolve in "
+                   "(default: databases/ beside the prompt file, database/ for spider and bird)")
+    p.add_argument("--semantics", default=None, help="comma list: tokencredit, ifeval, ifeval-loose, bfcl "
+                   "(default: ifeval for --format ifeval/ifbench, bfcl for bfcl, else tokencredit)")
+    p.add_argument("--columns", type=_columns, default=(), help="renames before parsing, e.g. "
+                   "\"id=key,prompt=question,task='poem'\" (a quoted value is a constant)")
+    p.add_argument("--verifier", action="append", default=[], metavar="[TASK=]MODULE:CALLABLE",
+                   help="a plugin verifier (repeatable): package.module:fn, file.py:fn or an installed "
+                   "entry-point name; without TASK= it scores every record")
+    p.add_argument("--tasks", default=None, help="comma list of tasks to annotate (default: all)")
     p.add_argument("--split", choices=["train", "test"], default=None, help="only records of this split")
     p.add_argument("--limit", type=int, default=d.limit, help="prompts per task (0 = all)")
     p.add_argument("--credit", type=_kinds, default=c.kinds, help="comma list of gdpo,mrtpo,p2t")
@@ -69,9 +82,20 @@ def add_annotate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="exit non-zero when any prompt record was rejected")
 
 
+def _columns(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(p) != 2 or not p[0].strip() or not p[1].strip() for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected FIELD=COLUMN pairs separated by commas, got {text!r}")
+    return tuple((field.strip(), source.strip()) for field, source in pairs)
+
+
 def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
+    from verifiers.plugins import resolve
+
     return AnnotateConfig(
-        prompts=args.prompts, tasks=tuple(args.tasks.split(",")), split=args.split,
+        prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
+        columns=args.columns, verifiers=resolve(args.verifier),
+        tasks=tuple(args.tasks.split(",")) if args.tasks else None, split=args.split,
         limit=args.limit or None, backend=args.backend, model=args.model, reward_model=args.reward_model,
         device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -95,6 +119,12 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 
         manifest = run_annotate_flow(config, args.out, run_id=args.run_id, runner=args.runner,
                                      dask_address=args.dask_address, workers=args.workers)
+    stats = manifest["stats"]
+    if stats.get("responses") and stats.get("verifier_failures") == stats["responses"]:
+        print(f"tokencredit annotate: error: every one of {stats['responses']} responses is a verifier_error; "
+              f"see the status column: tokencredit query {args.out} \"select status from responses limit 5\"",
+              file=sys.stderr)
+        return 2
     print(f"wrote {manifest['totals']} to {args.out} (checksum {manifest['dataset_checksum'][:16]})")
     print("stats:", json.dumps(manifest["stats"]))
     run_query(args.out, SUMMARY_SQL).show(max_rows=200, max_width=200)

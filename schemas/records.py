@@ -1,25 +1,28 @@
 """Typed records that the stages exchange: sample -> verify -> credit -> write.
 
 Task records are read from JSONL (one JSON object per line). Every record has
-`id`, `task`, `prompt` and `reference_response` (and optionally `split`: train|test);
+`id`, `task` and `prompt`, and optionally `split` (train|test) and `reference_response`;
 the rest depends on the task:
 
     sql           {"db": "concerts.sqlite", "reference_sql": "SELECT ..."}
-                  `db` is resolved against the JSONL file's `databases/` folder
-                  unless it is an absolute path.
+                  `db` is a path inside the JSONL file's `databases/` folder (or the
+                  folder given as `databases`); absolute paths and `../` escapes are refused.
     instructions  {"constraints": [{"kind": "keyword_include", "args": {...}}, ...]}
     tools         {"tools": [<JSON schema of each function>],
-                   "reference_calls": [{"name": "...", "arguments": {...}}, ...]}
+                   "reference_calls": [{"name": "...", "arguments": {...},
+                                        "defaults": {...}, "alternatives": {...}}, ...]}
+    any other     a task of a plugin verifier (`verifiers.plugins`): every other field of
+                  the line reaches the verifier in the record dict.
 
-`reference_response` is a correct response (used to train the shipped tiny policy
-and as the replay's "what the verifier wanted" reference).
+`reference_response` is a correct response, optional (it trains the shipped tiny policy
+and the feedback models; annotation never reads it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-TASKS = ("sql", "instructions", "tools")
+TASKS = ("sql", "instructions", "tools")  # the built-in tasks; plugin verifiers add any other
 
 
 class RecordError(ValueError):
@@ -47,21 +50,38 @@ class Constraint:
 @dataclass(frozen=True)
 class InstructionSpec:
     constraints: tuple[Constraint, ...]
+    # "tokencredit" (the project's own checks, partial credit), "ifeval" or "ifeval-loose"
+    # (the IFEval reference's strict and loose checks); see `verifiers.instructions`
+    semantics: str = "tokencredit"
 
 
 @dataclass(frozen=True)
 class ToolCall:
+    """A call. As a reference: `arguments` must be passed, `defaults` may be left out (or passed
+    with that value), `alternatives[name]` lists further accepted values of an argument."""
+
     name: str
     arguments: dict[str, Any]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    alternatives: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ToolSpec:
     tools: tuple[dict[str, Any], ...]
     reference_calls: tuple[ToolCall, ...]
+    # "tokencredit" (exact strings) or "bfcl" (BFCL's string normalization and type rules)
+    semantics: str = "tokencredit"
 
 
-TaskSpec = Union[SqlSpec, InstructionSpec, ToolSpec]
+@dataclass(frozen=True)
+class PluginSpec:
+    """A record of a task that only plugin verifiers know: the whole JSON object of its line."""
+
+    fields: dict[str, Any]
+
+
+TaskSpec = Union[SqlSpec, InstructionSpec, ToolSpec, PluginSpec]
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,7 @@ class TaskRecord:
     id: str
     task: str
     prompt: str
-    reference_response: str
+    reference_response: str | None  # None when the prompt file has none
     spec: TaskSpec
     split: str = "train"  # "train" | "test": the shipped models never see "test" records
 

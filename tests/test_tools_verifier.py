@@ -118,11 +118,45 @@ def test_type_aware_integer_param(offset, expected):
     assert scores(record(JAZZ), got)[1] == pytest.approx(expected)
 
 
-def test_same_value_is_json_typed():
+def test_same_value_is_json_typed_with_numbers_equal_by_value_at_every_depth():
     assert tools.same_value({"a": [1, "x"]}, {"a": [1, "x"]})
-    assert not tools.same_value({"a": [1.0]}, {"a": [1]}, "number")  # nested values stay strict
-    assert not tools.same_value(1, True) and not tools.same_value(None, 0)
-    assert tools.same_value(2, 2.0, "number") and not tools.same_value(2, 2.0, "integer")
+    assert tools.same_value({"lat": 48}, {"lat": 48.0}) and tools.same_value([[1, 2.5]], [[1.0, 2.5]])
+    assert not tools.same_value(1, True) and not tools.same_value(None, 0) and not tools.same_value([True], [1])
+    assert tools.same_value(2, 2.0, "number") and not tools.same_value(2.0, 2, "integer")
+    assert not tools.same_value("Paris", "paris") and tools.same_value("Paris", "paris", normalize=True)
+
+
+def test_bfcl_string_normalization():
+    assert tools.bfcl_normalize("April 1, 2024") == tools.bfcl_normalize("april 1 2024") == "april12024"
+    assert tools.bfcl_normalize("New-York_City*^") == "newyorkcity"
+    assert tools.bfcl_normalize("it's") == 'it"s'
+
+
+STATION = {"name": "find_station", "parameters": {"type": "dict", "properties": {
+    "city": {"type": "string"}, "radius": {"type": "float"}, "lines": {"type": "array", "items": {"type": "float"}},
+    "where": {"type": "dict"}, "fuel": {"type": "any"}}, "required": ["city"]}}
+STATION_REF = ToolCall("find_station", {"city": "San Francisco", "lines": [1.0, 2.5]},
+                       defaults={"radius": 5.0}, alternatives={"city": ("SF",), "radius": (10.0,)})
+
+
+@pytest.mark.parametrize("semantics,arguments,expected", [
+    ("tokencredit", {"city": "San Francisco", "lines": [1.0, 2.5]}, 1.0),              # default left out
+    ("tokencredit", {"city": "SF", "lines": [1, 2.5], "radius": 5}, 1.0),              # alternative, default given
+    ("tokencredit", {"city": "SF", "lines": [1.0, 2.5], "radius": 10.0}, 1.0),         # alternative default
+    ("tokencredit", {"city": "SF", "lines": [1.0, 2.5], "radius": 7.5}, 2 / 3),        # a wrong default costs
+    ("tokencredit", {"city": "san francisco", "lines": [1.0, 2.5]}, 0.5),              # exact strings
+    ("bfcl", {"city": "san-francisco", "lines": [1.0, 2.5]}, 1.0),                     # BFCL's normalization
+    ("bfcl", {"city": "SF", "lines": [1, 2.5]}, 0.5),                                  # BFCL: an int is no float item
+    ("tokencredit", {"lines": [1.0, 2.5]}, 0.5),                                       # required argument missing
+    ("tokencredit", {"city": "SF", "lines": [1.0, 2.5], "fuel": "gas"}, 2 / 3),        # an extra argument dilutes
+])
+def test_defaults_alternatives_and_semantics(semantics, arguments, expected):
+    spec = ToolSpec((STATION,), (STATION_REF,), semantics=semantics)
+    rec = TaskRecord("station", "tools", "Find a station.", None, spec)
+    _, correct = tools.verify(rec, block("find_station", arguments))
+    assert correct.score == pytest.approx(expected)
+    assert correct.feedback == ("Expected call: find_station(city='San Francisco' or 'SF', lines=[1.0, 2.5], "
+                                "[radius=5.0 or 10.0]).")
 
 
 def test_correctness_matches_brute_force_over_matchings():
@@ -200,8 +234,8 @@ BAD_RECORDS = [
      "not one of"),
     ((ToolCall("get_weather", {"unit": "celsius"}),), (WEATHER,), "reference_calls[0].arguments", "missing required city"),
     ((), (WEATHER,), "reference_calls", "at least one call"),
-    ((PARIS,), (WEATHER, {"name": "f", "parameters": {"properties": {"x": {"type": "float"}}}}),
-     "tools[1].parameters.properties.x.type", "got 'float'"),
+    ((PARIS,), (WEATHER, {"name": "f", "parameters": {"properties": {"x": {"type": "decimal"}}}}),
+     "tools[1].parameters.properties.x.type", "got 'decimal'"),
     ((PARIS,), (WEATHER, {"name": "f", "parameters": {"properties": {}, "required": ["y"]}}),
      "tools[1].parameters.required", "names of properties"),
     ((PARIS,), (WEATHER, {"name": "f"}), "tools[1].parameters", "'properties'"),

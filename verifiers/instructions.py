@@ -6,6 +6,11 @@
 Feedback is the constraint's own sentence (the one the prompt uses), "Include the keywords 'river' and
 'stone'.", and `observed` what was found: "Found: 'river'; missing 'stone'."
 
+Semantics (`InstructionSpec.semantics`): "tokencredit" scores with `verifiers.checkers` (partial
+credit where its docstring says); "ifeval" and "ifeval-loose" score 1 or 0 with the IFEval
+reference's strict and loose checks (`verifiers.ifeval`). In every mode an empty or
+whitespace-only response scores 0 on every constraint.
+
 `response_parts` labels what the response is made of, whatever the constraints ask:
     json            the whole (stripped) response when it parses as a JSON object or array;
                     nothing else is labelled then
@@ -21,8 +26,11 @@ import re
 
 from schemas.records import InstructionSpec, RecordError, RewardScore, TaskRecord
 
+from . import ifeval
 from .checkers import CHECKERS, parse_json, validate_args
 from .parts import label_runs
+
+SEMANTICS = ("tokencredit", *ifeval.SEMANTICS)
 
 _PAINTED = (  # (label, pattern), later ones win where they overlap
     ("bullets", re.compile(r"^[ \t]*[*-][ \t]+\S.*\n?", re.MULTILINE)),
@@ -38,6 +46,8 @@ def validate(record: TaskRecord) -> None:
         raise RecordError(record.id, "constraints", f"expected instruction constraints, got {type(spec).__name__}")
     if not spec.constraints:
         raise RecordError(record.id, "constraints", "needs at least one constraint")
+    if spec.semantics not in SEMANTICS:
+        raise RecordError(record.id, "semantics", f"unknown semantics {spec.semantics!r}; known: {', '.join(SEMANTICS)}")
     for i, c in enumerate(spec.constraints):
         if c.kind not in CHECKERS:
             raise RecordError(record.id, f"constraints[{i}].kind", validate_args(c.kind, c.args))
@@ -50,18 +60,29 @@ def reward_names(record: TaskRecord) -> list[str]:
     return [f"c{i}_{c.kind}" for i, c in enumerate(record.spec.constraints)]
 
 
-def describe(kind: str, args: dict) -> str:
+def describe(kind: str, args: dict, semantics: str = "tokencredit") -> str:
     """The constraint as one sentence, e.g. "Use at most 40 words."."""
+    if semantics in ifeval.SEMANTICS and kind in ifeval.DESCRIBE:
+        return ifeval.DESCRIBE[kind](**args)
     return CHECKERS[kind].describe(**args)
 
 
 def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     """One RewardScore per constraint, in order; raises only RecordError (bad constraints)."""
     validate(record)
+    semantics = record.spec.semantics
     scores = []
     for name, c in zip(reward_names(record), record.spec.constraints):
+        expected = describe(c.kind, c.args, semantics)
+        if not response.strip():
+            scores.append(RewardScore(name, 0.0, expected, "Found: an empty response."))
+            continue
         score, found = CHECKERS[c.kind].check(response, **c.args)
-        scores.append(RewardScore(name, float(score), describe(c.kind, c.args), f"Found: {found}."))
+        if semantics == "ifeval":
+            score = ifeval.check(c.kind, response, c.args)
+        elif semantics == "ifeval-loose":
+            score = ifeval.check_loose(c.kind, response, c.args)
+        scores.append(RewardScore(name, float(score), expected, f"Found: {found}."))
     return scores
 
 

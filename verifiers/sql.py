@@ -35,6 +35,11 @@ def reward_names(record: TaskRecord) -> list[str]:
     return list(REWARDS)
 
 
+def validate(record: TaskRecord) -> None:
+    """Raise RecordError (field `reference_sql`) when the record's reference query does not run."""
+    reference_result(record.id, record.spec.db_path, record.spec.reference_sql)
+
+
 def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     """Score one response; raises only RecordError, when the record's reference query fails.
 
