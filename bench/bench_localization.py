@@ -36,7 +36,7 @@ CACHE = CASES / ".cache"
 RESULTS_JSON = ROOT / "bench" / "results" / "localization.json"
 MODELS = ("tiny", "smollm2-135m-instruct")
 ABLATIONS = ("drop", "null")
-STYLES = ("expected", "expected+observed")
+STYLES = ("expected", "expected+observed", "auto")
 RELEVANCES = ("js", "logprob_drop", "logprob_abs", "logprob_signed")
 TAGS = {"sql": ("<sql>", "</sql>"), "tools": ("<tool_call>", "</tool_call>")}
 PLACEBO = ("note", "This check gives no details.")
@@ -74,57 +74,88 @@ def load_cases() -> list[Case]:
 def _cache_file(model: str, ablation: str, style: str) -> Path:
     from pipeline.prompts import TEMPLATE_VERSION
 
-    code = hashlib.sha256(b"".join((ROOT / "pipeline" / f).read_bytes() for f in
-                                   ("prompts.py", "replay.py", "divergence.py", "probe.py"))).hexdigest()[:10]
-    return CACHE / f"{model}-{ablation}-{style.replace('+', '_')}-{TEMPLATE_VERSION}-{code}.jsonl"
+    return CACHE / f"{model}-{ablation}-{style.replace('+', '_')}-{TEMPLATE_VERSION}.jsonl"
+
+
+def _item(tokenizer, case: Case, ablation: str, style: str, extra: tuple[str, str] | None = None):
+    """(replay item, which sections point at the response) of a case, every reward replayed."""
+    import verifiers
+    from pipeline.probe import response_ids
+    from pipeline.prompts import feedback_sections
+    from pipeline.replay import build_replay_item
+
+    sections, points = feedback_sections(verifiers.verify(case.record, case.response), case.record.prompt, style)
+    mask = [True] * len(sections)
+    if extra is not None:  # the placebo: only the extra section is replayed
+        sections, mask = sections + [extra], [False] * len(sections) + [True]
+    item = build_replay_item(tokenizer, case.record.prompt, sections, response_ids(tokenizer, case.response), mask,
+                             ablation)
+    return item, points
+
+
+def _input_hash(item) -> str:
+    """What the model is asked: P_all, every P_\\k and the response ids."""
+    return hashlib.sha256(json.dumps([item.all_prompt_ids, item.drop_prompt_ids, item.response_ids])
+                          .encode()).hexdigest()[:16]
 
 
 def replay_cases(model: str, cases: list[Case], ablation: str, style: str, placebo: bool) -> dict[str, dict]:
-    """case id -> replay record (scores, tokens, spans, log-probs, JS; and the placebo pair on dev)."""
-    path = _cache_file(model, ablation, style)
-    done = {}
-    if path.exists():
-        done = {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
-    done = {c.id: done[_key(c)] for c in cases if _key(c) in done}
-    todo = [c for c in cases if c.id not in done]
-    if todo:
-        from pipeline.models import load_policy
-        from pipeline.probe import replay_one
+    """case id -> replay record (scores, spans, log-probs, JS, pointing sections; the placebo pair on dev).
 
-        policy, tokenizer = load_policy(None if model == "tiny" else model)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as out:
-            for n, case in enumerate(todo, 1):
-                probe = replay_one(policy, tokenizer, case.record, case.response, ablation=ablation, style=style)
-                row = {"id": case.id, "key": _key(case), "names": probe.reward_names, "scores": probe.scores, "spans": probe.spans,
-                       "logprob_all": probe.replayed.logprob_all.tolist(),
-                       "logprob_drop": probe.replayed.logprob_drop.tolist(), "js": probe.replayed.js.tolist()}
-                if placebo and case.split == "dev":
-                    row["placebo"] = _placebo(policy, tokenizer, case, style)
-                out.write(json.dumps(row) + "\n")
-                out.flush()
-                done[case.id] = row
-                print(f"  {model} {ablation} {style}: {n}/{len(todo)} {case.id}", flush=True)
+    A cached record is reused when the case and the exact model input are unchanged."""
+    from pipeline.models import load_policy, load_tokenizer
+    from pipeline.replay import replay
+    from pipeline.tables import token_spans
+
+    tokenizer = load_tokenizer(None if model == "tiny" else model)
+    path = _cache_file(model, ablation, style)
+    cached = {}
+    if path.exists():
+        cached = {(r["key"], r["input"]): r for r in map(json.loads, path.read_text().splitlines())}
+    items = {c.id: _item(tokenizer, c, ablation, style) for c in cases}
+    done = {c.id: cached[(_key(c), _input_hash(items[c.id][0]))] for c in cases
+            if (_key(c), _input_hash(items[c.id][0])) in cached}
+    todo = [c for c in cases if c.id not in done or (placebo and c.split == "dev" and "placebo" not in done[c.id])]
+    if not todo:
+        return done
+    policy, _ = load_policy(None if model == "tiny" else model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        for n, case in enumerate(todo, 1):
+            item, points = items[case.id]
+            (replayed,) = replay(policy, [item], js=True)
+            _, starts, ends = token_spans(tokenizer, item.response_ids)
+            row = {"id": case.id, "key": _key(case), "input": _input_hash(item), "points": points,
+                   "names": [r.name for r in verifiers_of(case)], "scores": [r.score for r in verifiers_of(case)],
+                   "spans": list(zip(starts, ends)), "logprob_all": replayed.logprob_all.tolist(),
+                   "logprob_drop": replayed.logprob_drop.tolist(), "js": replayed.js.tolist()}
+            if placebo and case.split == "dev":
+                row["placebo"] = _placebo(policy, tokenizer, case, ablation, style)
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            done[case.id] = row
+            print(f"  {model} {ablation} {style}: {n}/{len(todo)} {case.id}", flush=True)
     return done
 
 
-def _key(case: Case) -> str:
-    """Identity of a case's content: a changed prompt, response or edit is replayed again."""
-    return hashlib.sha256(json.dumps([case.id, case.record.prompt, case.response, case.edit, case.reward,
-                                      repr(case.record.spec)]).encode()).hexdigest()[:16]
-
-
-def _placebo(policy, tokenizer, case: Case, style: str) -> dict:
-    """Log-probs and JS with and without one extra, content-free feedback section: the noise level."""
+def verifiers_of(case: Case):
     import verifiers
-    from pipeline.probe import response_ids
-    from pipeline.prompts import feedback_text
-    from pipeline.replay import build_replay_item, replay
 
-    sections = [(s.name, feedback_text(s, style)) for s in verifiers.verify(case.record, case.response)]
-    item = build_replay_item(tokenizer, case.record.prompt, sections + [PLACEBO],
-                             response_ids(tokenizer, case.response), [False] * len(sections) + [True])
-    out = replay(policy, [item], js=True)[0]
+    return verifiers.verify(case.record, case.response)
+
+
+def _key(case: Case) -> str:
+    """Identity of a case's content: a changed prompt, response, edit or reward is replayed again."""
+    return hashlib.sha256(json.dumps([case.id, case.record.prompt, case.response, case.edit, case.reward])
+                          .encode()).hexdigest()[:16]
+
+
+def _placebo(policy, tokenizer, case: Case, ablation: str, style: str) -> dict:
+    """Log-probs and JS with and without one extra, content-free feedback section: the noise level."""
+    from pipeline.replay import replay
+
+    item, _ = _item(tokenizer, case, ablation, style, extra=PLACEBO)
+    (out,) = replay(policy, [item], js=True)
     return {"logprob_all": out.logprob_all.tolist(), "logprob_drop": out.logprob_drop[-1].tolist(),
             "js": out.js[-1].tolist()}
 
@@ -133,13 +164,13 @@ def _placebo(policy, tokenizer, case: Case, style: str) -> dict:
 
 
 def relevance_rows(row: dict, kind: str) -> torch.Tensor:
-    """[K, T] relevance of a cached replay, sign from the scores (as `pipeline.probe`)."""
-    from pipeline.relevance import relevance
+    """[K, T] relevance of a cached replay, signs from the scores and pointing sections (as `pipeline.probe`)."""
+    from pipeline.relevance import relevance, signs
     from pipeline.replay import ReplayOutput
 
     replayed = ReplayOutput(torch.tensor(row["logprob_all"]), torch.tensor(row["logprob_drop"]), torch.tensor(row["js"]))
-    sign = torch.tensor([1.0 if s >= 1.0 else -1.0 for s in row["scores"]])
-    return relevance(kind, replayed, sign)
+    advantage = torch.tensor([1.0 if s >= 1.0 else -1.0 for s in row["scores"]])
+    return relevance(kind, replayed, signs(advantage, row["points"]))
 
 
 def placebo_means(rows: list[dict], kind: str) -> list[float]:

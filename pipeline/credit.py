@@ -20,8 +20,8 @@ from schemas.records import AnnotatedResponse, TaskRecord, TokenCredit, Verified
 from .advantages import GdpoOptions, condition_on, gdpo, grpo, sum_rewards
 from .mrtpo import mrtpo_advantages
 from .p2t import P2TStats, attribute, token_rewards
-from .prompts import ABLATIONS, FEEDBACK_STYLES, feedback_text
-from .relevance import DEFAULT_FLOORS, RELEVANCES, apply_floor, relevance
+from .prompts import ABLATIONS, FEEDBACK_STYLES, feedback_sections
+from .relevance import DEFAULT_FLOORS, RELEVANCES, apply_floor, relevance, signs
 from .replay import build_replay_item, replay
 
 CREDIT_KINDS = ("gdpo", "mrtpo", "p2t")
@@ -36,7 +36,7 @@ class CreditConfig:
     # bench/localization with SmolLM2-135M-Instruct (bench/RESULTS.md)
     relevance: str = "logprob_signed"
     ablation: str = "drop"
-    feedback_style: str = "expected"
+    feedback_style: str = "auto"
     relevance_floor: float | None = None  # None: the option's calibrated floor (relevance.DEFAULT_FLOORS)
     store_js: bool = False  # also store the paper's JS distance beside another relevance
     replay_batch_size: int = 16
@@ -169,11 +169,13 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
 def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], ungated: torch.Tensor,
                       reward_adv: torch.Tensor, T: int, config: CreditConfig, policy, tokenizer):
     """Replay the ungated pairs -> (relevance [N, K, T], JS [N, K, T] or None, floored [N, K]); NaN where not
-    replayed. The sign of each reward's advantage orients `logprob_signed`."""
-    items = [build_replay_item(tokenizer, records[v.sample.group_id].prompt,
-                               [(r.name, feedback_text(r, config.feedback_style)) for r in v.rewards],
-                               v.sample.token_ids, ungated[i, : len(v.rewards)].tolist(), config.ablation)
-             for i, v in enumerate(ok)]
+    replayed. `logprob_signed` is oriented by each reward's advantage (or +1 where its section points)."""
+    items, points = [], []
+    for i, v in enumerate(ok):
+        sections, pointing = feedback_sections(v.rewards, records[v.sample.group_id].prompt, config.feedback_style)
+        items.append(build_replay_item(tokenizer, records[v.sample.group_id].prompt, sections, v.sample.token_ids,
+                                       ungated[i, : len(v.rewards)].tolist(), config.ablation))
+        points.append(pointing)
     want_js = config.relevance == "js" or config.store_js
     outputs = replay(policy, items, js=want_js, batch_size=config.replay_batch_size, chunk_size=config.chunk_size)
     K = reward_adv.shape[1]
@@ -182,7 +184,7 @@ def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecor
     floored = torch.zeros(len(ok), K, dtype=torch.bool)
     for i, out in enumerate(outputs):
         k, n = out.logprob_drop.shape
-        raw = relevance(config.relevance, out, torch.sign(reward_adv[i, :k]))
+        raw = relevance(config.relevance, out, signs(reward_adv[i, :k], points[i]))
         distance[i, :k, :n] = raw
         floored[i, :k] = apply_floor(raw, config.floor)[1]
         if js is not None:

@@ -6,7 +6,8 @@
 The response is tokenized as the sampler emits it (its tokens, then eos), verified, and every reward is
 replayed (no gating: one response has no group). Without a group there is no advantage, so the sign a
 `logprob_signed` relevance needs is taken from the score: +1 for a reward the response passes (a group
-would credit it), -1 for one it fails. Used by the localization tests and benchmark.
+would credit it), -1 for one it fails (and +1 where the section points at the response, as in
+`relevance.signs`). Used by the localization tests and benchmark.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import torch
 import verifiers
 from schemas.records import TaskRecord
 
-from .prompts import feedback_text
-from .relevance import apply_floor, relevance
+from .prompts import feedback_sections
+from .relevance import apply_floor, relevance, signs
 from .replay import ReplayOutput, build_replay_item, replay
 from .tables import token_spans
 
@@ -29,12 +30,13 @@ class Probe:
     scores: list[float]
     tokens: list[str]  # [T] token texts, eos last
     spans: list[tuple[int, int]]  # [T] [char_start, char_end) in the response
+    points: list[bool]  # [K] the reward's section points at the response (`prompts.feedback_sections`)
     replayed: ReplayOutput
 
     def relevance(self, reward: str, kind: str = "js", floor: float = 0.0) -> torch.Tensor:
         """[T] relevance of `reward` (zeros when its mean is below `floor`)."""
-        sign = torch.tensor([1.0 if s >= 1.0 else -1.0 for s in self.scores])
-        values, _ = apply_floor(relevance(kind, self.replayed, sign), floor)
+        advantage = torch.tensor([1.0 if s >= 1.0 else -1.0 for s in self.scores])
+        values, _ = apply_floor(relevance(kind, self.replayed, signs(advantage, self.points)), floor)
         return values[self.reward_names.index(reward)]
 
     def top_tokens(self, reward: str, kind: str = "js", n: int = 3, floor: float = 0.0) -> list[int]:
@@ -61,11 +63,12 @@ def response_ids(tokenizer, response: str) -> list[int]:
 
 
 def replay_one(policy, tokenizer, record: TaskRecord, response: str, *, ablation: str = "drop",
-               style: str = "expected", js: bool = True, chunk_size: int = 128) -> Probe:
+               style: str = "auto", js: bool = True, chunk_size: int = 128) -> Probe:
     scores = verifiers.verify(record, response)
     ids = response_ids(tokenizer, response)
-    item = build_replay_item(tokenizer, record.prompt, [(s.name, feedback_text(s, style)) for s in scores], ids,
-                             [True] * len(scores), ablation)
+    sections, points = feedback_sections(scores, record.prompt, style)
+    item = build_replay_item(tokenizer, record.prompt, sections, ids, [True] * len(scores), ablation)
     replayed = replay(policy, [item], js=js, chunk_size=chunk_size)[0]
     tokens, starts, ends = token_spans(tokenizer, ids)
-    return Probe([s.name for s in scores], [s.score for s in scores], tokens, list(zip(starts, ends)), replayed)
+    return Probe([s.name for s in scores], [s.score for s in scores], tokens, list(zip(starts, ends)), points,
+                 replayed)

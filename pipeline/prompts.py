@@ -13,6 +13,9 @@ The replay shows the policy the context it sampled in, with the verifier feedbac
     <|im_start|>assistant
     <response tokens, teacher-forced>
 
+Each section states what its verifier expected (`feedback_sections`), not the response's own tokens:
+quoting a wrong token makes it more likely under `P_all`, which blurs "mentioned" with "wrong".
+
 `PromptFrame` holds the exact token ids the sampler fed the model and the token index right after the
 task prompt. `P_all` is those ids with the tokenized feedback block inserted at that index, so removing the
 block gives the sampling ids exactly; `P_\\k` removes section k (`drop`) or replaces its text by neutral
@@ -31,7 +34,7 @@ from schemas.records import RewardScore
 TEMPLATE_VERSION = "replay-v2"
 FEEDBACK_HEADER = "### Feedback\n"
 RESPONSE_MARKER = "### Response\n"
-FEEDBACK_STYLES = ("expected", "expected+observed")
+FEEDBACK_STYLES = ("expected", "expected+observed", "auto")
 ABLATIONS = ("drop", "null")
 NULL_FILLER = " This check gives no details."  # cycled to the length of the section it replaces
 
@@ -56,16 +59,41 @@ def replay_prompt(task_prompt: str, sections: Sequence[tuple[str, str]], drop: i
 
 
 def feedback_text(reward: RewardScore, style: str = "expected") -> str:
-    """A reward's section text: what its verifier expected, and with `expected+observed` what it found.
-
-    The default does not quote the response: quoting its wrong tokens makes them more likely under
-    `P_all`, which blurs "mentioned" with "wrong".
-    """
-    if style not in FEEDBACK_STYLES:
-        raise ValueError(f"feedback style {style!r}: choose from {', '.join(FEEDBACK_STYLES)}")
+    """A reward's section text: what its verifier expected, and with `expected+observed` what it found."""
+    if style not in FEEDBACK_STYLES[:2]:
+        raise ValueError(f"feedback style {style!r}: choose from {', '.join(FEEDBACK_STYLES[:2])}")
     if style == "expected" or not reward.observed:
         return reward.feedback
     return f"{reward.feedback} {reward.observed}"
+
+
+def restates_prompt(reward: RewardScore, task_prompt: str) -> bool:
+    """The reward's expected statement is already in the task prompt (an instruction's constraint)."""
+    expected = " ".join(reward.feedback.split())
+    return bool(expected) and expected in " ".join(task_prompt.split())
+
+
+def feedback_sections(rewards: Sequence[RewardScore], task_prompt: str,
+                      style: str = "auto") -> tuple[list[tuple[str, str]], list[bool]]:
+    """(reward name, section text) per reward, and whether each section points at the response.
+
+    expected            what each verifier expected; never quotes the response
+    expected+observed   that, and what it found (may quote the response)
+    auto                what it expected; where the task prompt already says that (an instruction
+                        constraint), the section would add nothing, so it adds what was found
+
+A section points at the response when its expected part restates the prompt and it quotes what was
+found: its only news is the quote, which makes the quoted tokens more likely, right or wrong.
+    """
+    if style not in FEEDBACK_STYLES:
+        raise ValueError(f"feedback style {style!r}: choose from {', '.join(FEEDBACK_STYLES)}")
+    sections, points = [], []
+    for reward in rewards:
+        restated = restates_prompt(reward, task_prompt) and bool(reward.observed)
+        observed = style == "expected+observed" or (style == "auto" and restated)
+        sections.append((reward.name, feedback_text(reward, "expected+observed" if observed else "expected")))
+        points.append(observed and restated)
+    return sections, points
 
 
 @dataclass(frozen=True)

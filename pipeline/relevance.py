@@ -8,12 +8,18 @@ With `p_t = pi(. | P_all, y_<t)` and `q_t = pi(. | P_\\k, y_<t)` (feedback secti
     logprob_signed  max(0, s_k (log p_t(y_t) - log q_t(y_t)))  it moved the emitted token the way the
                                                                reward's advantage points: s_k = +1 (credit)
                                                                where the feedback made it more likely,
-                                                               s_k = -1 (penalty) where less likely
+                                                               s_k = -1 (penalty) where less likely; a
+                                                               section that points at the response (it
+                                                               quotes what the verifier found, see
+                                                               `prompts.feedback_sections`) makes the
+                                                               tokens it quotes more likely: s_k = +1
 
 A pair whose mean relevance over the response is below `floor` carries no signal worth amplifying: its
 relevance is zeroed, so `mrtpo.replay_weights` gives it uniform weights, and it is reported as floored.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -24,6 +30,11 @@ RELEVANCES = ("js", "logprob_drop", "logprob_abs", "logprob_signed")
 # (the same prompt with and without one content-free feedback section) on the dev split of
 # bench/localization with SmolLM2-135M-Instruct; `bench/bench_localization.py` prints them.
 DEFAULT_FLOORS = {"js": 0.0, "logprob_drop": 0.0, "logprob_abs": 0.0, "logprob_signed": 0.0}
+
+
+def signs(reward_adv: torch.Tensor, points: Sequence[bool]) -> torch.Tensor:
+    """s_k of `logprob_signed`: +1 for a section that points at the response, else the sign of A[k]."""
+    return torch.where(torch.tensor(list(points), dtype=torch.bool), 1.0, torch.sign(reward_adv.float()))
 
 
 def relevance(kind: str, replayed: ReplayOutput, sign: torch.Tensor | None = None) -> torch.Tensor:
