@@ -19,7 +19,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm.auto import tqdm
 
-from pipeline.annotate import AnnotateConfig, annotate_shard, code_version, load_models, prepare_run
+from pipeline.annotate import AnnotateConfig, annotate_shard, code_version, finish_run, load_models, prepare_run
 from pipeline.writer import RunWriter
 from schemas.records import TaskRecord
 
@@ -84,7 +84,7 @@ def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
                 bar.update()
                 logger.info("shard %d done: %d responses, %d credit rows", entry["shard"],
                             entry["responses"]["rows"], entry["credits"]["rows"])
-        return writer.finish(len(shards), {"rejected": len(rejected)})
+        return finish_run(writer, len(shards), rejected)
     finally:
         writer.unlock()
 

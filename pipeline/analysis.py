@@ -253,7 +253,7 @@ def _distances(T: int, K: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _gdpo(scores: np.ndarray, groups: np.ndarray, eps: float = 1e-6):
-    """method.md section 1 on scores [N, K] -> A [N, K], A_gdpo [N], scale c, shift m, variance [N, K]."""
+    """method.md section 1, group step, on scores [N, K] -> A [N, K], variance [N, K] (the views do the batch step)."""
     A = np.zeros_like(scores)
     var = np.zeros(scores.shape, dtype=bool)
     for g in np.unique(groups):
@@ -261,9 +261,7 @@ def _gdpo(scores: np.ndarray, groups: np.ndarray, eps: float = 1e-6):
         std = s.std(0)
         A[groups == g] = np.where(std > 0, (s - s.mean(0)) / (std + eps), 0.0)
         var[groups == g] = std > 0
-    S = A.sum(1)
-    c, m = 1.0 / (S.std() + eps), S.mean()
-    return A, c * (S - m), c, m, var
+    return A, var
 
 
 def _strings(codes: np.ndarray, dictionary: list[str]) -> pa.Array:
@@ -282,6 +280,7 @@ def _credits_table(columns: dict[str, list[np.ndarray]], ids: list[str], rewards
         "reward": _strings(flat["reward"], rewards),
         "constraint_index": pa.array(flat["constraint_index"], pa.int32(), mask=flat["constraint_index"] < 0),
         "distance": pa.array(flat["distance"], mask=np.isnan(flat["distance"])),
+        "js": pa.nulls(len(flat["weight"]), pa.float32()), "floored": np.zeros(len(flat["weight"]), dtype=bool),
         "beta": np.full(len(flat["weight"]), beta)}).select(CREDITS.names)
 
 
@@ -290,7 +289,7 @@ def _shard(shard: int, first: int, n: int, tokens: int, K: int, group_size: int,
     """Tables and stats of one shard (one GDPO batch): responses first .. first + n - 1."""
     groups = (first + np.arange(n)) // group_size
     scores = (rng.random((n, K)) < 0.5).astype(np.float64)
-    A, adv_gdpo, c, m, var = _gdpo(scores, groups)
+    A, var = _gdpo(scores, groups)
     replayed = var & mrtpo  # gated pairs keep NULL distances and uniform weights
     ids = [f"r{first + j:08d}" for j in range(n)]
     names: dict[str, int] = {}
@@ -323,9 +322,10 @@ def _shard(shard: int, first: int, n: int, tokens: int, K: int, group_size: int,
             "prompt": f"prompt {groups[j]}", "response": "".join(_VOCAB[t] for t in token_ids),
             "token_ids": token_ids.tolist(), "sample_logprobs": (-rng.random(T)).tolist(),
             "reward_names": reward_names, "rewards": scores[j].tolist(),
-            "feedback": [f"checked {r}" for r in reward_names], "reward_advs": A[j].tolist(),
-            "adv_gdpo": adv_gdpo[j], "adv_mrtpo": (c * (adv.sum(0) - m)).tolist() if mrtpo else None,
-            "p2t_raw": raw, "p2t_reward": raw, "adv_p2t": (adv_gdpo[j] + 0.1 * np.array(raw)).tolist() if p2t else None,
+            "feedback": [f"checked {r}" for r in reward_names], "observed": ["" for _ in reward_names],
+            "reward_advs": A[j].tolist(),
+            "gdpo_sum": A[j].sum(), "mrtpo_sum": adv.sum(0).tolist() if mrtpo else None,
+            "p2t_raw": raw, "p2t_reward": raw, "p2t_alpha": 0.1 if p2t else None,
             "status": "ok", "model": "synthetic", "seed": 0})
     credits = _credits_table(columns, ids, list(names), beta)
     stats = {"responses": n, "verifier_failures": 0}
@@ -342,8 +342,8 @@ def synthetic_run(out: str | Path, responses: int, tokens: int, rewards: int, se
     """Write a synthetic run directory through RunWriter, with about responses x tokens x rewards credit rows.
 
     Tasks cycle over prompt groups of `group_size` responses; a response has T ~ U[tokens/2, 3 tokens/2]
-    tokens and `rewards` binary rewards, with GDPO advantages per shard (the batch). Replay distances
-    are concentrated on TOP_K tokens per reward, NULL where the group has no variance in that reward
+    tokens and `rewards` binary rewards, with GDPO advantages before the batch step (the views take it
+    over the run). Replay distances are concentrated on TOP_K tokens per reward, NULL where the group has no variance in that reward
     or everywhere when `mrtpo` is False; P2T columns are NULL unless `p2t`.
     """
     writer = RunWriter(str(out))

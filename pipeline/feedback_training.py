@@ -34,7 +34,9 @@ import verifiers.sql
 import verifiers.tools
 from schemas.records import RecordError, TaskRecord
 
-from .prompts import replay_prompt, sampling_prompt
+from .prompts import feedback_text, replay_prompt, sampling_prompt
+
+TRAINING_STYLE = "expected+observed"  # the feedback the tiny policy reads: what was expected and what was found
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,8 @@ CORRUPTORS: dict[str, Callable[[TaskRecord, random.Random, dict], Iterator[str]]
 
 
 def sections_of(record: TaskRecord, response: str) -> list[tuple[str, str]]:
-    return [(s.name, s.feedback) for s in verifiers.verify(record, response)]
+    """The feedback sections of `response`, in the style the shipped tiny policy was trained with."""
+    return [(s.name, feedback_text(s, TRAINING_STYLE)) for s in verifiers.verify(record, response)]
 
 
 def build_pool(record: TaskRecord, rng: random.Random, values: dict[str, list] | None = None) -> Pool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.dataset as ds
 
-from schemas import TABLES, views_sql
+from schemas import SCHEMA_VERSION, TABLES, views_sql
 
 from .writer import run_files
 
@@ -38,6 +38,11 @@ _LOCKDOWN = {
     "allow_community_extensions": False,
     "python_enable_replacements": False,  # SQL must not reach the caller's Python variables
 }
+
+
+def gdpo_options(manifest: dict) -> dict:
+    """The run's GDPO options as recorded in its manifest ({} when it records none)."""
+    return ((manifest.get("config") or {}).get("credit") or {}).get("gdpo") or {}
 
 
 def _sql_list(paths: list[str]) -> str:
@@ -66,7 +71,11 @@ def connect(out: str | Path, *, allow_incomplete: bool = False) -> duckdb.DuckDB
         con.execute("SET allowed_directories = $dirs", {"dirs": [run.root.rstrip("/") + "/"]})
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
-    con.execute(views_sql(sources))
+    try:
+        con.execute(views_sql(sources, gdpo_options(run.manifest)))
+    except duckdb.BinderException as err:
+        raise ValueError(f"run dir {out}: cannot create the views ({str(err).splitlines()[0]}); was it written "
+                         f"by another schema version than {SCHEMA_VERSION}? Re-annotate it") from err
     return con
 
 

@@ -47,12 +47,13 @@ def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Ta
             "reward_names": [verifiers.stored_reward(sample.task, r.name)[0] for r in item.verified.rewards],
             "rewards": [r.score for r in item.verified.rewards],
             "feedback": [r.feedback for r in item.verified.rewards],
+            "observed": [r.observed for r in item.verified.rewards],
             "reward_advs": credit.reward_adv if credit else None,
-            "adv_grpo": item.adv_grpo, "adv_gdpo": item.adv_gdpo,
-            "adv_mrtpo": credit.adv_mrtpo if credit else None,
+            "adv_grpo": item.adv_grpo, "gdpo_sum": item.gdpo_sum,
+            "mrtpo_sum": credit.mrtpo_sum if credit else None,
             "p2t_raw": credit.p2t_raw if credit else None,
             "p2t_reward": credit.p2t_reward if credit else None,
-            "adv_p2t": credit.adv_p2t if credit else None,
+            "p2t_alpha": credit.p2t_alpha if credit else None,
             "status": item.verified.status, "model": sample.model, "seed": sample.seed,
         })
     return pa.Table.from_pylist(rows, schema=RESPONSES)
@@ -84,6 +85,9 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
             columns["constraint_index"] += [constraint_index] * T
             columns["reward_adv"] += [credit.reward_adv[k]] * T
             columns["distance"] += distance if distance is not None else [None] * T
+            js = credit.js[k] if credit.js is not None else None
+            columns["js"] += js if js is not None else [None] * T
+            columns["floored"] += [bool(credit.floored[k]) if credit.floored is not None else None] * T
             columns["weight"] += credit.weight[k]
             columns["advantage"] += credit.advantage[k]
             columns["beta"] += [credit.beta] * T

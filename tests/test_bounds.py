@@ -14,7 +14,9 @@ import pyarrow.dataset as ds
 import pytest
 from jinja2.exceptions import TemplateError
 
-from pipeline.bounds import fit_to_context, render_bounded
+from pipeline.annotate import load_prompt_set
+from pipeline.bounds import render_bounded
+from pipeline.config import AnnotateConfig
 from pipeline.models import DEFAULT_POLICY, load_tokenizer
 from schemas.records import InstructionSpec, TaskRecord
 
@@ -43,21 +45,16 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
 
 
-def test_fit_to_context_rejects_by_name_and_keeps_the_rest():
-    tokenizer = load_tokenizer()
-    records = [record("short", "Name a river."), record("huge", "word " * 2000), record("after", "Name a hill.")]
-    kept, rejected = fit_to_context(records, tokenizer, context=512, max_new_tokens=96, source="p.jsonl")
-    assert [r.id for r in kept] == ["short", "after"]
-    assert [(r.record_id, r.path, r.line_no) for r in rejected] == [("huge", "p.jsonl", None)]
-    assert "record 'huge': field 'prompt'" in rejected[0].reason and "context of 512 tokens" in rejected[0].reason
-
-
-def test_a_template_that_raises_on_one_record_rejects_that_record():
-    tokenizer = load_tokenizer()
-    tokenizer.chat_template = ("{% for m in messages %}{% if 'forbidden' in m['content'] %}"
-                               "{{ raise_exception('no forbidden words') }}{% endif %}{{ m['content'] }}{% endfor %}")
-    kept, rejected = fit_to_context([record("a", "fine"), record("b", "forbidden")], tokenizer, None, 8)
-    assert [r.id for r in kept] == ["a"] and "no forbidden words" in rejected[0].reason
+def test_a_template_that_raises_on_one_record_rejects_that_record(tmp_path):
+    template = ("{% for m in messages %}{% if 'forbidden' in m['content'] %}"
+                "{{ raise_exception('no forbidden words') }}{% endif %}{{ m['content'] }}{% endfor %}")
+    model = policy_with_template(tmp_path / "policy", template)
+    demo = json.loads((ROOT / "verifiers/demo/tools.jsonl").read_text().splitlines()[0])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps(demo) + "\n" + json.dumps({**demo, "id": "bad", "prompt": "a forbidden word"}) + "\n")
+    records, rejected = load_prompt_set(AnnotateConfig(prompts=str(prompts), model=str(model), limit=None))
+    assert [r.id for r in records] == [demo["id"]]
+    assert [(r.record_id, r.line_no) for r in rejected] == [("bad", 2)] and "no forbidden words" in rejected[0].reason
 
 
 @pytest.mark.parametrize("in_thread", [False, True])
@@ -106,8 +103,8 @@ def test_a_one_megabyte_prompt_is_rejected_and_its_shard_annotated(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stderr.splitlines()[-1]) < 3 * 1024 * 1024, "peak memory over 3 GiB"
     rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines()]
-    assert [r["record_id"] for r in rejected] == ["huge-prompt"]
-    assert "exceeds the model's context of 512 tokens" in rejected[0]["reason"]
+    assert [(r["record_id"], r["line_no"]) for r in rejected] == [("huge-prompt", 2)]
+    assert "cannot fit the model's context of 512 tokens" in rejected[0]["reason"]
     groups = set(ds.dataset(out / "responses", format="parquet").to_table()["group_id"].to_pylist())
     assert groups == {demo[0]["id"], demo[1]["id"]}  # the rest of the shard
 
