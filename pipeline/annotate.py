@@ -53,7 +53,7 @@ def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[veri
     present = {r.task for r in records}
     unknown = [t for t in config.tasks or () if t not in present]
     if unknown and present:  # (a prompt set with no record at all is reported by prepare_run)
-        raise ValueError(f"--tasks: no record of task(s) {unknown} in {config.prompts} (its tasks: "
+        raise ValueError(f"the prompt set {config.prompts} has no record of tasks {','.join(unknown)} (its tasks: "
                          f"{', '.join(sorted(present))}" + (f"; {len(rejected)} records rejected" if rejected else "") + ")")
     chosen, per_task = [], {}
     for record in records:

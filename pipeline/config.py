@@ -10,12 +10,11 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from verifiers.plugins import PluginRef
 
 from .prompts import ABLATIONS, FEEDBACK_STYLES
-
-if TYPE_CHECKING:  # importing `verifiers` loads every verifier (scipy): not at the command line's start
-    from verifiers.plugins import PluginRef
 
 @dataclass(frozen=True)
 class SamplingConfig:

@@ -43,7 +43,7 @@ def test_a_task_with_no_record_in_the_prompt_set_is_rejected(tmp_path, capsys):
     """Tasks are whatever the prompt set holds (plugins add their own), so the check is against it."""
     assert main(["annotate", "--out", str(tmp_path / "run"), "--tasks", "sql,math", "--runner", "none"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "no record of task(s) ['math'] in demo" in err, err
+    assert len(err.splitlines()) == 1 and "demo has no record of tasks math (its tasks: instructions, sql, tools)" in err, err
     assert not (tmp_path / "run" / "manifest.json").exists()
 
 

@@ -39,7 +39,6 @@ import re
 from typing import Any
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from schemas.records import RecordError, RewardScore, TaskRecord, ToolCall, ToolSpec
 
@@ -245,6 +244,8 @@ def correctness(refs: list[ToolCall], calls: list[ToolCall], tools: tuple[dict, 
     props = {t["name"]: t["parameters"]["properties"] for t in tools}
     pairs = [[call_score(r, c, props[r.name], semantics) for c in calls] for r in refs]
     gain = np.array([[s for s, _ in row] for row in pairs])
+    from scipy.optimize import linear_sum_assignment  # scipy loads in ~1 s: not at the command line's start
+
     rows, cols = linear_sum_assignment(gain, maximize=True)
     notes, used = [], set()
     for i, j in zip(rows.tolist(), cols.tolist()):
