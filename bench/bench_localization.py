@@ -14,9 +14,9 @@ cached in `bench/localization/.cache/`. Per relevance option we then measure, fo
 and, on SQL and tool cases (whose format passes), the format reward's share on the tags + eos.
 
 A pair whose mean relevance is under the option's noise floor gets uniform weights and counts as a miss.
-The floor is calibrated on the dev split: the 95th percentile of the mean relevance of a placebo pair, the
-same prompt with and without one content-free feedback section. Options are chosen on dev; the README
-reports test.
+The floor is calibrated on the dev split: the 10th percentile of the mean relevance of a placebo pair (the
+same prompt with and without one content-free feedback section), so a pair that moves the policy less than
+9 in 10 content-free sections do is treated as noise. Options are chosen on dev; the README reports test.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ STYLES = ("expected", "expected+observed", "auto")
 RELEVANCES = ("js", "logprob_drop", "logprob_abs", "logprob_signed")
 TAGS = {"sql": ("<sql>", "</sql>"), "tools": ("<tool_call>", "</tool_call>")}
 PLACEBO = ("note", "This check gives no details.")
-FLOOR_QUANTILE = 0.95
+FLOOR_QUANTILE = 0.10  # a pair that moves the policy less than 9 in 10 content-free sections do is noise
 
 
 @dataclass(frozen=True)

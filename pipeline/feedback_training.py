@@ -36,7 +36,6 @@ from schemas.records import RecordError, TaskRecord
 
 from .prompts import feedback_text, replay_prompt, sampling_prompt
 
-TRAINING_STYLE = "expected+observed"  # the feedback the tiny policy reads: what was expected and what was found
 
 
 @dataclass(frozen=True)
@@ -225,8 +224,9 @@ CORRUPTORS: dict[str, Callable[[TaskRecord, random.Random, dict], Iterator[str]]
 
 
 def sections_of(record: TaskRecord, response: str) -> list[tuple[str, str]]:
-    """The feedback sections of `response`, in the style the shipped tiny policy was trained with."""
-    return [(s.name, feedback_text(s, TRAINING_STYLE)) for s in verifiers.verify(record, response)]
+    """The feedback sections of `response` as the shipped tiny policy was trained with them: what each
+    verifier expected and what it found."""
+    return [(s.name, feedback_text(s, with_observed=True)) for s in verifiers.verify(record, response)]
 
 
 def build_pool(record: TaskRecord, rng: random.Random, values: dict[str, list] | None = None) -> Pool:

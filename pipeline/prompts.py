@@ -58,13 +58,9 @@ def replay_prompt(task_prompt: str, sections: Sequence[tuple[str, str]], drop: i
     return f"{task_prompt.rstrip()}\n{block}{RESPONSE_MARKER}"
 
 
-def feedback_text(reward: RewardScore, style: str = "expected") -> str:
-    """A reward's section text: what its verifier expected, and with `expected+observed` what it found."""
-    if style not in FEEDBACK_STYLES[:2]:
-        raise ValueError(f"feedback style {style!r}: choose from {', '.join(FEEDBACK_STYLES[:2])}")
-    if style == "expected" or not reward.observed:
-        return reward.feedback
-    return f"{reward.feedback} {reward.observed}"
+def feedback_text(reward: RewardScore, with_observed: bool = False) -> str:
+    """A reward's section text: what its verifier expected, and what it found when `with_observed`."""
+    return f"{reward.feedback} {reward.observed}" if with_observed and reward.observed else reward.feedback
 
 
 def restates_prompt(reward: RewardScore, task_prompt: str) -> bool:
@@ -91,7 +87,7 @@ found: its only news is the quote, which makes the quoted tokens more likely, ri
     for reward in rewards:
         restated = restates_prompt(reward, task_prompt) and bool(reward.observed)
         observed = style == "expected+observed" or (style == "auto" and restated)
-        sections.append((reward.name, feedback_text(reward, "expected+observed" if observed else "expected")))
+        sections.append((reward.name, feedback_text(reward, with_observed=observed)))
         points.append(observed and restated)
     return sections, points
 

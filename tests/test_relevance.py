@@ -102,4 +102,5 @@ def test_feedback_sections_by_style(style, texts, points):
     assert [n for n, _ in sections] == ["format", "c1_no_commas", "c2_title"]
     with pytest.raises(ValueError, match="feedback style 'terse'"):
         feedback_sections(rewards(), prompt, "terse")
-    assert feedback_text(rewards()[1], "expected+observed") == "Do not use any commas. Found: 1 comma."
+    assert feedback_text(rewards()[1], with_observed=True) == "Do not use any commas. Found: 1 comma."
+    assert feedback_text(rewards()[1]) == "Do not use any commas."
