@@ -129,13 +129,21 @@ def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo",
 
 
 def record_json(record: TaskRecord) -> dict:
-    """A task record as its JSONL object (`verifiers.parse_record` reads it back; db as an absolute path)."""
+    """A task record as its JSONL object (`verifiers.parse_record` reads it back): an SQL record's `db` is the
+    file name and `databases` the folder it resolves in, since records may not name paths outside it."""
     spec = dataclasses.asdict(record.spec)
     if isinstance(record.spec, SqlSpec):
-        spec = {"db": spec.pop("db_path"), **spec}
+        db = Path(spec.pop("db_path"))
+        spec = {"db": db.name, "databases": str(db.parent), **spec}
     line = {"id": record.id, "task": record.task, "prompt": record.prompt,
             "reference_response": record.reference_response, "split": record.split, **spec}
     return json.loads(json.dumps(line))  # tuples -> lists, as JSON has them
+
+
+def record_from_json(obj: dict) -> TaskRecord:
+    """The task record of a `record_json` object."""
+    obj = dict(obj)
+    return verifiers.parse_record(obj, 0, Path("."), databases=obj.pop("databases", None))
 
 
 def ground_truth(record: TaskRecord) -> str:

@@ -7,7 +7,7 @@ import pytest
 
 import pipeline.export
 import verifiers
-from pipeline.export import export_hf, export_verl, ground_truth, record_json
+from pipeline.export import export_hf, export_verl, ground_truth, record_from_json, record_json
 from tests.test_train import RESPONSES_SPEC, response_rows, write_run
 
 DEMO = {r.task: r for r in verifiers.load_tasks("demo")[0]}  # one record per task
@@ -58,7 +58,7 @@ def test_verl_export_has_one_row_per_prompt_with_raw_messages_and_ground_truth(r
         # the raw task prompt: verl applies the chat template itself (no "<|im_start|>" inside)
         assert row["prompt"] == [{"role": "user", "content": record.prompt}]
         assert row["reward_model"] == {"style": "rule", "ground_truth": ground_truth(record)}
-        assert verifiers.parse_record(json.loads(row["extra_info"]["record"]), 0, "/") == record
+        assert record_from_json(json.loads(row["extra_info"]["record"])) == record
     assert rows[0]["reward_model"]["ground_truth"] == DEMO["sql"].spec.reference_sql
     assert json.loads(rows[1]["reward_model"]["ground_truth"]) == record_json(DEMO["tools"])["reference_calls"]
     flat = [(r, j) for r in rows for j in range(len(r["responses"]))]

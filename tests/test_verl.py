@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
+import verifiers
 import torch
 
 pytest.importorskip("verl")
@@ -42,7 +44,9 @@ def test_compute_score_reproduces_the_runs_verifier_scores(exported):
         for response, rewards in zip(row["responses"], row["rewards"]):
             result = compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])
             assert [result[s] for s in SLOTS[:len(rewards)]] == pytest.approx(rewards)
-            assert json.loads(result["reward_names"]) == row["reward_names"]
+            task = row["data_source"].split("/")[1]
+            assert [verifiers.stored_reward(task, n)[0] for n in json.loads(result["reward_names"])] == row["reward_names"]
+            assert len(json.loads(result["observed"])) == len(rewards)
             assert len(json.loads(result["feedback"])) == len(rewards)
             assert result["score"] == pytest.approx(sum(rewards) / len(rewards))
     with pytest.raises(ValueError, match="data_source 'openai/gsm8k' is not tokencredit's"):

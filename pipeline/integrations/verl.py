@@ -42,6 +42,7 @@ from schemas.records import TASKS, RewardScore, Sample, VerifiedSample
 
 from ..advantages import batch_statistics, preset
 from ..credit import CreditConfig, assign_credit
+from ..export import record_from_json
 
 DATA_SOURCES = tuple(f"tokencredit/{task}" for task in TASKS)
 MAX_REWARDS = 8  # reward slots per response (the demo's instruction prompts carry up to 6 constraints)
@@ -50,7 +51,7 @@ SLOTS = tuple(f"tc_reward_{k}" for k in range(MAX_REWARDS))
 
 @functools.lru_cache(maxsize=4096)
 def _record(line: str):
-    return verifiers.parse_record(json.loads(line), 0, "/")  # the export writes absolute database paths
+    return record_from_json(json.loads(line))
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str | None = None,
@@ -69,7 +70,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None 
     values = [s.score for s in scores]
     return {"score": sum(values) / len(values), **{slot: (values[k] if k < len(values) else 0.0)
                                                    for k, slot in enumerate(SLOTS)},
-            "reward_names": json.dumps([s.name for s in scores]), "feedback": json.dumps([s.feedback for s in scores])}
+            "reward_names": json.dumps([s.name for s in scores]), "feedback": json.dumps([s.feedback for s in scores]),
+            "observed": json.dumps([s.observed for s in scores])}
 
 
 @functools.lru_cache(maxsize=2)
@@ -87,7 +89,9 @@ def _verified(non_tensor_batch: dict, batch, response_mask: torch.Tensor, index)
     for i in range(len(response_mask)):
         names = json.loads(non_tensor_batch["reward_names"][i])
         feedback = json.loads(non_tensor_batch["feedback"][i])
-        rewards = [RewardScore(n, float(non_tensor_batch[SLOTS[k]][i]), f) for k, (n, f) in enumerate(zip(names, feedback))]
+        observed = json.loads(non_tensor_batch["observed"][i]) if "observed" in non_tensor_batch else [""] * len(names)
+        rewards = [RewardScore(n, float(non_tensor_batch[SLOTS[k]][i]), f, o)
+                   for k, (n, f, o) in enumerate(zip(names, feedback, observed))]
         group = str(index[i])
         records[group] = _record(non_tensor_batch["extra_info"][i]["record"])
         prompt = prompts[i][attention[i, : prompts.shape[1]].bool()].tolist()
