@@ -9,17 +9,7 @@ import verifiers
 from schemas import CREDITS, RESPONSES
 from schemas.records import AnnotatedResponse, TaskRecord
 
-
-def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[int], list[int]]:
-    """Text and [char_start, char_end) of each token within the decoded response.
-
-    Decoding prefixes (not single tokens) keeps byte-level BPE merges and skipped special
-    tokens consistent with how the response text itself was decoded.
-    """
-    ends = [len(tokenizer.decode(token_ids[: t + 1], skip_special_tokens=True)) for t in range(len(token_ids))]
-    starts = [0, *ends[:-1]]
-    texts = tokenizer.convert_ids_to_tokens(list(token_ids))
-    return [str(t) for t in texts], starts, ends
+from .detokenize import token_spans
 
 
 def _part_of(spans: list[tuple[int, int, str]], start: int, end: int) -> str:
