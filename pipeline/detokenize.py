@@ -1,11 +1,11 @@
-"""Decoded text of token ids in time linear in their number.
+"""Decoded text of a growing response in time linear in its length.
 
 Decoding is not additive over tokens (byte-level BPE splits characters over tokens; a window's first
 token may lose its leading space), so tokencredit's definitions decode whole prefixes: a response stops
-when its decoded text contains a stop string; a token's span ends where the decoded prefix up to it
-ends. Decoding every prefix costs O(T^2). The effects that make decoding non-additive are local (a few
-bytes), so a window that starts a few tokens back, with CONTEXT_CHARS decoded characters of context,
-grows exactly as the whole decode does; these helpers read windows only.
+when its decoded text contains a stop string; a token's span (`tables.token_spans`) ends where the
+decoded prefix up to it ends. Decoding every prefix costs O(T^2). The effects that make decoding
+non-additive are local (a few bytes), so a window that starts a few tokens back, with CONTEXT_CHARS
+decoded characters of context, grows exactly as the whole decode does; these helpers read windows only.
 """
 from __future__ import annotations
 
@@ -66,24 +66,3 @@ def truncate_at_stop(tokenizer, token_ids: list[int], stop: Sequence[str]) -> li
         if checker.add(token_id):
             return token_ids[:t + 1]
     return token_ids
-
-
-def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[int], list[int]]:
-    """Text and [char_start, char_end) of each token within the decoded response.
-
-    A token ends where the decoded prefix up to it ends: decoding prefixes (not single tokens) keeps
-    byte-level BPE merges and skipped special tokens consistent with how the response text itself was
-    decoded. In linear time: each token's growth of the decoded text is read from a window that starts
-    a few tokens back with CONTEXT_CHARS characters of context, and moves forward every WINDOW_TOKENS.
-    """
-    ends, end, start, before = [], 0, 0, ""
-    for t in range(len(token_ids)):
-        if t - start > WINDOW_TOKENS:
-            start, before = decoded_tail(tokenizer, token_ids, t, CONTEXT_CHARS)
-        after = tokenizer.decode(token_ids[start:t + 1], skip_special_tokens=True)
-        end += len(after) - len(before)
-        ends.append(end)
-        before = after
-    starts = [0, *ends[:-1]]
-    texts = tokenizer.convert_ids_to_tokens(list(token_ids))
-    return [str(t) for t in texts], starts, ends

@@ -9,7 +9,28 @@ import verifiers
 from schemas import CREDITS, RESPONSES
 from schemas.records import AnnotatedResponse, TaskRecord
 
-from .detokenize import token_spans
+from .detokenize import CONTEXT_CHARS, WINDOW_TOKENS, decoded_tail
+
+
+def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[int], list[int]]:
+    """Text and [char_start, char_end) of each token within the decoded response.
+
+    A token ends where the decoded prefix up to it ends: decoding prefixes (not single tokens) keeps
+    byte-level BPE merges and skipped special tokens consistent with how the response text itself was
+    decoded. In linear time: each token's growth of the decoded text is read from a window that starts
+    a few tokens back with CONTEXT_CHARS characters of context, and moves forward every WINDOW_TOKENS.
+    """
+    ends, end, start, before = [], 0, 0, ""
+    for t in range(len(token_ids)):
+        if t - start > WINDOW_TOKENS:
+            start, before = decoded_tail(tokenizer, token_ids, t, CONTEXT_CHARS)
+        after = tokenizer.decode(token_ids[start:t + 1], skip_special_tokens=True)
+        end += len(after) - len(before)
+        ends.append(end)
+        before = after
+    starts = [0, *ends[:-1]]
+    texts = tokenizer.convert_ids_to_tokens(list(token_ids))
+    return [str(t) for t in texts], starts, ends
 
 
 def _part_of(spans: list[tuple[int, int, str]], start: int, end: int) -> str:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.detokenize import StopChecker, stop_reached, token_spans, truncate_at_stop
+from pipeline.detokenize import StopChecker, stop_reached, truncate_at_stop
+from pipeline.tables import token_spans
 from pipeline.models import load_tokenizer
 from tests.test_models import tiny_tokenizer
 
