@@ -4,7 +4,8 @@ The tokens of response (record, j) depend only on (seed, record id, j): each row
 uniform per decoding step from its own CPU `torch.Generator`, seeded from a SHA-256 of those three
 values, and picks its token by inverting the CDF of its own distribution. So a record sampled alone,
 in another batch, in another shard or in a resumed run gets the same tokens (batch shape changes the
-logits only in the last float bits).
+logits only in the last float bits: the samples of a prompt share one prefill, and finished rows
+leave the decode batch, so what the model sees in a batch depends on its neighbours).
 
 `sample_logprobs[t]` is log-softmax of the RAW logits (no temperature, no top-p) at the chosen token:
 what a later teacher-forced forward of prompt + response reproduces, and what off-policy ratios need.
