@@ -7,6 +7,8 @@ annotate 3 demo prompts (one per task) x 4 samples with GDPO credit in one shard
 - plain: `run_annotation`, no Prefect;
 - temporary server: the flow (threads runner) with no PREFECT_API_URL, so Prefect starts its temporary
   API server for the run (what a run pays by default);
+- lean temporary server: the same with the settings Prefect offers to lighten it (LEAN: no telemetry,
+  no logs sent to the API, no server services that record task runs, persist events or run triggers);
 - long-lived server: the flow against a `prefect server start` started once before the timing
   (PREFECT_API_URL), with its own PREFECT_HOME.
 CPU seconds are the run's process and its children (the temporary server) plus, for the long-lived
@@ -31,7 +33,10 @@ import psutil
 
 from common import ROOT, upsert_result, verdict
 
-MODES = ("plain", "temporary server", "long-lived server")
+MODES = ("plain", "temporary server", "lean temporary server", "long-lived server")
+LEAN = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_TO_API_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false", "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false"}
 START_TIMEOUT_S = 300  # a temporary server on a busy 2-core machine can take minutes to answer
 
 
@@ -94,9 +99,12 @@ def start_server(home: str) -> tuple[subprocess.Popen, str]:
 def timed_run(mode: str, api: str, server: psutil.Process) -> dict:
     env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS":
            os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(START_TIMEOUT_S))}
-    env.pop("PREFECT_API_URL", None)
+    for name in ("PREFECT_API_URL", *LEAN):  # Prefect's defaults unless the mode sets them
+        env.pop(name, None)
     if mode == "long-lived server":
         env["PREFECT_API_URL"] = api
+    if mode == "lean temporary server":
+        env.update(LEAN)
     before, server_before = resource.getrusage(resource.RUSAGE_CHILDREN), tree_cpu(server)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--child", mode], capture_output=True, text=True, env=env,
@@ -139,8 +147,9 @@ def main() -> None:
     upsert_result(
         "Prefect's fixed cost per run (bench_prefect_cost.py)",
         "A tiny `tokencredit annotate`-sized run in a fresh process: `run_annotation` (plain) against the Prefect flow "
-        "(threads runner) with Prefect's temporary API server (the default: no PREFECT_API_URL) and against a "
-        "long-lived `prefect server start` (PREFECT_API_URL; its CPU during the run counted). CPU includes child "
+        "(threads runner) with Prefect's temporary API server (the default: no PREFECT_API_URL), the same with "
+        "Prefect's lightening settings (no telemetry, no logs to the API, no task-run recorder, event persister or "
+        "triggers), and against a long-lived `prefect server start` (PREFECT_API_URL; its CPU during the run counted). CPU includes child "
         "processes. Medians of interleaved runs; the machine was shared with other jobs.",
         "quick" if args.quick else "full",
         f"3 demo prompts x 4 samples, GDPO, one shard, shipped tiny models; {repeats} reps, median",
