@@ -151,7 +151,7 @@ def _choose_in_top_k(probs: torch.Tensor, uniforms: torch.Tensor, top_p: float,
         decided = masked[:, -1]
     else:
         cdf = values.cumsum(-1)
-        total = probs.double().sum(-1)
+        total = probs.sum(-1, dtype=torch.float64)
         # twice the widest float64 rounding gap between two orders of summing V terms
         slack = total * probs.shape[-1] * 2.0 ** -51
         low, high = (total - slack).float(), (total + slack).float()
