@@ -25,20 +25,24 @@ BASE_RESPONSES, TOKENS, REWARDS = 4096, 64, 3
 def build_run(out: Path, rows: int) -> int:
     """Write a run directory with >= `rows` credit rows under `out`; returns the exact count."""
     import duckdb
+    import pyarrow.parquet as pq
 
     from pipeline.analysis import synthetic_run
+    from pipeline.writer import RunWriter
 
     base = synthetic_run(out / "base", BASE_RESPONSES, TOKENS, REWARDS, shard_responses=BASE_RESPONSES)
-    run = out / "run"
-    shutil.copytree(base / "responses", run / "responses")
-    (run / "credits").mkdir()
     con = duckdb.connect()
     source = f"read_parquet('{base}/credits/part-*.parquet')"
     per_copy = con.execute(f"SELECT count(*) FROM {source}").fetchall()[0][0]
-    for c in range(math.ceil(rows / per_copy)):
-        con.execute(f"""COPY (SELECT * REPLACE (response_id || '~{c}' AS response_id) FROM {source})
-                        TO '{run}/credits/part-{c:05d}.parquet' (FORMAT parquet)""")
-    return con.execute(f"SELECT count(*) FROM read_parquet('{run}/credits/part-*.parquet')").fetchall()[0][0]
+    copies = math.ceil(rows / per_copy)
+    writer = RunWriter(str(out / "run"))  # a complete run: readers take its manifest's files
+    writer.start("bench-analysis", {"rows": rows}, "bench-analysis", "bench", n_shards=copies)
+    responses = pq.read_table(base / "responses")
+    for c in range(copies):
+        credits = con.execute(f"SELECT * REPLACE (response_id || '~{c}' AS response_id) FROM {source}").to_arrow_table()
+        writer.write_shard(c, {"responses": responses if c == 0 else responses.schema.empty_table(),
+                               "credits": credits}, {})
+    return writer.finish(copies, {})["totals"]["credits"]
 
 
 def main() -> None:

@@ -1,90 +1,349 @@
-"""Does MRTPO's replay put each reward's credit where its verifier looked? Crafted cases, shipped policy.
+"""Does the blamed reward's relevance peak on the one edited token? The localization benchmark (issue 10).
 
-    python bench/bench_localization.py [--quick] [--policy PATH] [--split test|train]
+    python bench/bench_localization.py [--models tiny,smollm2-135m-instruct] [--quick]
 
-For every crafted case of `pipeline.probe.crafted_cases` (a `>=` for `>`, a misspelled table, an
-off-by-one tool argument) on the demo records of a split, the response is replayed against its own
-feedback and we count how often the blamed reward's largest weight falls on the edited token(s)
-(top-1; and top-3), and the share of the `format` reward's weight on the tags of SQL responses
-(and on the tags plus the end-of-sequence token: the response's frame, which the format check reads).
-The uniform reference: a random token is top-1 with probability (edited tokens) / T.
+Cases are `bench/localization/cases.jsonl` (a task record, its reference response with exactly one edit,
+the edit's character span and the reward it breaks; see that folder's README). For each model, ablation
+(`drop`, `null`) and feedback style (`expected`, `expected+observed`), every case is replayed once in the
+policy's frame: the relevance options all come from the same forwards (log p_t(y_t), log q_t(y_t), JS),
+cached in `bench/localization/.cache/`. Per relevance option we then measure, for the blamed reward:
+
+    top1 / top3      its largest relevance (any of its 3 largest) sits on an edited token
+    chance_top1      a uniformly random token is an edited one: edited tokens / T
+    edit_mass        share of its relevance on the edited tokens, against their share of the tokens
+and, on SQL and tool cases (whose format passes), the format reward's share on the tags + eos.
+
+A pair whose mean relevance is under the option's noise floor gets uniform weights and counts as a miss.
+The floor is calibrated on the dev split: the 10th percentile of the mean relevance of a placebo pair (the
+same prompt with and without one content-free feedback section), so a pair that moves the policy less than
+9 in 10 content-free sections do is treated as noise. Options are chosen on dev; the README reports test.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import statistics
+from dataclasses import dataclass
+from pathlib import Path
 
-from common import upsert_result  # noqa: F401  (sets torch threads)
+from common import ROOT, upsert_result  # noqa: F401  (also sets torch threads)
+
+import torch
+
+CASES = ROOT / "bench" / "localization"
+CACHE = CASES / ".cache"
+RESULTS_JSON = ROOT / "bench" / "results" / "localization.json"
+MODELS = ("tiny", "smollm2-135m-instruct")
+ABLATIONS = ("drop", "null")
+STYLES = ("expected", "expected+observed", "auto")
+RELEVANCES = ("js", "logprob_drop", "logprob_abs", "logprob_signed")
+TAGS = {"sql": ("<sql>", "</sql>"), "tools": ("<tool_call>", "</tool_call>")}
+PLACEBO = ("note", "This check gives no details.")
+FLOOR_QUANTILE = 0.10  # a pair that moves the policy less than 9 in 10 content-free sections do is noise
 
 
-def tag_positions(probe, response: str, tags: tuple[str, ...]) -> list[int]:
-    out = []
-    for tag in tags:
-        start = response.find(tag)
-        while start >= 0:
-            out += probe.covering(start, start + len(tag))
-            start = response.find(tag, start + 1)
-    return sorted(set(out))
+@dataclass(frozen=True)
+class Case:
+    id: str
+    family: str
+    kind: str
+    split: str
+    record: object  # TaskRecord
+    response: str
+    edit: tuple[int, int]
+    reward: str
+    reference: str  # the record's reference response, which the case edits once
 
 
-def measure(policy_path: str | None, split: str, limit: int | None) -> dict:
+def load_cases() -> list[Case]:
     import verifiers
-    from pipeline.models import load_policy
-    from pipeline.probe import crafted_cases, replay_one
 
-    policy, tokenizer = load_policy(policy_path)
-    records = [r for r in verifiers.load_tasks("demo")[0] if r.split == split]
-    by_kind: dict[str, list[tuple[bool, bool, float]]] = {}
-    format_mass = []
-    for case in crafted_cases(records):
-        if limit is not None and len(by_kind.get(case.kind, [])) >= limit:
+    records, rejected = verifiers.load_tasks(CASES / "tasks.jsonl")
+    if rejected:
+        raise ValueError(f"bench/localization/tasks.jsonl: {len(rejected)} records rejected: {rejected[0].reason}")
+    by_id = {r.id: r for r in records}
+    rows = [json.loads(line) for line in (CASES / "cases.jsonl").read_text().splitlines() if line.strip()]
+    return [Case(c["id"], c["family"], c["kind"], c["split"], by_id[c["record_id"]], c["response"],
+                 tuple(c["edit_span"]), c["reward"], by_id[c["record_id"]].reference_response) for c in rows]
+
+
+# --- replay (cached) --------------------------------------------------------------------------------
+
+
+def _cache_file(model: str, ablation: str, style: str) -> Path:
+    from pipeline.prompts import TEMPLATE_VERSION
+
+    return CACHE / f"{model}-{ablation}-{style.replace('+', '_')}-{TEMPLATE_VERSION}.jsonl"
+
+
+def _item(tokenizer, case: Case, ablation: str, style: str, extra: tuple[str, str] | None = None):
+    """(replay item, which sections point at the response) of a case, every reward replayed."""
+    import verifiers
+    from pipeline.probe import response_ids
+    from pipeline.prompts import feedback_sections
+    from pipeline.replay import build_replay_item
+
+    sections, points = feedback_sections(verifiers.verify(case.record, case.response), case.record.prompt, style)
+    mask = [True] * len(sections)
+    if extra is not None:  # the placebo: only the extra section is replayed
+        sections, mask = sections + [extra], [False] * len(sections) + [True]
+    item = build_replay_item(tokenizer, case.record.prompt, sections, response_ids(tokenizer, case.response), mask,
+                             ablation)
+    return item, points
+
+
+def _input_hash(item) -> str:
+    """What the model is asked: P_all, every P_\\k and the response ids."""
+    return hashlib.sha256(json.dumps([item.all_prompt_ids, item.drop_prompt_ids, item.response_ids])
+                          .encode()).hexdigest()[:16]
+
+
+def replay_cases(model: str, cases: list[Case], ablation: str, style: str, placebo: bool) -> dict[str, dict]:
+    """case id -> replay record (scores, spans, log-probs, JS, pointing sections; the placebo pair on dev).
+
+    A cached record is reused when the case and the exact model input are unchanged."""
+    from pipeline.models import load_policy, load_tokenizer
+    from pipeline.replay import replay
+    from pipeline.tables import token_spans
+
+    tokenizer = load_tokenizer(None if model == "tiny" else model)
+    path = _cache_file(model, ablation, style)
+    cached = {}
+    if path.exists():
+        cached = {(r["key"], r["input"]): r for r in map(json.loads, path.read_text().splitlines())}
+    items = {c.id: _item(tokenizer, c, ablation, style) for c in cases}
+    done = {c.id: cached[(_key(c), _input_hash(items[c.id][0]))] for c in cases
+            if (_key(c), _input_hash(items[c.id][0])) in cached}
+    todo = [c for c in cases if c.id not in done or (placebo and c.split == "dev" and "placebo" not in done[c.id])]
+    if not todo:
+        return done
+    policy, _ = load_policy(None if model == "tiny" else model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        for n, case in enumerate(todo, 1):
+            item, points = items[case.id]
+            (replayed,) = replay(policy, [item], js=True)
+            _, starts, ends = token_spans(tokenizer, item.response_ids)
+            row = {"id": case.id, "key": _key(case), "input": _input_hash(item), "points": points,
+                   "names": [r.name for r in verifiers_of(case)], "scores": [r.score for r in verifiers_of(case)],
+                   "spans": list(zip(starts, ends)), "logprob_all": replayed.logprob_all.tolist(),
+                   "logprob_drop": replayed.logprob_drop.tolist(), "js": replayed.js.tolist()}
+            if placebo and case.split == "dev":
+                row["placebo"] = _placebo(policy, tokenizer, case, ablation, style)
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            done[case.id] = row
+            print(f"  {model} {ablation} {style}: {n}/{len(todo)} {case.id}", flush=True)
+    return done
+
+
+def verifiers_of(case: Case):
+    import verifiers
+
+    return verifiers.verify(case.record, case.response)
+
+
+def _key(case: Case) -> str:
+    """Identity of a case's content: a changed prompt, response, edit or reward is replayed again."""
+    return hashlib.sha256(json.dumps([case.id, case.record.prompt, case.response, case.edit, case.reward])
+                          .encode()).hexdigest()[:16]
+
+
+def _placebo(policy, tokenizer, case: Case, ablation: str, style: str) -> dict:
+    """Log-probs and JS with and without one extra, content-free feedback section: the noise level."""
+    from pipeline.replay import replay
+
+    item, _ = _item(tokenizer, case, ablation, style, extra=PLACEBO)
+    (out,) = replay(policy, [item], js=True)
+    return {"logprob_all": out.logprob_all.tolist(), "logprob_drop": out.logprob_drop[-1].tolist(),
+            "js": out.js[-1].tolist()}
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+
+
+def relevance_rows(row: dict, kind: str) -> torch.Tensor:
+    """[K, T] relevance of a cached replay, signs from the scores and pointing sections (as `pipeline.probe`)."""
+    from pipeline.relevance import relevance, signs
+    from pipeline.replay import ReplayOutput
+
+    replayed = ReplayOutput(torch.tensor(row["logprob_all"]), torch.tensor(row["logprob_drop"]), torch.tensor(row["js"]))
+    advantage = torch.tensor([1.0 if s >= 1.0 else -1.0 for s in row["scores"]])
+    return relevance(kind, replayed, signs(advantage, row["points"]))
+
+
+def placebo_means(rows: list[dict], kind: str) -> list[float]:
+    """Mean relevance of each dev case's placebo pair (both signs for the signed option)."""
+    from pipeline.relevance import relevance
+    from pipeline.replay import ReplayOutput
+
+    means = []
+    for row in rows:
+        if "placebo" not in row:
             continue
-        probe = replay_one(policy, tokenizer, case.record, case.response)
-        edited = probe.covering(*case.edit)
-        top = probe.top_tokens(case.reward, 3)
-        by_kind.setdefault(case.kind, []).append((top[0] in edited, bool(set(top) & set(edited)),
-                                                  len(edited) / len(probe.tokens)))
-        if case.kind == "operator":
-            tags = tag_positions(probe, case.response, ("<sql>", "</sql>"))
-            format_mass.append((probe.mass("format", tags), probe.mass("format", tags + [len(probe.tokens) - 1])))
-    out = {kind: {"cases": len(v), "top1": sum(a for a, _, _ in v) / len(v), "top3": sum(b for _, b, _ in v) / len(v),
-                  "uniform_top1": statistics.mean(c for _, _, c in v)} for kind, v in sorted(by_kind.items())}
-    out["format_tag_mass"] = {"cases": len(format_mass),
-                              "tags_median": statistics.median(m for m, _ in format_mass),
-                              "tags_over_half": sum(m > 0.5 for m, _ in format_mass) / len(format_mass),
-                              "frame_median": statistics.median(f for _, f in format_mass),
-                              "frame_over_half": sum(f > 0.5 for _, f in format_mass) / len(format_mass)}
+        p = row["placebo"]
+        out = ReplayOutput(torch.tensor(p["logprob_all"]), torch.tensor([p["logprob_drop"]]), torch.tensor([p["js"]]))
+        signs = (1.0, -1.0) if kind == "logprob_signed" else (1.0,)
+        means += [float(relevance(kind, out, torch.tensor([s])).mean()) for s in signs]
+    return means
+
+
+def calibrate_floor(rows: list[dict], kind: str) -> float:
+    means = sorted(placebo_means(rows, kind))
+    return means[min(len(means) - 1, int(FLOOR_QUANTILE * len(means)))] if means else 0.0
+
+
+def covering(spans, start: int, end: int) -> list[int]:
+    return [t for t, (s, e) in enumerate(spans) if s < end and e > start]
+
+
+def tag_positions(spans, response: str, tags: tuple[str, ...]) -> list[int]:
+    out = set()
+    for tag in tags:
+        i = response.find(tag)
+        while i >= 0:
+            out |= set(covering(spans, i, i + len(tag)))
+            i = response.find(tag, i + 1)
+    return sorted(out)
+
+
+def edited_tokens(case: Case, row: dict, tokenizer) -> list[int]:
+    """The edit's tokens: those overlapping its characters, and the first token at which the response
+    departs from the reference (for a deletion, the token after the gap is not always the first to differ:
+    `", "target` and `", "mode` share `", "`)."""
+    ids = tokenizer(case.response, add_special_tokens=False)["input_ids"]
+    ref = tokenizer(case.reference, add_special_tokens=False)["input_ids"]
+    departure = next((t for t, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
+    return sorted(set(covering(row["spans"], *case.edit)) | {departure})
+
+
+def case_metrics(case: Case, row: dict, kind: str, floor: float, tokenizer) -> dict:
+    from pipeline.relevance import apply_floor
+
+    values, floored = apply_floor(relevance_rows(row, kind), floor)
+    T = values.shape[1]
+    edited = edited_tokens(case, row, tokenizer)
+    k = row["names"].index(case.reward)
+    blamed = values[k]
+    signal = bool((blamed > 0).any())
+    top = blamed.argsort(descending=True, stable=True)[:3].tolist() if signal else []
+    out = {"top1": bool(top) and top[0] in edited, "top3": bool(set(top) & set(edited)),
+           "chance_top1": len(edited) / T, "floored": bool(floored[k]),
+           "edit_mass": float(blamed[edited].sum() / blamed.sum()) if signal else len(edited) / T,
+           "edit_share": len(edited) / T}
+    if case.family in TAGS and "format" in row["names"]:
+        f = row["names"].index("format")
+        frame = tag_positions(row["spans"], case.response, TAGS[case.family]) + [T - 1]  # + eos
+        fmt = values[f]
+        out["format_mass"] = float(fmt[frame].sum() / fmt.sum()) if bool((fmt > 0).any()) else len(frame) / T
+        out["format_share"] = len(frame) / T
     return out
+
+
+def summarize(per_case: list[dict]) -> dict:
+    n = len(per_case)
+    fmt = [m["format_mass"] for m in per_case if "format_mass" in m]
+    share = [m["format_share"] for m in per_case if "format_share" in m]
+    return {"cases": n, "top1": sum(m["top1"] for m in per_case) / n, "top3": sum(m["top3"] for m in per_case) / n,
+            "chance_top1": statistics.mean(m["chance_top1"] for m in per_case),
+            "edit_mass": statistics.mean(m["edit_mass"] for m in per_case),
+            "edit_share": statistics.mean(m["edit_share"] for m in per_case),
+            "floored": sum(m["floored"] for m in per_case) / n,
+            "format_mass_median": statistics.median(fmt) if fmt else None,
+            "format_share_median": statistics.median(share) if share else None}
+
+
+def evaluate(cases: list[Case], rows: dict[str, dict], kind: str, floor: float, split: str, tokenizer) -> dict:
+    chosen = [c for c in cases if c.split == split]
+    if not chosen:
+        return {"cases": 0}
+    metrics = {c.id: case_metrics(c, rows[c.id], kind, floor, tokenizer) for c in chosen}
+    result = summarize(list(metrics.values()))
+    for attr in ("family", "kind"):
+        groups = sorted({getattr(c, attr) for c in chosen})
+        result[f"by_{attr}"] = {g: summarize([metrics[c.id] for c in chosen if getattr(c, attr) == g]) for g in groups}
+    return result
+
+
+# --- report -----------------------------------------------------------------------------------------
+
+
+def run(models: list[str], quick: bool) -> list[dict]:
+    cases = load_cases()
+    if quick:
+        cases = [c for i, c in enumerate(cases) if i % 8 == 0]
+    table = []
+    for model in models:
+        from pipeline.models import load_tokenizer
+
+        tokenizer = load_tokenizer(None if model == "tiny" else model)
+        for ablation in ABLATIONS:
+            for style in STYLES:
+                rows = replay_cases(model, cases, ablation, style, placebo=ablation == "drop")
+                dev_rows = list(replay_cases(model, cases, "drop", style, placebo=True).values())
+                for kind in RELEVANCES:
+                    floor = calibrate_floor(dev_rows, kind)
+                    for split in ("dev", "test"):
+                        if not any(c.split == split for c in cases):
+                            continue
+                        table.append({"model": "tiny" if model == "tiny" else model, "split": split,
+                                      "relevance": kind, "ablation": ablation, "style": style, "floor": floor,
+                                      **evaluate(cases, rows, kind, floor, split, tokenizer)})
+    return table
+
+
+def best_on_dev(table: list[dict], model: str) -> dict:
+    dev = [r for r in table if r["model"] == model and r["split"] == "dev"]
+    return max(dev, key=lambda r: (r["top1"], r["top3"], r["format_mass_median"] or 0))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="at most 5 cases per kind; writes nothing")
-    parser.add_argument("--policy", default=None, help="policy folder (default: the shipped tiny policy)")
-    parser.add_argument("--split", default="test", choices=["test", "train"])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--quick", action="store_true", help="every 8th case; writes nothing")
     args = parser.parse_args()
-    result = measure(args.policy, args.split, 5 if args.quick else None)
-    for kind, row in result.items():
-        print(kind, row)
-    if args.quick or args.policy:
+    table = run(args.models.split(","), args.quick)
+    for r in table:
+        if r["split"] == "dev" or args.quick:
+            print(f"{r['model']:>22} {r['split']:>4} {r['style']:>17} {r['ablation']:>4} {r['relevance']:>14} "
+                  f"top1 {r['top1']:.2f} top3 {r['top3']:.2f} chance {r['chance_top1']:.2f} "
+                  f"fmt {r['format_mass_median'] or 0:.2f} floored {r['floored']:.2f}")
+    if args.quick:
         return
-    kinds = [k for k in result if k != "format_tag_mass"]
-    fmt = result["format_tag_mass"]
+    RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_JSON.write_text(json.dumps(table, indent=1) + "\n")
+    write_results_md(table)
+
+
+def write_results_md(table: list[dict]) -> None:
+    from pipeline.credit import CreditConfig
+
+    default = CreditConfig()
+    lines = []
+    for model in sorted({r["model"] for r in table}):
+        best = best_on_dev(table, model)
+        lines.append(f"{model}: best on dev {best['relevance']}/{best['ablation']}/{best['style']} "
+                     f"(dev top-1 {best['top1']:.2f})")
+        for r in table:
+            if (r["model"] == model and r["split"] == "test" and r["relevance"] == default.relevance
+                    and r["ablation"] == default.ablation and r["style"] == default.feedback_style):
+                fams = "; ".join(f"{f} {v['top1']:.2f}/{v['top3']:.2f}" for f, v in r["by_family"].items())
+                lines.append(f"test, default ({default.relevance}/{default.ablation}/{default.feedback_style}): "
+                             f"top-1 {r['top1']:.2f}, top-3 {r['top3']:.2f} (chance {r['chance_top1']:.2f}); "
+                             f"by family top-1/top-3 {fams}; format mass on tags+eos median "
+                             f"{r['format_mass_median']:.2f} (token share {r['format_share_median']:.2f})")
     upsert_result(
         "Localization of replay credit (bench_localization.py)",
-        "Crafted cases of `pipeline.probe.crafted_cases` on the demo records of one split, replayed by the shipped "
-        "policy against their own feedback: how often the blamed reward's largest weight (top-1; any of top-3) "
-        "is on the edited token(s), against a uniformly random token; and the share of the `format` weight on "
-        "the `<sql>`/`</sql>` tokens (and those plus eos) of the operator cases.",
-        f"{args.split} split",
-        ", ".join(f"{k} {result[k]['cases']}" for k in kinds) + " cases",
-        "; ".join(f"{k}: top-1 {result[k]['top1']:.2f}, top-3 {result[k]['top3']:.2f} (uniform "
-                  f"{result[k]['uniform_top1']:.2f})" for k in kinds)
-        + f"; format weight on the tags: median {fmt['tags_median']:.2f}, > half in {fmt['tags_over_half']:.2f} of "
-        f"cases; on tags + eos: median {fmt['frame_median']:.2f}, > half in {fmt['frame_over_half']:.2f}",
-        "issue 4 asks top-1 on the edit and format mass mostly on the tags: "
-        + ("met" if all(result[k]["top1"] > 0.5 for k in kinds) and fmt["tags_over_half"] > 0.5 else
-           "NOT met (above chance, not reliably top-1)"),
+        "Fresh cases of `bench/localization/` (one edit each), replayed in each policy's frame; the blamed "
+        "reward's largest relevance on the edit (top-1, top-3) against a random token; every option in "
+        "`bench/results/localization.json`.",
+        "dev + test splits",
+        f"{len({r['model'] for r in table})} models x {len(STYLES)} styles x {len(ABLATIONS)} ablations x "
+        f"{len(RELEVANCES)} relevances",
+        " | ".join(lines),
+        "issue 10 (SmolLM2, test, default): top-1 >= 0.50 overall and >= 0.35 per family, top-3 >= 0.75, "
+        "format mass median >= 0.5",
     )
 
 

@@ -1,32 +1,41 @@
 """Prefect flow: the annotate stage as a batch job of shard tasks.
 
-Each shard is one Prefect task (sample -> verify -> credit -> write) with retries. Its result
-is persisted under `OUT/_prefect`, keyed by (run id, shard, config hash), so a re-run of the
-same run skips the shards already done; the writer's shard markers are the ground truth the
-task checks first (they also cover a crash between writing a shard and persisting its result).
-Shards run on threads by default, or on Dask (a local cluster or an existing scheduler).
+Each shard is one Prefect task (sample -> verify -> credit -> write), retried only after errors a
+second try can cure (a lost connection, a timeout, an I/O error of a remote store). A re-run of
+the same run skips the shards already written: the task returns a shard's completion marker when
+it exists. The markers, not Prefect's result cache, are the record of what is done: a cache
+would outlive a shard that a resume found changed and unmarked, and on a remote `out` it would
+sit on each worker's disk. Shards run on threads by default, or on Dask (a local cluster or an
+existing scheduler, whose workers may run on other machines).
 """
 from __future__ import annotations
 
 import datetime
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm.auto import tqdm
 
-from pipeline.annotate import AnnotateConfig, annotate_shard, load_models, prepare_run
+from pipeline.annotate import AnnotateConfig, annotate_shard, code_version, finish_run, load_models, prepare_run
 from pipeline.writer import RunWriter
 from schemas.records import TaskRecord
 
 
-def _shard_key(context, parameters: dict[str, Any]) -> str:
-    return f"annotate-{parameters['run_id']}-{parameters['config'].digest()[:16]}-shard-{parameters['shard']}"
+# Errors that say something about the input, the model or the code: a retry would fail the same way.
+DETERMINISTIC = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
-@task(name="annotate-shard", retries=2, retry_delay_seconds=2, cache_key_fn=_shard_key, persist_result=True)
+def is_transient(task, task_run, state) -> bool:
+    """Prefect's retry condition: retry a shard only after a connection, timeout or I/O error."""
+    error = state.data if isinstance(state.data, BaseException) else None
+    return isinstance(error, (ConnectionError, TimeoutError, OSError)) and not isinstance(error, DETERMINISTIC)
+
+
+@task(name="annotate-shard", retries=2, retry_delay_seconds=2, retry_condition_fn=is_transient,
+      cache_policy=NONE)
 def annotate_shard_task(records: list[TaskRecord], shard: int, config: AnnotateConfig, out: str,
                         run_id: str) -> dict[str, Any]:
     """Annotate and write one shard; returns its marker entry (rows, checksums, stats)."""
@@ -34,7 +43,7 @@ def annotate_shard_task(records: list[TaskRecord], shard: int, config: AnnotateC
     if writer.is_complete(shard):
         return writer.shard_entry(shard)
     tables, stats = annotate_shard(records, shard, config, load_models(config))
-    return writer.write_shard(shard, tables, stats)
+    return writer.write_shard(shard, tables, stats, code_version=code_version())
 
 
 def task_runner(runner: str, dask_address: str | None = None, workers: int = 2):
@@ -60,24 +69,24 @@ def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
     logger = get_run_logger()
     out = out.replace("{date}", datetime.date.today().isoformat())
     run_id = run_id or config.digest()[:12]
-    writer, shards, rejected = prepare_run(config, out, run_id)
-    logger.info("run %s: %d prompts in %d shards, %d rejected records", run_id, sum(map(len, shards)),
-                len(shards), len(rejected))
-    # A Path (not an unsaved LocalFileSystem block) so that Dask workers resolve it too; remote
-    # outputs keep Prefect's default result storage (the writer's markers are the ground truth).
-    local = "://" not in out
-    shard_task = annotate_shard_task.with_options(result_storage=Path(writer.root, "_prefect") if local else None)
-    futures = [shard_task.submit(shard_records, s, config, out, run_id) for s, shard_records in enumerate(shards)]
-    responses = 0
-    with tqdm(total=len(futures), desc="shards", unit="shard", disable=not progress) as bar:
-        for future in as_completed(futures):
-            entry = future.result()
-            responses += entry["responses"]["rows"]
-            bar.set_postfix(responses=responses)
-            bar.update()
-            logger.info("shard %d done: %d responses, %d credit rows", entry["shard"],
-                        entry["responses"]["rows"], entry["credits"]["rows"])
-    return writer.finish(len(shards), {"rejected": len(rejected)})
+    writer, shards, rejected = prepare_run(config, out, run_id)  # holds the lock on `out`
+    try:
+        logger.info("run %s: %d prompts in %d shards, %d rejected records", run_id, sum(map(len, shards)),
+                    len(shards), len(rejected))
+        futures = [annotate_shard_task.submit(shard_records, s, config, out, run_id)
+                   for s, shard_records in enumerate(shards)]
+        responses = 0
+        with tqdm(total=len(futures), desc="shards", unit="shard", disable=not progress) as bar:
+            for future in as_completed(futures):
+                entry = future.result()
+                responses += entry["responses"]["rows"]
+                bar.set_postfix(responses=responses)
+                bar.update()
+                logger.info("shard %d done: %d responses, %d credit rows", entry["shard"],
+                            entry["responses"]["rows"], entry["credits"]["rows"])
+        return finish_run(writer, len(shards), rejected)
+    finally:
+        writer.unlock()
 
 
 def run_annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None, runner: str = "threads",

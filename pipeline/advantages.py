@@ -4,9 +4,13 @@ Shapes: N responses of one batch, K_max reward slots. `rewards [N, K]` float, `m
 (True where response i has reward k: instruction prompts carry 2-6 constraints, so K differs per
 group), `group [N]` long (which prompt each response answers; any non-negative ids).
 
-All statistics are population statistics (ddof = 0), computed in float64 with scatter ops over
-groups and returned in the rewards' dtype. A group has "no variance" in reward k when its
-population std is <= EPS; identical scores give a std of a few ulps, far below that.
+Statistics are computed in float64 with scatter ops over groups and returned in the rewards'
+dtype. By default (the method's definition) they are population statistics (ddof = 0) with
+eps = 1e-6, and a group has "no variance" in reward k when its std is <= EPS (identical scores
+give a std of a few ulps, far below that). `GdpoOptions` holds the knobs a user of another
+trainer expects; `PRESETS["trl"]` and `PRESETS["verl"]` reproduce TRL 1.16's
+`multi_objective_aggregation="normalize_then_sum"` and verl 0.9.1's `adv_estimator=gdpo`
+(tests/test_advantages.py checks both against those libraries' own code).
 """
 from __future__ import annotations
 
@@ -15,15 +19,34 @@ from functools import reduce
 
 import torch
 
-EPS = 1e-6
+from .config import BATCH_STEPS, EPS, SINGLE, GdpoOptions  # noqa: F401 - re-exported; defined without torch
+
+PRESETS = {
+    "method": GdpoOptions(),
+    # TRL 1.16 GRPOTrainer, multi_objective_aggregation="normalize_then_sum" (grpo_trainer.py, in
+    # _generate_and_score_completions): nanstd (Bessel) per group and over the batch, + 1e-4.
+    "trl": GdpoOptions(ddof=1, eps=1e-4, zero_std=0.0, batch="std", batch_ddof=1, batch_eps=1e-4),
+    # verl 0.9.1 compute_gdpo_outcome_advantage (trainer/ppo/core_algos.py): compute_grpo_outcome_advantage
+    # per reward (torch.std, + 1e-6; a group of one: mean 0, std 1), then masked_whiten over the tokens
+    # (utils/torch_functional.py: unbiased variance, rsqrt(var + 1e-8)).
+    "verl": GdpoOptions(ddof=1, eps=1e-6, zero_std=0.0, single="raw", batch="whiten", batch_ddof=1, batch_eps=1e-8),
+}
+
+
+def preset(name: str) -> GdpoOptions:
+    if name not in PRESETS:
+        raise ValueError(f"unknown GDPO preset {name!r}; choose from {', '.join(PRESETS)}")
+    return PRESETS[name]
 
 
 @dataclass(frozen=True)
 class GdpoResult:
     reward_adv: torch.Tensor  # [N, K] A[i,k], 0 where masked or the group has no variance in k
-    total: torch.Tensor  # [N] A_gdpo[i] = scale * (S[i] - shift)
-    scale: torch.Tensor  # 0-dim: c = 1 / (std_b S + eps)
-    shift: torch.Tensor  # 0-dim: m = mean_b S
+    summed: torch.Tensor  # [N] S[i] = sum_k w_k A[i,k], before the batch step
+    total: torch.Tensor  # [N] A_gdpo[i] = scale * (S[i] - shift); 0 for a response without rewards
+    scale: torch.Tensor  # 0-dim: c
+    shift: torch.Tensor  # 0-dim: m
+    varied: torch.Tensor  # [N, K] bool: the pairs whose group was normalized (MRTPO replays these)
 
 
 def sum_rewards(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
@@ -50,10 +73,10 @@ def _check(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> No
         raise ValueError(f"rewards: response {i}, reward {k} is {rewards[i, k].item()}, not finite")
 
 
-def _group_stats(values: torch.Tensor, valid: torch.Tensor, group: torch.Tensor):
-    """Per-group mean and population std of `values [N, ...]` over valid entries.
+def _group_stats(values: torch.Tensor, valid: torch.Tensor, group: torch.Tensor, ddof: int = 0):
+    """Per-group mean, std and count of `values [N, ...]` over valid entries.
 
-    Returns (mean, std) gathered back to [N, ...], float64.
+    Returns (mean, std, count) gathered back to [N, ...], float64; std is 0 where count <= ddof.
     """
     G = int(group.max()) + 1 if len(group) else 0
     v = torch.where(valid, values.double(), 0.0)
@@ -62,8 +85,9 @@ def _group_stats(values: torch.Tensor, valid: torch.Tensor, group: torch.Tensor)
     total = torch.zeros_like(count).index_add_(0, group, v)
     mean = (total / count.clamp(min=1))[group]
     centered = torch.where(valid, v - mean, 0.0)  # two passes: no catastrophic cancellation
-    var = torch.zeros_like(count).index_add_(0, group, centered * centered) / count.clamp(min=1)
-    return mean, var.sqrt()[group]
+    squares = torch.zeros_like(count).index_add_(0, group, centered * centered)
+    var = torch.where(count > ddof, squares / (count - ddof).clamp(min=1), 0.0)
+    return mean, var.sqrt()[group], count[group]
 
 
 def grpo(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -71,24 +95,91 @@ def grpo(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> torc
     _check(rewards, mask, group)
     s = torch.where(mask, rewards.double(), 0.0).sum(1)
     valid = torch.ones_like(s, dtype=torch.bool)
-    mean, std = _group_stats(s, valid, group)
+    mean, std, _ = _group_stats(s, valid, group)
     return ((s - mean) / (std + EPS)).to(rewards.dtype)
 
 
 def group_has_variance(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """[N, K] bool: True where mask[i,k] and response i's group has std > EPS in reward k."""
     _check(rewards, mask, group)
-    _, std = _group_stats(rewards, mask, group)
+    _, std, _ = _group_stats(rewards, mask, group)
     return mask & (std > EPS)
 
 
-def gdpo(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> GdpoResult:
-    """GDPO: per-reward group normalization, sum over rewards, batch normalization."""
+def condition_on(rewards: torch.Tensor, mask: torch.Tensor, primary: int | torch.Tensor,
+                 threshold: float) -> torch.Tensor:
+    """GDPO's conditioned reward (its Eq. 8): the other rewards of response i count only when its
+    primary reward reaches `threshold`, r[i,k] -> r[i,k] if r[i,p_i] >= threshold else 0 (k != p_i).
+
+    primary: one column for every response, or [N] long per response (-1: no primary, unchanged).
+    Returns the new rewards [N, K]; apply it before `gdpo`.
+    """
+    N, K = rewards.shape
+    p = torch.full((N,), primary, dtype=torch.long) if isinstance(primary, int) else primary
+    if p.shape != (N,) or (p >= K).any() or (p < -1).any():
+        raise ValueError(f"primary must be a column in [0, {K}) (or -1 per response), got {primary}")
+    has = p >= 0
+    rows = torch.arange(N)
+    reached = rewards[rows, p.clamp(min=0)] >= threshold
+    if (has & ~mask[rows, p.clamp(min=0)]).any():
+        i = int((has & ~mask[rows, p.clamp(min=0)]).nonzero()[0])
+        raise ValueError(f"primary reward {int(p[i])} of response {i} is masked out")
+    secondary = has[:, None] & (torch.arange(K)[None, :] != p[:, None]) & mask
+    return torch.where(secondary & ~reached[:, None], torch.zeros_like(rewards), rewards)
+
+
+def _reward_weights(weights: torch.Tensor | None, rewards: torch.Tensor) -> torch.Tensor:
+    if weights is None:
+        return torch.ones_like(rewards)
+    weights = torch.as_tensor(weights, dtype=rewards.dtype)
+    if weights.shape not in (rewards.shape, rewards.shape[1:]) or not torch.isfinite(weights).all():
+        raise ValueError(f"weights {tuple(weights.shape)} must be finite, [K] or [N, K] for rewards "
+                         f"{tuple(rewards.shape)}")
+    return weights.expand_as(rewards)
+
+
+def batch_statistics(summed: torch.Tensor, valid: torch.Tensor, options: GdpoOptions = PRESETS["method"],
+                     lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO's batch step: (c, m) of S[i] over the valid responses, as float64 0-dim tensors.
+
+    summed, valid: [N]; lengths [N] token counts, needed by `batch="whiten"` (verl weighs each
+    response by its tokens). The dataset's views compute the same over a whole run (schemas/views.sql).
+    """
+    if options.batch == "none":
+        return torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)
+    if options.batch == "whiten" and lengths is None:
+        raise ValueError("GdpoOptions.batch='whiten' weighs responses by their token count: pass lengths")
+    S = summed.double()[valid]
+    w = torch.ones_like(S) if options.batch == "std" else lengths.double()[valid]
+    n = w.sum()
+    shift = (w * S).sum() / n if n > 0 else S.new_tensor(0.0)
+    dof = n - options.batch_ddof
+    var = (w * (S - shift) ** 2).sum() / dof if dof > 0 else S.new_tensor(0.0)
+    if options.batch == "std":
+        return 1.0 / (var.sqrt() + options.batch_eps), shift
+    return torch.rsqrt(var + options.batch_eps), shift
+
+
+def gdpo(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor, options: GdpoOptions = PRESETS["method"],
+         *, weights: torch.Tensor | None = None, lengths: torch.Tensor | None = None) -> GdpoResult:
+    """GDPO: per-reward group normalization, weighted sum over rewards, batch normalization.
+
+    weights: w_k as [K] or [N, K] (None: all 1); lengths: [N] token counts (for `batch="whiten"`).
+    A response without any reward is left out of the batch step and gets a total of 0.
+    """
     _check(rewards, mask, group)
-    mean, std = _group_stats(rewards, mask, group)
-    varied = mask & (std > EPS)
-    reward_adv = torch.where(varied, (rewards.double() - mean) / (std + EPS), 0.0).to(rewards.dtype)
-    S = sum_rewards(reward_adv)
-    shift = S.mean()
-    scale = 1.0 / (S.std(correction=0) + EPS)
-    return GdpoResult(reward_adv=reward_adv, total=scale * (S - shift), scale=scale, shift=shift)
+    mean, std, count = _group_stats(rewards, mask, group, options.ddof)
+    r = rewards.double()
+    varied = mask & (count > 1) & (std > options.zero_std)
+    adv = torch.where(varied, (r - mean) / (std + options.eps), 0.0)
+    if options.single == "raw":
+        single = mask & (count == 1)
+        adv = torch.where(single, r / (1.0 + options.eps), adv)
+        varied = varied | single
+    reward_adv = adv.to(rewards.dtype)
+    summed = sum_rewards(torch.where(mask, _reward_weights(weights, rewards) * reward_adv, 0.0))
+    scored = mask.any(1)
+    scale, shift = batch_statistics(summed, scored, options, lengths)
+    scale, shift = scale.to(rewards.dtype), shift.to(rewards.dtype)
+    total = torch.where(scored, scale * (summed - shift), 0.0)
+    return GdpoResult(reward_adv=reward_adv, summed=summed, total=total, scale=scale, shift=shift, varied=varied)

@@ -1,8 +1,8 @@
 """Where the credit falls: named DuckDB queries over a run's views (the MRTPO paper's Figure 6).
 
 Every query runs on a connection from `pipeline.query.connect(out)`. Instruction rewards are
-named `c{i}_{kind}` (one per constraint); the queries group them by kind. A "replay" is one
-(response, reward) pair with replay distances (`distance IS NOT NULL`, i.e. MRTPO ran and the
+stored as their constraint's kind with its `constraint_index`; the queries group them by kind. A
+"replay" is one (response, reward, constraint_index) with replay distances (`distance IS NOT NULL`, i.e. MRTPO ran and the
 group had variance in that reward) and a positive total distance (an all-zero replay has no
 distribution to share out).
 
@@ -37,10 +37,10 @@ WITH replays AS (
            count(*) AS tokens
     FROM credits
     WHERE distance IS NOT NULL
-    GROUP BY task, response_id, reward
+    GROUP BY task, response_id, reward, constraint_index
 )
 SELECT task,
-       regexp_replace(reward, '^c[0-9]+_', '') AS reward,
+       reward,
        count(*) AS replays,
        avg(top / total) AS top_share,
        avg(least({TOP_K} / tokens, 1.0)) AS uniform_share
@@ -54,17 +54,17 @@ GROUP BY ALL ORDER BY ALL
 # (a part absent from a response counts 0 there), so each (task, reward) sums to 1 over parts.
 PART_SHARE_SQL = """
 WITH parts AS (
-    SELECT task, response_id, reward, coalesce(part, 'other') AS part,
+    SELECT task, response_id, reward, constraint_index, coalesce(part, 'other') AS part,
            sum(distance::DOUBLE) AS d, count(*) AS n
     FROM credits
     WHERE distance IS NOT NULL
     GROUP BY ALL
 ), shares AS (
-    SELECT task, regexp_replace(reward, '^c[0-9]+_', '') AS reward, part,
+    SELECT task, reward, part,
            d / sum(d) OVER replay AS d_share,
            n / sum(n) OVER replay AS n_share
     FROM parts
-    WINDOW replay AS (PARTITION BY task, response_id, reward)
+    WINDOW replay AS (PARTITION BY task, response_id, reward, constraint_index)
     QUALIFY sum(d) OVER replay > 0
 ), sums AS (
     SELECT task, reward, part, sum(d_share) AS d_sum, sum(n_share) AS n_sum
@@ -83,7 +83,7 @@ ORDER BY task, reward, part
 # Score histogram per task and reward kind: scores in [0, 1] in 10 bins (a score of 1 is in bin 9).
 SCORE_HIST_SQL = """
 SELECT task,
-       regexp_replace(reward, '^c[0-9]+_', '') AS reward,
+       reward,
        least(floor(score * 10), 9)::INT AS bin,
        count(*) AS n
 FROM (SELECT task, unnest(reward_names) AS reward, unnest(rewards) AS score
@@ -122,15 +122,22 @@ ORDER BY task, response_id
 """
 
 RESPONSE_SQL = """
-SELECT response_id, group_id, task, response, reward_names, rewards, reward_advs,
+SELECT response_id, group_id, task, prompt, response, reward_names, rewards, feedback, reward_advs,
        adv_gdpo, adv_mrtpo, adv_p2t, p2t_reward
 FROM responses WHERE response_id = $id
 """
 
+SIBLINGS_SQL = """
+SELECT response_id FROM responses
+WHERE group_id = (SELECT group_id FROM responses WHERE response_id = $id) AND response_id != $id
+ORDER BY response_id
+"""
+
 RESPONSE_CREDITS_SQL = """
-SELECT reward, position, token_text, char_start, char_end, part, reward_adv, distance, weight, advantage
+SELECT reward, constraint_index, position, token_text, char_start, char_end, part, reward_adv, distance,
+       weight, advantage
 FROM credits WHERE response_id = $id
-ORDER BY reward, position
+ORDER BY reward, constraint_index, position
 """
 
 
@@ -172,15 +179,37 @@ def chosen_responses(con: duckdb.DuckDBPyConnection, per_task: int) -> dict[str,
     return chosen
 
 
-def response_detail(con: duckdb.DuckDBPyConnection, response_id: str) -> tuple[dict, dict[str, list[dict]]]:
-    """The response row and its credit rows per reward name (position order)."""
+def siblings(con: duckdb.DuckDBPyConnection, response_id: str) -> list[str]:
+    """The ids of the other responses to the same prompt (response_id order)."""
+    return [r["response_id"] for r in rows(con, SIBLINGS_SQL, {"id": response_id})]
+
+
+def responses_by_task(con: duckdb.DuckDBPyConnection, ids: list[str]) -> dict[str, list[str]]:
+    """task -> the given response ids of that task (in the given order); ValueError naming an id
+    that is not in the run."""
+    found = {r["response_id"]: r["task"] for r in rows(
+        con, "SELECT response_id, task FROM responses WHERE list_contains($ids, response_id)", {"ids": ids})}
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise ValueError(f"response id(s) {missing} are not in the run")
+    by_task: dict[str, list[str]] = {}
+    for rid in dict.fromkeys(ids):
+        by_task.setdefault(found[rid], []).append(rid)
+    return by_task
+
+
+def response_detail(con: duckdb.DuckDBPyConnection, response_id: str) -> tuple[dict, list[list[dict]]]:
+    """The response row and, for each of its rewards k (the order of `reward_names`), its credit
+    rows in position order (empty when the response has no credit)."""
     found = rows(con, RESPONSE_SQL, {"id": response_id})
     if not found:
         raise KeyError(f"response {response_id!r} is not in the run")
-    by_reward: dict[str, list[dict]] = {}
+    names = found[0]["reward_names"] or []
+    per_reward: list[list[dict]] = [[] for _ in names]
     for row in rows(con, RESPONSE_CREDITS_SQL, {"id": response_id}):
-        by_reward.setdefault(row["reward"], []).append(row)
-    return found[0], by_reward
+        k = row["constraint_index"] if row["constraint_index"] is not None else names.index(row["reward"])
+        per_reward[k].append(row)
+    return found[0], per_reward
 
 
 # --- synthetic runs ---------------------------------------------------------------------------
@@ -196,8 +225,8 @@ _PARTS = ("tags", "query", "name", "arguments", "text")
 
 
 def _reward_names(task: str, K: int) -> list[str]:
-    if task == "instructions":
-        return [f"c{i}_{_CONSTRAINTS[i % len(_CONSTRAINTS)]}" for i in range(K)]
+    if task == "instructions":  # as stored: the constraint's kind (its index is its position)
+        return [_CONSTRAINTS[i % len(_CONSTRAINTS)] for i in range(K)]
     return [_REWARDS[task][i] if i < len(_REWARDS[task]) else f"reward{i}" for i in range(K)]
 
 
@@ -224,7 +253,7 @@ def _distances(T: int, K: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _gdpo(scores: np.ndarray, groups: np.ndarray, eps: float = 1e-6):
-    """method.md section 1 on scores [N, K] -> A [N, K], A_gdpo [N], scale c, shift m, variance [N, K]."""
+    """method.md section 1, group step, on scores [N, K] -> A [N, K], variance [N, K] (the views do the batch step)."""
     A = np.zeros_like(scores)
     var = np.zeros(scores.shape, dtype=bool)
     for g in np.unique(groups):
@@ -232,9 +261,7 @@ def _gdpo(scores: np.ndarray, groups: np.ndarray, eps: float = 1e-6):
         std = s.std(0)
         A[groups == g] = np.where(std > 0, (s - s.mean(0)) / (std + eps), 0.0)
         var[groups == g] = std > 0
-    S = A.sum(1)
-    c, m = 1.0 / (S.std() + eps), S.mean()
-    return A, c * (S - m), c, m, var
+    return A, var
 
 
 def _strings(codes: np.ndarray, dictionary: list[str]) -> pa.Array:
@@ -251,7 +278,9 @@ def _credits_table(columns: dict[str, list[np.ndarray]], ids: list[str], rewards
         "response_id": _strings(flat["response_id"], ids), "task": _strings(flat["task"], list(_TASKS)),
         "token_text": _strings(flat["token_id"], list(_VOCAB)), "part": _strings(flat["part"], list(_PARTS)),
         "reward": _strings(flat["reward"], rewards),
+        "constraint_index": pa.array(flat["constraint_index"], pa.int32(), mask=flat["constraint_index"] < 0),
         "distance": pa.array(flat["distance"], mask=np.isnan(flat["distance"])),
+        "js": pa.nulls(len(flat["weight"]), pa.float32()), "floored": np.zeros(len(flat["weight"]), dtype=bool),
         "beta": np.full(len(flat["weight"]), beta)}).select(CREDITS.names)
 
 
@@ -260,7 +289,7 @@ def _shard(shard: int, first: int, n: int, tokens: int, K: int, group_size: int,
     """Tables and stats of one shard (one GDPO batch): responses first .. first + n - 1."""
     groups = (first + np.arange(n)) // group_size
     scores = (rng.random((n, K)) < 0.5).astype(np.float64)
-    A, adv_gdpo, c, m, var = _gdpo(scores, groups)
+    A, var = _gdpo(scores, groups)
     replayed = var & mrtpo  # gated pairs keep NULL distances and uniform weights
     ids = [f"r{first + j:08d}" for j in range(n)]
     names: dict[str, int] = {}
@@ -279,6 +308,7 @@ def _shard(shard: int, first: int, n: int, tokens: int, K: int, group_size: int,
                      "position": np.arange(T), "token_id": token_ids, "char_start": np.cumsum(lengths) - lengths,
                      "char_end": np.cumsum(lengths), "part": parts}
         per_pair = {"reward": np.repeat([names.setdefault(r, len(names)) for r in reward_names], T),
+                    "constraint_index": np.repeat(np.arange(K) if task == "instructions" else np.full(K, -1), T),
                     "reward_adv": np.repeat(A[j], T),
                     "distance": np.where(replayed[j][:, None], dist, np.nan).ravel(),
                     "weight": weight.ravel(), "advantage": adv.ravel()}
@@ -292,9 +322,10 @@ def _shard(shard: int, first: int, n: int, tokens: int, K: int, group_size: int,
             "prompt": f"prompt {groups[j]}", "response": "".join(_VOCAB[t] for t in token_ids),
             "token_ids": token_ids.tolist(), "sample_logprobs": (-rng.random(T)).tolist(),
             "reward_names": reward_names, "rewards": scores[j].tolist(),
-            "feedback": [f"checked {r}" for r in reward_names], "reward_advs": A[j].tolist(),
-            "adv_gdpo": adv_gdpo[j], "adv_mrtpo": (c * (adv.sum(0) - m)).tolist() if mrtpo else None,
-            "p2t_raw": raw, "p2t_reward": raw, "adv_p2t": (adv_gdpo[j] + 0.1 * np.array(raw)).tolist() if p2t else None,
+            "feedback": [f"checked {r}" for r in reward_names], "observed": ["" for _ in reward_names],
+            "reward_advs": A[j].tolist(),
+            "gdpo_sum": A[j].sum(), "mrtpo_sum": adv.sum(0).tolist() if mrtpo else None,
+            "p2t_raw": raw, "p2t_reward": raw, "p2t_alpha": 0.1 if p2t else None,
             "status": "ok", "model": "synthetic", "seed": 0})
     credits = _credits_table(columns, ids, list(names), beta)
     stats = {"responses": n, "verifier_failures": 0}
@@ -311,8 +342,8 @@ def synthetic_run(out: str | Path, responses: int, tokens: int, rewards: int, se
     """Write a synthetic run directory through RunWriter, with about responses x tokens x rewards credit rows.
 
     Tasks cycle over prompt groups of `group_size` responses; a response has T ~ U[tokens/2, 3 tokens/2]
-    tokens and `rewards` binary rewards, with GDPO advantages per shard (the batch). Replay distances
-    are concentrated on TOP_K tokens per reward, NULL where the group has no variance in that reward
+    tokens and `rewards` binary rewards, with GDPO advantages before the batch step (the views take it
+    over the run). Replay distances are concentrated on TOP_K tokens per reward, NULL where the group has no variance in that reward
     or everywhere when `mrtpo` is False; P2T columns are NULL unless `p2t`.
     """
     writer = RunWriter(str(out))

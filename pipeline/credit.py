@@ -1,43 +1,29 @@
-"""The credit stage: verified samples of one batch -> GRPO/GDPO, MRTPO and P2T advantages.
+"""The credit stage: verified samples of one batch -> GRPO/GDPO, MRTPO and P2T credit.
 
-The batch is the unit of GDPO's batch normalization (method.md section 1), so a shard is
-credited as a whole. Responses whose verifier failed keep their row but get no credit and do
-not enter the normalization.
+Everything here stops before GDPO's batch step (method.md section 1): a response's values depend
+only on its prompt group (group normalization, replay of its own feedback), never on which other
+groups share its shard, so a run's dataset does not depend on how it was split into shards. The
+batch scale c and shift m are taken over the whole run by the dataset's views
+(schemas/views.sql), or over a training batch by a trainer that wants that instead.
+Responses whose verifier failed keep their row but get no credit.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from schemas.records import AnnotatedResponse, TaskRecord, TokenCredit, VerifiedSample
 
-from .advantages import gdpo, group_has_variance, grpo
+from .advantages import condition_on, gdpo, grpo, sum_rewards
+from .config import CREDIT_KINDS, CreditConfig  # noqa: F401 - CREDIT_KINDS re-exported
 from .mrtpo import mrtpo_advantages
-from .p2t import P2TStats, attribute, p2t_advantages, token_rewards
-from .replay import build_replay_item, replay_distances
-
-CREDIT_KINDS = ("gdpo", "mrtpo", "p2t")
-
-
-@dataclass(frozen=True)
-class CreditConfig:
-    kinds: tuple[str, ...] = ("gdpo", "mrtpo")
-    beta: float = 0.5
-    max_second_moment: float | None = None
-    replay_batch_size: int = 16
-    chunk_size: int = 128
-    p2t_form: str = "paper"
-    p2t_omega: float = 0.6
-    p2t_alpha: float = 0.1
-    p2t_baseline: str = "pad"
-
-    def __post_init__(self) -> None:
-        unknown = set(self.kinds) - set(CREDIT_KINDS)
-        if unknown or "gdpo" not in self.kinds:
-            raise ValueError(f"credit kinds {self.kinds}: each must be one of {CREDIT_KINDS}, gdpo included")
-
+from .p2t import P2TStats, attribute, token_rewards
+from .progress import Progress
+from .prompts import feedback_sections
+from .relevance import apply_floor, relevance, signs
+from .replay import build_replay_item, replay
 
 def reward_tensors(verified: Sequence[VerifiedSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """rewards [N, K_max] float32, mask [N, K_max] bool, group [N] long (index of the prompt)."""
@@ -54,47 +40,66 @@ def reward_tensors(verified: Sequence[VerifiedSample]) -> tuple[torch.Tensor, to
     return rewards, mask, group
 
 
-def _padded(rows: Sequence[torch.Tensor], T: int, fill: float) -> torch.Tensor:
-    out = torch.full((len(rows), rows[0].shape[0], T), fill)
-    for i, row in enumerate(rows):
-        out[i, :, : row.shape[1]] = row
-    return out
+def _named(name: str, key: str) -> bool:
+    return name == key or re.sub(r"^c[0-9]+_", "", name) == key
+
+
+def reward_options(verified: Sequence[VerifiedSample], rewards: torch.Tensor, mask: torch.Tensor,
+                   config: CreditConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards after the configured condition, weights [N, K]) from the reward names."""
+    weights = torch.ones_like(rewards)
+    for i, v in enumerate(verified):
+        for k, r in enumerate(v.rewards):
+            weights[i, k] = next((w for key, w in config.reward_weights if _named(r.name, key)), 1.0)
+    if config.condition is not None:
+        name, threshold = config.condition
+        primary = torch.tensor([next((k for k, r in enumerate(v.rewards) if _named(r.name, name)), -1)
+                                for v in verified])
+        rewards = condition_on(rewards, mask, primary, threshold)
+    return rewards, weights
 
 
 def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRecord], config: CreditConfig,
-                  policy=None, tokenizer=None, reward_model=None) -> tuple[list[AnnotatedResponse], dict]:
-    """Credit every `ok` response of one batch; returns annotated responses (input order) and stats."""
+                  policy=None, tokenizer=None, reward_model=None,
+                  progress: bool = True) -> tuple[list[AnnotatedResponse], dict]:
+    """Credit every `ok` response of one batch; returns annotated responses (input order) and stats.
+    `progress`: show the replay's and P2T's progress (pipeline.progress).
+
+    The values stop before GDPO's batch step: `gdpo_sum` S[i] and `credit.mrtpo_sum`; a consumer
+    applies c * (x - m) with c, m over the run (the views) or over its own batch (`batch_statistics`).
+    """
     ok = [v for v in verified if v.status == "ok"]
-    annotated = {id(v): AnnotatedResponse(verified=v, adv_grpo=None, adv_gdpo=None) for v in verified}
+    annotated = {id(v): AnnotatedResponse(verified=v, adv_grpo=None, gdpo_sum=None) for v in verified}
     stats = {"responses": len(verified), "verifier_failures": len(verified) - len(ok)}
     if not ok:
         return [annotated[id(v)] for v in verified], stats
     rewards, mask, group = reward_tensors(ok)
     response_adv = grpo(rewards, mask, group)
-    result = gdpo(rewards, mask, group)
+    conditioned, reward_weight = reward_options(ok, rewards, mask, config)
     lengths = [len(v.sample.token_ids) for v in ok]
+    result = gdpo(conditioned, mask, group, config.gdpo, weights=reward_weight, lengths=torch.tensor(lengths))
     T = max(max(lengths), 1)
     token_mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
-    ungated = group_has_variance(rewards, mask, group) & mask
+    ungated = result.varied
 
     beta = config.beta if "mrtpo" in config.kinds else 0.0
     if "mrtpo" in config.kinds:
-        items = [build_replay_item(tokenizer, records[v.sample.group_id].prompt,
-                                   [(r.name, r.feedback) for r in v.rewards], v.sample.token_ids,
-                                   ungated[i, : len(v.rewards)].tolist()) for i, v in enumerate(ok)]
-        distances = replay_distances(policy, items, batch_size=config.replay_batch_size,
-                                     chunk_size=config.chunk_size)
-        k_max = rewards.shape[1]
-        distance = _padded([torch.cat([d, torch.full((k_max - d.shape[0], d.shape[1]), float("nan"))])
-                            for d in distances], T, float("nan"))
+        distance, js, floored = _replay_relevance(ok, records, ungated, result.reward_adv, T, config, policy, tokenizer,
+                                                  progress)
         stats.update(replays_done=int(ungated.sum()), replays_skipped=int((mask & ~ungated).sum()),
+                     replays_floored=int(floored.sum()),
                      tokens_replayed=int((ungated.sum(1) * torch.tensor(lengths)).sum()))
     else:
         distance = torch.full((len(ok), rewards.shape[1], T), float("nan"))
-    weights, token_adv, total = mrtpo_advantages(result.reward_adv, distance, token_mask, mask, beta,
-                                                 result.scale, result.shift, config.max_second_moment)
+        js, floored = None, torch.zeros(len(ok), rewards.shape[1], dtype=torch.bool)
+    # floored pairs get uniform weights (their relevance is zeroed); the stored relevance stays raw
+    weighted = torch.where(floored[:, :, None], 0.0, distance)
+    one, zero = torch.tensor(1.0), torch.tensor(0.0)
+    weights, token_adv, _ = mrtpo_advantages(result.reward_adv, weighted, token_mask, mask, beta, one, zero,
+                                             config.max_second_moment)
+    mrtpo_sum = sum_rewards(reward_weight[:, :, None] * token_adv, dim=1)  # [N, T], S[i] on every token at beta 0
 
-    p2t = _p2t(ok, result.total, config, reward_model) if "p2t" in config.kinds else None
+    p2t = _p2t(ok, config, reward_model, progress) if "p2t" in config.kinds else None
     if p2t is not None:
         stats.update(p2t_responses=p2t[1].responses, p2t_near_flat=p2t[1].near_flat)
 
@@ -102,29 +107,61 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
         K, n = len(v.rewards), lengths[i]
         replayed = [bool(ungated[i, k]) and "mrtpo" in config.kinds for k in range(K)]
         item = annotated[id(v)]
-        item.adv_grpo, item.adv_gdpo = float(response_adv[i]), float(result.total[i])
+        item.adv_grpo, item.gdpo_sum = float(response_adv[i]), float(result.summed[i])
         item.credit = TokenCredit(
             reward_names=[r.name for r in v.rewards],
             reward_adv=result.reward_adv[i, :K].tolist(),
             distance=[distance[i, k, :n].tolist() if replayed[k] else None for k in range(K)],
+            js=[js[i, k, :n].tolist() if replayed[k] and js is not None else None for k in range(K)],
+            floored=[bool(floored[i, k]) for k in range(K)],
             weight=weights[i, :K, :n].tolist(),
             advantage=token_adv[i, :K, :n].tolist(),
             beta=beta,
-            adv_mrtpo=total[i, :n].tolist() if "mrtpo" in config.kinds else None,
+            mrtpo_sum=mrtpo_sum[i, :n].tolist() if "mrtpo" in config.kinds else None,
             **(p2t[0][i] if p2t is not None else {}),
         )
     return [annotated[id(v)] for v in verified], stats
 
 
-def _p2t(ok: Sequence[VerifiedSample], response_adv: torch.Tensor, config: CreditConfig, reward_model):
-    """P2T token rewards and advantages per response (method.md section 3)."""
-    attributions = attribute(reward_model, [v.sample.prompt_token_ids for v in ok],
-                             [v.sample.token_ids for v in ok], baseline=config.p2t_baseline)
+def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], ungated: torch.Tensor,
+                      reward_adv: torch.Tensor, T: int, config: CreditConfig, policy, tokenizer, progress: bool = True):
+    """Replay the ungated pairs -> (relevance [N, K, T], JS [N, K, T] or None, floored [N, K]); NaN where not
+    replayed. `logprob_signed` is oriented by each reward's advantage (or +1 where its section points)."""
+    items, points = [], []
+    for i, v in enumerate(ok):
+        sections, pointing = feedback_sections(v.rewards, records[v.sample.group_id].prompt, config.feedback_style)
+        items.append(build_replay_item(tokenizer, records[v.sample.group_id].prompt, sections, v.sample.token_ids,
+                                       ungated[i, : len(v.rewards)].tolist(), config.ablation))
+        points.append(pointing)
+    want_js = config.relevance == "js" or config.store_js
+    tokens = sum(len(it.response_ids) * sum(p is not None for p in it.drop_prompt_ids) for it in items)
+    with Progress("replay", total=tokens, unit="token", enabled=progress and tokens > 0) as bar:
+        outputs = replay(policy, items, js=want_js, batch_size=config.replay_batch_size, chunk_size=config.chunk_size,
+                         on_progress=bar.update)
+    K = reward_adv.shape[1]
+    distance = torch.full((len(ok), K, T), float("nan"))
+    js = torch.full((len(ok), K, T), float("nan")) if want_js else None
+    floored = torch.zeros(len(ok), K, dtype=torch.bool)
+    for i, out in enumerate(outputs):
+        k, n = out.logprob_drop.shape
+        raw = relevance(config.relevance, out, signs(reward_adv[i, :k], points[i]))
+        distance[i, :k, :n] = raw
+        floored[i, :k] = apply_floor(raw, config.floor)[1]
+        if js is not None:
+            js[i, :k, :n] = out.js
+    return distance, js, floored
+
+
+def _p2t(ok: Sequence[VerifiedSample], config: CreditConfig, reward_model, progress: bool = True):
+    """P2T token rewards per response (method.md section 3); A_p2t = A_gdpo + alpha * reward needs c and m."""
+    with Progress("p2t", total=len(ok), unit="response", enabled=progress) as bar:
+        attributions = attribute(reward_model, [v.sample.prompt_token_ids for v in ok],
+                                 [v.sample.token_ids for v in ok], baseline=config.p2t_baseline,
+                                 on_progress=bar.update)
     stats = P2TStats()
     columns = []
-    for i, a in enumerate(attributions):
+    for a in attributions:
         rewards = token_rewards(a.score, a.raw, form=config.p2t_form, omega=config.p2t_omega)
         stats.add(a.raw)
-        columns.append({"p2t_raw": a.raw.tolist(), "p2t_reward": rewards.tolist(),
-                        "adv_p2t": p2t_advantages(float(response_adv[i]), rewards, config.p2t_alpha).tolist()})
+        columns.append({"p2t_raw": a.raw.tolist(), "p2t_reward": rewards.tolist(), "p2t_alpha": config.p2t_alpha})
     return columns, stats

@@ -1,53 +1,62 @@
-"""Export a run's training view for other trainers: a Hugging Face `datasets` folder or verl Parquet.
+"""Export a run's training view for other trainers: a Hugging Face dataset folder or verl Parquet.
 
-Both read the DuckDB `training` view (responses with status 'ok', ordered by response_id) and
-choose the advantage by name, as the trainer does: "gdpo", "mrtpo", "p2t" or a mix such as
-"mrtpo:0.5,gdpo:0.5" (coefficient-weighted sum per token). Every per-token list has one value per
-response token, aligned with the token ids.
+Both read the DuckDB `training` view (responses with status 'ok', ordered by response_id, GDPO's
+batch step over the whole run) and choose the advantage by name, as the trainer does: "gdpo",
+"mrtpo", "p2t" or a mix such as "mrtpo:0.5,gdpo:0.5" (coefficient-weighted sum per token). Every
+per-token list has one value per response token, aligned with the token ids.
 
-**export_hf(out_dir, dest)**: `datasets.Dataset.save_to_disk(dest)` with one row per response:
+**export_hf(out_dir, dest)**: a Hub-style dataset folder (`dest/data/train-00000-of-00001.parquet`
+and a `README.md` card), one row per response:
 
-    prompt                str          the prompt text the response was sampled for
+    prompt                str          the prompt text the response was sampled for (chat-rendered)
     completion            str          the response text
     prompt_token_ids      list[int32]  the prompt as the policy saw it
     completion_token_ids  list[int32]  the response tokens (T of them)
+    sample_logprobs       list[float]  log-prob of each response token under the sampling policy
     weights               list[float]  per-token SFT weight (the view's sft_weight), T values
     advantages            list[float]  per-token advantage of the chosen kind, T values
-    response_id, task     str
+    response_id, group_id, task  str
 
     import datasets
-    ds = datasets.load_from_disk(dest)
+    ds = datasets.load_dataset(dest, split="train")
     row = ds[0]   # row["completion_token_ids"], row["weights"], row["advantages"] align
 
 **export_verl(out_dir, dest_file)**: one Parquet file in the layout of verl's RL datasets (as its
-examples/data_preprocess scripts write it), one row per response:
+examples/data_preprocess scripts write it), one row per prompt with its n sampled responses:
 
-    data_source            str    "tokencredit/<task>"
-    prompt                 list of {"role": "user", "content": <prompt text>} (one chat message)
-    ability                str    the task (sql, instructions, tools)
-    reward_model           {"style": "rule", "ground_truth": null}: the run directory does not hold
-                           the task's reference; extra_info.group_id is the task record id to join
-                           the prompt set on
-    extra_info             {"index": row number, "response_id", "group_id",
-                            "reward_names": list[str], "rewards": list[float] (the verifier scores)}
-    response               str          the sampled response text
-    prompt_token_ids       list[int32]  the prompt tokens as sampled (verl re-tokenizes `prompt`
-                                        with the chat template; these are the exact ones)
-    token_ids              list[int32]  the response tokens (T of them)
-    token_level_advantages list[float]  per-token advantage of the chosen kind, T values, for
-                                        trainers that take precomputed advantages
+    data_source       str    "tokencredit/<task>", which `pipeline.integrations.verl.compute_score` scores
+    prompt            list of {"role": "user", "content": <the raw task prompt>}: verl applies the
+                      chat template itself
+    ability           str    the task (sql, instructions, tools)
+    reward_model      {"style": "rule", "ground_truth": str}: the reference SQL, or the JSON of the
+                      reference tool calls or of the instruction constraints
+    extra_info        {"index": row number, "group_id": the task record id,
+                       "record": the task record as one JSON line (what compute_score verifies against)}
+    prompt_token_ids       list[int32]         the prompt tokens as sampled
+    response_ids           list[str]           the n responses (ids, then per-response lists below)
+    responses              list[str]
+    response_token_ids     list[list[int32]]
+    sample_logprobs        list[list[float]]   behaviour log-probs, for clipped off-policy updates
+    token_level_advantages list[list[float]]   per-token advantage of the chosen kind
+    reward_names           list[str]           the rewards, in the verifier's order
+    rewards                list[list[float]]   each response's verifier scores
 
     import pyarrow.parquet as pq
-    table = pq.read_table(dest_file)
-    rows = table.to_pylist()   # rows[0]["token_level_advantages"] aligns with rows[0]["token_ids"]
+    rows = pq.read_table(dest_file).to_pylist()
+    first = rows[0]   # first["token_level_advantages"][j] aligns with first["response_token_ids"][j]
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+import verifiers
+from schemas.records import SqlSpec, TaskRecord
 
 from .query import connect
 from .train import read_training
@@ -57,65 +66,133 @@ HF_FEATURES = datasets.Features({
     "completion": datasets.Value("string"),
     "prompt_token_ids": datasets.Sequence(datasets.Value("int32")),
     "completion_token_ids": datasets.Sequence(datasets.Value("int32")),
+    "sample_logprobs": datasets.Sequence(datasets.Value("float32")),
     "weights": datasets.Sequence(datasets.Value("float32")),
     "advantages": datasets.Sequence(datasets.Value("float32")),
     "response_id": datasets.Value("string"),
+    "group_id": datasets.Value("string"),
     "task": datasets.Value("string"),
 })
+
+HF_CARD = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*.parquet
+---
+# tokencredit export
+
+Responses of the tokencredit run `{run}` with per-token advantages (`{advantage}`), SFT weights and
+sampling log-probs, aligned with `completion_token_ids`. Load with `datasets.load_dataset(<this folder>)`.
+"""
 
 VERL_SCHEMA = pa.schema([
     pa.field("data_source", pa.string()),
     pa.field("prompt", pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))),
     pa.field("ability", pa.string()),
     pa.field("reward_model", pa.struct([pa.field("style", pa.string()), pa.field("ground_truth", pa.string())])),
-    pa.field("extra_info", pa.struct([
-        pa.field("index", pa.int64()), pa.field("response_id", pa.string()), pa.field("group_id", pa.string()),
-        pa.field("reward_names", pa.list_(pa.string())), pa.field("rewards", pa.list_(pa.float32()))])),
-    pa.field("response", pa.string()),
+    pa.field("extra_info", pa.struct([pa.field("index", pa.int64()), pa.field("group_id", pa.string()),
+                                      pa.field("record", pa.string())])),
     pa.field("prompt_token_ids", pa.list_(pa.int32())),
-    pa.field("token_ids", pa.list_(pa.int32())),
-    pa.field("token_level_advantages", pa.list_(pa.float32())),
+    pa.field("response_ids", pa.list_(pa.string())),
+    pa.field("responses", pa.list_(pa.string())),
+    pa.field("response_token_ids", pa.list_(pa.list_(pa.int32()))),
+    pa.field("sample_logprobs", pa.list_(pa.list_(pa.float32()))),
+    pa.field("token_level_advantages", pa.list_(pa.list_(pa.float32()))),
+    pa.field("reward_names", pa.list_(pa.string())),
+    pa.field("rewards", pa.list_(pa.list_(pa.float32()))),
 ])
 
 
-def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo") -> Path:
-    """Save the run as a `datasets.Dataset` folder at `dest` (layout in the module docstring)."""
-    rows = read_training(out_dir, advantage)
+def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo",
+              allow_incomplete: bool = False) -> Path:
+    """Write the run as a Hub-style dataset folder at `dest` (layout in the module docstring)."""
+    rows = read_training(out_dir, advantage, allow_incomplete)
     ds = datasets.Dataset.from_dict({
         "prompt": [r["prompt"] for r in rows],
         "completion": [r["response"] for r in rows],
         "prompt_token_ids": [r["prompt_token_ids"] for r in rows],
         "completion_token_ids": [r["token_ids"] for r in rows],
+        "sample_logprobs": [r["sample_logprobs"] for r in rows],
         "weights": [r["sft_weight"] for r in rows],
         "advantages": [r["advantages"] for r in rows],
         "response_id": [r["response_id"] for r in rows],
+        "group_id": [r["group_id"] for r in rows],
         "task": [r["task"] for r in rows],
     }, features=HF_FEATURES)
-    ds.save_to_disk(str(dest))
-    return Path(dest)
+    dest = Path(dest)
+    (dest / "data").mkdir(parents=True, exist_ok=True)
+    ds.to_parquet(str(dest / "data" / "train-00000-of-00001.parquet"))
+    (dest / "README.md").write_text(HF_CARD.format(run=Path(out_dir).name, advantage=advantage))
+    return dest
 
 
-def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mrtpo") -> Path:
-    """Write the run as one verl-style Parquet file `dest_file` (layout in the module docstring)."""
-    rows = read_training(out_dir, advantage)
-    scores = {rid: (names, values) for rid, names, values in connect(out_dir).sql(
+def record_json(record: TaskRecord) -> dict:
+    """A task record as its JSONL object (`verifiers.parse_record` reads it back; db as an absolute path)."""
+    spec = dataclasses.asdict(record.spec)
+    if isinstance(record.spec, SqlSpec):
+        spec = {"db": spec.pop("db_path"), **spec}
+    line = {"id": record.id, "task": record.task, "prompt": record.prompt,
+            "reference_response": record.reference_response, "split": record.split, **spec}
+    return json.loads(json.dumps(line))  # tuples -> lists, as JSON has them
+
+
+def ground_truth(record: TaskRecord) -> str:
+    """What the verifier compares against: the reference SQL, or the JSON of the reference calls / constraints."""
+    spec = record_json(record)
+    if record.task == "sql":
+        return spec["reference_sql"]
+    return json.dumps(spec["reference_calls" if record.task == "tools" else "constraints"], sort_keys=True)
+
+
+def run_records(out_dir: str | Path, prompts: str | None = None) -> dict[str, TaskRecord]:
+    """The task records of a run, by id: from `prompts`, else from the prompt set its manifest names."""
+    if prompts is None:
+        manifest_path = Path(out_dir) / "manifest.json"
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        prompts = (manifest.get("config") or {}).get("prompts")
+        if prompts is None:
+            raise ValueError(f"run dir {out_dir}: its manifest names no prompt set; pass prompts=")
+    records, _ = verifiers.load_tasks(prompts)
+    return {r.id: r for r in records}
+
+
+def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mrtpo",
+                prompts: str | None = None, allow_incomplete: bool = False) -> Path:
+    """Write the run as one verl Parquet file `dest_file`, a row per prompt (layout in the module docstring).
+
+    prompts: the task JSONL file or folder (default: the run's own prompt set, from its manifest).
+    """
+    rows = read_training(out_dir, advantage, allow_incomplete)
+    records = run_records(out_dir, prompts)
+    scores = {rid: (names, values) for rid, names, values in connect(out_dir, allow_incomplete=allow_incomplete).execute(
         "SELECT response_id, reward_names, rewards FROM responses WHERE status = 'ok'").fetchall()}
-    records = []
-    for index, r in enumerate(rows):
-        names, values = scores[r["response_id"]]
-        records.append({
-            "data_source": f"tokencredit/{r['task']}",
-            "prompt": [{"role": "user", "content": r["prompt"]}],
-            "ability": r["task"],
-            "reward_model": {"style": "rule", "ground_truth": None},
-            "extra_info": {"index": index, "response_id": r["response_id"], "group_id": r["group_id"],
-                           "reward_names": names, "rewards": values},
-            "response": r["response"],
-            "prompt_token_ids": r["prompt_token_ids"],
-            "token_ids": r["token_ids"],
-            "token_level_advantages": r["advantages"],
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["group_id"], []).append(r)
+    table = []
+    for index, (group_id, members) in enumerate(groups.items()):
+        if group_id not in records:
+            raise ValueError(f"run dir {out_dir}: response {members[0]['response_id']!r} answers task record "
+                             f"{group_id!r}, which the prompt set {prompts or '(from the manifest)'} lacks")
+        record = records[group_id]
+        table.append({
+            "data_source": f"tokencredit/{record.task}",
+            "prompt": [{"role": "user", "content": record.prompt}],
+            "ability": record.task,
+            "reward_model": {"style": "rule", "ground_truth": ground_truth(record)},
+            "extra_info": {"index": index, "group_id": group_id, "record": json.dumps(record_json(record))},
+            "prompt_token_ids": members[0]["prompt_token_ids"],
+            "response_ids": [m["response_id"] for m in members],
+            "responses": [m["response"] for m in members],
+            "response_token_ids": [m["token_ids"] for m in members],
+            "sample_logprobs": [m["sample_logprobs"] for m in members],
+            "token_level_advantages": [m["advantages"] for m in members],
+            "reward_names": scores[members[0]["response_id"]][0],
+            "rewards": [scores[m["response_id"]][1] for m in members],
         })
     dest_file = Path(dest_file)
     dest_file.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(records, schema=VERL_SCHEMA), dest_file)
+    pq.write_table(pa.Table.from_pylist(table, schema=VERL_SCHEMA), dest_file)
     return dest_file

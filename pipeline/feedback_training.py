@@ -34,7 +34,8 @@ import verifiers.sql
 import verifiers.tools
 from schemas.records import RecordError, TaskRecord
 
-from .prompts import replay_prompt, sampling_prompt
+from .prompts import feedback_text, replay_prompt, sampling_prompt
+
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,9 @@ CORRUPTORS: dict[str, Callable[[TaskRecord, random.Random, dict], Iterator[str]]
 
 
 def sections_of(record: TaskRecord, response: str) -> list[tuple[str, str]]:
-    return [(s.name, s.feedback) for s in verifiers.verify(record, response)]
+    """The feedback sections of `response` as the shipped tiny policy was trained with them: what each
+    verifier expected and what it found."""
+    return [(s.name, feedback_text(s, with_observed=True)) for s in verifiers.verify(record, response)]
 
 
 def build_pool(record: TaskRecord, rng: random.Random, values: dict[str, list] | None = None) -> Pool:

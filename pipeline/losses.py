@@ -67,3 +67,20 @@ def policy_gradient_loss(logprobs: Tensor, sample_logprobs: Tensor, advantages: 
     adv = advantages.float()
     surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)
     return -torch.where(mask, surrogate, 0.0).sum() / n_tokens
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Token-mean KL(pi || pi_ref) estimate over the masked tokens, a scalar >= 0.
+
+    All inputs [B, L], aligned token by token. Per token the "k3" estimator
+    exp(r) - r - 1 with r = ref_logprobs - logprobs (unbiased, always >= 0; the one TRL's GRPO
+    and verl's `low_var_kl` use), averaged over the mask like `policy_gradient_loss`.
+    """
+    if not (logprobs.shape == ref_logprobs.shape == mask.shape):
+        raise ValueError(f"shapes differ: logprobs {tuple(logprobs.shape)}, ref_logprobs "
+                         f"{tuple(ref_logprobs.shape)}, mask {tuple(mask.shape)}")
+    mask = mask.bool()
+    if mask.sum() == 0:
+        raise ValueError("kl_penalty: the mask selects no tokens")
+    r = torch.where(mask, ref_logprobs.float() - logprobs.float(), 0.0).clamp(-20.0, 20.0)
+    return torch.where(mask, r.exp() - r - 1.0, 0.0).sum() / mask.sum()

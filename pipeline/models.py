@@ -1,7 +1,7 @@
 """Load the policy and the reward model from local folders only: tokencredit never downloads.
 
-A model argument is either a folder (`config.json`, `*.safetensors`, tokenizer files) or a Hugging Face
-repo id that is already in the local cache. `None` means the tiny models shipped inside the package.
+A model argument is a registry name (`pipeline.registry`, e.g. `smollm2-135m-instruct`, once pulled), a
+folder (`config.json`, `*.safetensors`, tokenizer files) or a Hugging Face repo id already in the local cache. `None` means the tiny models shipped inside the package.
 Only safetensors weights are accepted (a pickled `.bin` checkpoint can run code when loaded), and remote
 code runs only when the caller asks for it.
 """
@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from .registry import registered_path
+
 DEFAULT_POLICY = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-policy"))
 DEFAULT_REWARD_MODEL = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-rm"))
 
@@ -24,9 +26,13 @@ def model_name(path: str | Path | None, default: Path = DEFAULT_POLICY) -> str:
 
 
 def resolve_model_path(path: str | Path | None, default: Path) -> Path:
-    """The local folder of a model: `path` itself, its snapshot in the local HF cache, or `default`."""
+    """The local folder of a model: a registry name (`tokencredit models list`) once pulled, `path`
+    itself, its snapshot in the local HF cache, or `default`."""
     if path is None:
         path = default
+    registered = registered_path(path) if isinstance(path, str) else None
+    if registered is not None:
+        return _check_safetensors(registered)
     folder = Path(path).expanduser()
     if folder.is_dir():
         return _check_safetensors(folder)

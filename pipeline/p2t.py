@@ -19,6 +19,7 @@ rule exactly: the rightmost position whose id is not the pad id.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,7 @@ def attribute(
     batch_size: int = 16,
     method: str = "grad_x_input",
     ig_steps: int = 32,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[Attribution]:
     """Attribute each response's reward-model score to its tokens.
 
@@ -61,6 +63,7 @@ def attribute(
     Only the response embeddings are interpolated, the prompt embeddings stay fixed, so
     sum_t a[t] ~= R(E) - R(prompt, baseline response): credit is split among response
     tokens only, conditioned on the actual prompt.
+    on_progress(responses, tokens) is called after each batch (its responses and response tokens).
     """
     _check_args(reward_model, prompt_ids, response_ids, baseline, batch_size, method, ig_steps)
     # longest first so that each batch pads to similar lengths
@@ -72,6 +75,8 @@ def attribute(
                                  baseline, method, ig_steps)
         for i, a in zip(idx, batch):
             out[i] = a
+        if on_progress is not None:
+            on_progress(len(idx), sum(len(response_ids[i]) for i in idx))
     return out
 
 

@@ -1,29 +1,46 @@
-"""Prompt text for sampling and for MRTPO's leave-one-out replay (method.md section 2).
+"""Prompts for sampling and for MRTPO's leave-one-out replay, in the policy's own frame (method.md section 2).
 
-The task prompt is a shared prefix of the sampling prompt, `P_all` and every `P_\\k`:
-the feedback block sits after the task prompt and before the response marker.
+The replay shows the policy the context it sampled in, with the verifier feedback spliced in:
 
-    <task prompt>
-    ### Feedback
-    [format] The query must sit between <sql> and </sql>.
-    [execution] The reference query is: SELECT ...
-    ### Response
+    chat model (has a chat template)           no chat template (the shipped tiny policy)
+    <|im_start|>user                           <task prompt>
+    <task prompt>                              ### Feedback
+                                               [format] The query must ...
+    ### Feedback                               [execution] The reference query is: SELECT ...
+    [format] The query must ...                ### Response
+    [execution] The reference query is: ...    <response tokens, teacher-forced>
+    <|im_end|>
+    <|im_start|>assistant
     <response tokens, teacher-forced>
 
-The shipped tiny policy is trained on exactly this layout, so changing it means a new
-`TEMPLATE_VERSION` and retrained models.
+Each section states what its verifier expected (`feedback_sections`), not the response's own tokens:
+quoting a wrong token makes it more likely under `P_all`, which blurs "mentioned" with "wrong".
+
+`PromptFrame` holds the exact token ids the sampler fed the model and the token index right after the
+task prompt. `P_all` is those ids with the tokenized feedback block inserted at that index, so removing the
+block gives the sampling ids exactly; `P_\\k` removes section k (`drop`) or replaces its text by neutral
+filler of the same token length (`null`). Each piece of the block is tokenized on its own, so `P_all` and
+`P_\\k` agree token for token up to section k.
+
+The raw layout is the one the tiny policy was trained on (`replay_prompt`, `sampling_prompt`).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-TEMPLATE_VERSION = "replay-v1"
+from schemas.records import RewardScore
+
+TEMPLATE_VERSION = "replay-v2"
 FEEDBACK_HEADER = "### Feedback\n"
 RESPONSE_MARKER = "### Response\n"
+FEEDBACK_STYLES = ("expected", "expected+observed", "auto")
+ABLATIONS = ("drop", "null")
+NULL_FILLER = " This check gives no details."  # cycled to the length of the section it replaces
 
 
 def sampling_prompt(task_prompt: str) -> str:
-    """The text the policy continues when it samples a response."""
+    """The raw layout: the text a policy without a chat template continues when it samples."""
     return f"{task_prompt.rstrip()}\n{RESPONSE_MARKER}"
 
 
@@ -32,10 +49,115 @@ def feedback_section(reward_name: str, feedback: str) -> str:
 
 
 def replay_prompt(task_prompt: str, sections: Sequence[tuple[str, str]], drop: int | None = None) -> str:
-    """`P_all` (drop=None) or `P_\\k` (drop=k): task prompt, feedback block, response marker.
+    """The raw layout's `P_all` (drop=None) or `P_\\k` (drop=k) as text (the tiny policy's training data).
 
     sections: (reward_name, feedback) in the verifier's fixed reward order.
     """
     kept = [feedback_section(name, text) for k, (name, text) in enumerate(sections) if k != drop]
     block = FEEDBACK_HEADER + "".join(kept) if kept else ""
     return f"{task_prompt.rstrip()}\n{block}{RESPONSE_MARKER}"
+
+
+def feedback_text(reward: RewardScore, with_observed: bool = False) -> str:
+    """A reward's section text: what its verifier expected, and what it found when `with_observed`."""
+    return f"{reward.feedback} {reward.observed}" if with_observed and reward.observed else reward.feedback
+
+
+def restates_prompt(reward: RewardScore, task_prompt: str) -> bool:
+    """The reward's expected statement is already in the task prompt (an instruction's constraint)."""
+    expected = " ".join(reward.feedback.split())
+    return bool(expected) and expected in " ".join(task_prompt.split())
+
+
+def feedback_sections(rewards: Sequence[RewardScore], task_prompt: str,
+                      style: str = "auto") -> tuple[list[tuple[str, str]], list[bool]]:
+    """(reward name, section text) per reward, and whether each section points at the response.
+
+    expected            what each verifier expected; never quotes the response
+    expected+observed   that, and what it found (may quote the response)
+    auto                what it expected; where the task prompt already says that (an instruction
+                        constraint), the section would add nothing, so it adds what was found
+
+A section points at the response when its expected part restates the prompt and it quotes what was
+found: its only news is the quote, which makes the quoted tokens more likely, right or wrong.
+    """
+    if style not in FEEDBACK_STYLES:
+        raise ValueError(f"feedback style {style!r}: choose from {', '.join(FEEDBACK_STYLES)}")
+    sections, points = [], []
+    for reward in rewards:
+        restated = restates_prompt(reward, task_prompt) and bool(reward.observed)
+        observed = style == "expected+observed" or (style == "auto" and restated)
+        sections.append((reward.name, feedback_text(reward, with_observed=observed)))
+        points.append(observed and restated)
+    return sections, points
+
+
+@dataclass(frozen=True)
+class PromptFrame:
+    text: str  # the sampling prompt as text
+    ids: list[int]  # its token ids, exactly as fed to the model when sampling
+    insert_at: int  # token index right after the task prompt: where the feedback block goes
+    chat: bool  # rendered with the tokenizer's chat template
+
+
+def prompt_frame(tokenizer, task_prompt: str) -> PromptFrame:
+    """The sampling prompt of `task_prompt`: the chat template when the tokenizer has one, else the raw layout."""
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": task_prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        content = task_prompt.strip()
+        found = text.rfind(content)
+        if not content or found < 0:
+            raise ValueError("the chat template does not show the task prompt verbatim; the replay cannot "
+                             "place the feedback after it")
+        end = found + len(content)
+    else:
+        text = sampling_prompt(task_prompt)
+        encoded = tokenizer(text, return_offsets_mapping=True)
+        end = len(task_prompt.rstrip()) + 1  # after the newline that ends the task prompt
+    # the first token that does not end before the task prompt's end (special tokens map to (0, 0))
+    ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
+    insert_at = next((i for i, (s, e) in enumerate(offsets) if e > end or (s >= end and e > s)), len(ids))
+    return PromptFrame(text, ids, insert_at, chat)
+
+
+def _pieces(chat: bool, sections: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:
+    """(header, one text per section) of the feedback block in a frame."""
+    if chat:  # a paragraph of the user turn, after the task prompt
+        return "\n\n" + FEEDBACK_HEADER.rstrip("\n"), ["\n" + feedback_section(n, t).rstrip("\n") for n, t in sections]
+    return FEEDBACK_HEADER, [feedback_section(n, t) for n, t in sections]
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def null_ids(tokenizer, section_ids: Sequence[int], name: str, chat: bool) -> list[int]:
+    """Neutral filler for a section: its label, then `NULL_FILLER` cycled to the section's token length."""
+    label = _encode(tokenizer, ("\n" if chat else "") + f"[{name}]")
+    end = [] if chat else _encode(tokenizer, "\n")
+    filler = _encode(tokenizer, NULL_FILLER)
+    body = [filler[i % len(filler)] for i in range(max(len(section_ids) - len(label) - len(end), 1))]
+    return label + body + end
+
+
+def replay_prompt_ids(tokenizer, frame: PromptFrame, sections: Sequence[tuple[str, str]],
+                      replay_mask: Sequence[bool], ablation: str = "drop") -> tuple[list[int], list[list[int] | None]]:
+    """(`P_all`, [`P_\\k` or None per reward]) token ids; P_\\k only where replay_mask[k]."""
+    if ablation not in ABLATIONS:
+        raise ValueError(f"ablation {ablation!r}: choose from {', '.join(ABLATIONS)}")
+    header, texts = _pieces(frame.chat, sections)
+    head, tail = frame.ids[: frame.insert_at], frame.ids[frame.insert_at:]
+    header_ids, section_ids = _encode(tokenizer, header), [_encode(tokenizer, t) for t in texts]
+
+    def prompt(replaced: int | None = None, by: list[int] | None = None) -> list[int]:
+        kept = [by if k == replaced else s for k, s in enumerate(section_ids)]
+        kept = [s for s in kept if s is not None]
+        return head + (header_ids + sum(kept, []) if kept else []) + tail
+
+    drops = [None if not replay else
+             prompt(k, None if ablation == "drop" else null_ids(tokenizer, section_ids[k], sections[k][0], frame.chat))
+             for k, replay in enumerate(replay_mask)]
+    return prompt(), drops

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow.fs as pafs
 
 from . import analysis
 from .query import connect
+from .writer import filesystem, run_files
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #1f2937; margin: 24px auto; max-width: 1240px; padding: 0 16px; }
@@ -37,6 +37,14 @@ figcaption { color: #4b5563; font-size: 12px; max-width: 560px; }
 .chip { display: inline-block; background: #f3f4f6; border-radius: 10px; padding: 0 8px; margin: 2px 4px 2px 0;
         font-size: 12px; }
 nav a { margin-right: 12px; } pre { background: #f9fafb; padding: 8px; overflow: auto; font-size: 12px; }
+pre { white-space: pre-wrap; max-height: 320px; }
+.grid { display: grid; grid-template-columns: minmax(180px, 1fr) 2fr 2fr; gap: 6px 14px; align-items: start; }
+.grid .head { font-size: 12px; font-weight: 600; color: #374151; border-bottom: 1px solid #e5e7eb; }
+.reward { font-size: 12px; } .feedback { color: #4b5563; font-size: 11px; margin-top: 2px; }
+details.prompt, details.siblings { margin: 6px 0; } summary { cursor: pointer; color: #1d4ed8; font-size: 12px; }
+.sibling { border-top: 1px dashed #e5e7eb; padding: 6px 0; }
+.legend { display: flex; align-items: center; gap: 10px; margin: 12px 0; font-size: 12px; flex-wrap: wrap; }
+.legend .ramp { display: inline-block; width: 220px; height: 14px; border: 1px solid #d1d5db; }
 """
 
 # Hovering a token outlines the same position in every row of its response.
@@ -100,9 +108,13 @@ def share_bars_svg(groups: list[tuple[str, list[tuple[str, float, float]]]], wid
 
 # --- token strips ------------------------------------------------------------------------------
 
-def shade(value: float, scale: float) -> str:
-    """CSS background for an advantage: green if positive, red if negative, opacity by |value| / scale."""
-    alpha = 0.0 if scale <= 0 else min(1.0, abs(value) / scale) * 0.85
+FLOOR = 0.01  # |advantage| below this is drawn white: numerical noise, not credit
+
+
+def shade(value: float, scale: float, floor: float = 0.0) -> str:
+    """CSS background for an advantage: white below `floor`, else green if positive, red if
+    negative, opacity by |value| / scale."""
+    alpha = 0.0 if scale <= 0 or abs(value) < floor else min(1.0, abs(value) / scale) * 0.85
     return f"background:rgba({GREEN if value >= 0 else RED},{alpha:.3f})"
 
 
@@ -117,61 +129,94 @@ def token_texts(response: str, credits: list[dict]) -> list[str]:
     return texts
 
 
-def token_strip(texts: list[str], values: list[float], tips: list[str], scale: float) -> str:
+def token_strip(texts: list[str], values: list[float], tips: list[str], scale: float, floor: float = 0.0) -> str:
     return '<div class="strip">' + "".join(
-        f'<span class="tok" data-p="{t}" style="{shade(v, scale)}" title="{escape(tip)}">{escape(text)}</span>'
+        f'<span class="tok" data-p="{t}" style="{shade(v, scale, floor)}" title="{escape(tip)}">{escape(text)}</span>'
         for t, (text, v, tip) in enumerate(zip(texts, values, tips))) + "</div>"
 
 
-def _row(label: str, strip: str) -> str:
-    return f'<div class="row"><div class="label">{label}</div>{strip}</div>'
+def colour_scale(values: list[float], floor: float) -> float:
+    """One response's colour scale: its largest |advantage|, never below the floor (a response
+    whose advantages are all ~1e-9 must not paint itself solid)."""
+    return max([abs(v) for v in values] + [floor])
 
 
-def response_card(response: dict, by_reward: dict[str, list[dict]]) -> str:
-    """One response: per reward a row of token advantages, GDPO (uniform) and MRTPO side by side."""
-    names = [n for n in response["reward_names"] if n in by_reward]
-    if not names:
+def legend(floor: float) -> str:
+    gradient = f"linear-gradient(to right, rgba({RED},0.85), rgba({RED},0) 50%, rgba({GREEN},0) 50%, rgba({GREEN},0.85))"
+    return (f'<div class="legend"><span>−scale: debited</span><span class="ramp" style="background:{gradient}">'
+            f'</span><span>+scale: credited</span><span class="label">Each response has one colour scale, its '
+            f'largest |advantage| (shown in its heading); |A| &lt; {floor:g} is white.</span></div>')
+
+
+def _reward_label(name: str, score: float, adv: float, feedback: str, replayed: bool) -> str:
+    note = "" if replayed else ' · <span class="label">not replayed (uniform)</span>'
+    return (f'<div class="reward"><b>{escape(name)}</b> <span class="chip">score {score:g}</span> '
+            f'A = {adv:+.3f}{note}<div class="feedback">{escape(feedback or "")}</div></div>')
+
+
+def response_card(response: dict, per_reward: list[list[dict]], floor: float = FLOOR,
+                  siblings: list[tuple[dict, list[list[dict]]]] = ()) -> str:
+    """One response: its prompt, then per reward its score and feedback beside that reward's token
+    advantages, GDPO (uniform) and MRTPO side by side; the prompt group's other responses on demand."""
+    rows = [(k, cs) for k, cs in enumerate(per_reward) if cs]
+    if not rows:
         return f'<div class="card"><b>{escape(response["response_id"])}</b>: no credit rows.</div>'
-    credits = by_reward[names[0]]
-    texts = token_texts(response["response"], credits)
-    T = len(credits)
+    texts = token_texts(response["response"], rows[0][1])
+    T = len(rows[0][1])
     adv_mrtpo = response["adv_mrtpo"] or []
-    rows = {n: by_reward[n] for n in names}
-    scale = max([abs(c["advantage"] or 0) for cs in rows.values() for c in cs]
-                + [abs(c["reward_adv"] or 0) for cs in rows.values() for c in cs]
-                + [abs(a) for a in adv_mrtpo] + [abs(response["adv_gdpo"] or 0)])
-    gdpo, mrtpo = [], []
-    for name in names:
-        cs = rows[name]
+    total = response["adv_gdpo"] or 0.0
+    scale = colour_scale([c["advantage"] or 0 for _, cs in rows for c in cs]
+                         + [c["reward_adv"] or 0 for _, cs in rows for c in cs] + adv_mrtpo + [total], floor)
+    grid = []
+    for k, cs in rows:
         adv_k = cs[0]["reward_adv"] or 0.0
-        replayed = cs[0]["distance"] is not None
-        label = f'{escape(name)} · A = {adv_k:+.3f}' + ("" if replayed else " · not replayed (uniform)")
         tips = [f'#{c["position"]} {text!r} · part {c["part"]} · d {_num(c["distance"], 4)} · '
                 f'w {_num(c["weight"], 2)} · A {_num(c["advantage"])}' for c, text in zip(cs, texts)]
-        gdpo.append(_row(label, token_strip(texts, [adv_k] * T, tips, scale)))
-        mrtpo.append(_row(label, token_strip(texts, [c["advantage"] or 0.0 for c in cs], tips, scale)))
-    total = response["adv_gdpo"] or 0.0
-    gdpo.append(_row(f"<b>total</b> A_gdpo = {total:+.3f}",
-                     token_strip(texts, [total] * T, [f"A_gdpo {total:.3f}"] * T, scale)))
-    if len(adv_mrtpo) == T:
-        mrtpo.append(_row("<b>total</b> A_mrtpo", token_strip(
-            texts, adv_mrtpo, [f"#{t} A_mrtpo {a:.3f}" for t, a in enumerate(adv_mrtpo)], scale)))
-    else:
-        mrtpo.append('<div class="label">MRTPO was not computed for this response.</div>')
-    chips = "".join(f'<span class="chip">{escape(n)}: {s:g}</span>'
-                    for n, s in zip(response["reward_names"], response["rewards"]))
+        grid += [_reward_label(response["reward_names"][k], response["rewards"][k], adv_k,
+                               (response["feedback"] or [""] * len(per_reward))[k], cs[0]["distance"] is not None),
+                 token_strip(texts, [adv_k] * T, tips, scale, floor),
+                 token_strip(texts, [c["advantage"] or 0.0 for c in cs], tips, scale, floor)]
+    mrtpo_total = (token_strip(texts, adv_mrtpo, [f"#{t} A_mrtpo {a:.3f}" for t, a in enumerate(adv_mrtpo)],
+                               scale, floor) if len(adv_mrtpo) == T
+                   else '<div class="label">MRTPO was not computed for this response.</div>')
+    grid += [f'<div class="reward"><b>total</b> A_gdpo = {total:+.3f}</div>',
+             token_strip(texts, [total] * T, [f"A_gdpo {total:.3f}"] * T, scale, floor), mrtpo_total]
     p2t = ""
     adv_p2t = response["adv_p2t"]
     if adv_p2t and len(adv_p2t) == T:
-        p2t_scale = max(abs(a) for a in adv_p2t)
-        p2t = _row(f"P2T token advantage (own scale, max |A| {p2t_scale:.3f})", token_strip(
-            texts, adv_p2t, [f"#{t} A_p2t {a:.3f}" for t, a in enumerate(adv_p2t)], p2t_scale))
+        p2t_scale = colour_scale(adv_p2t, floor)
+        p2t = (f'<div class="row"><div class="label">P2T token advantage (own scale, max |A| {p2t_scale:.3f})</div>'
+               + token_strip(texts, adv_p2t, [f"#{t} A_p2t {a:.3f}" for t, a in enumerate(adv_p2t)], p2t_scale, floor)
+               + "</div>")
     return (f'<div class="card"><h3>{escape(response["response_id"])} '
             f'<span class="label">prompt {escape(response["group_id"])} · {T} tokens · '
-            f'colour scale ±{scale:.3f}</span></h3>{chips}'
-            f'<div class="panels"><div class="panel"><h4>GDPO: each reward\'s advantage on every token</h4>'
-            f'{"".join(gdpo)}</div><div class="panel"><h4>MRTPO: reallocated by replay distance</h4>'
-            f'{"".join(mrtpo)}</div></div>{p2t}</div>')
+            f'colour scale ±{scale:.3f}</span></h3>'
+            f'<details class="prompt"><summary>prompt</summary><pre>{escape(response["prompt"] or "")}</pre></details>'
+            f'<div class="grid"><div class="head">reward, score and feedback</div>'
+            f'<div class="head">GDPO: the reward\'s advantage on every token</div>'
+            f'<div class="head">MRTPO: reallocated by replay distance</div>{"".join(grid)}</div>'
+            f'{p2t}{sibling_list(siblings, floor)}</div>')
+
+
+def sibling_list(siblings: list[tuple[dict, list[list[dict]]]], floor: float) -> str:
+    """The prompt group's other responses, folded: scores and total token advantage of each."""
+    if not siblings:
+        return ""
+    items = []
+    for response, per_reward in siblings:
+        credits = next((cs for cs in per_reward if cs), [])
+        chips = "".join(f'<span class="chip">{escape(n)}: {s:g}</span>'
+                        for n, s in zip(response["reward_names"] or [], response["rewards"] or []))
+        adv_gdpo = response["adv_gdpo"]
+        values = response["adv_mrtpo"] or [adv_gdpo or 0.0] * len(credits)
+        kind = "A_mrtpo" if response["adv_mrtpo"] else "A_gdpo"
+        strip = (token_strip(token_texts(response["response"], credits), values,
+                             [f"#{t} {kind} {a:.3f}" for t, a in enumerate(values)], colour_scale(values, floor), floor)
+                 if credits and len(values) == len(credits) else f'<pre>{escape(response["response"] or "")}</pre>')
+        items.append(f'<div class="sibling"><div class="label">{escape(response["response_id"])} · '
+                     f'A_gdpo {_num(adv_gdpo)} · shaded by {kind} (own scale)</div>{chips}{strip}</div>')
+    return (f'<details class="siblings"><summary>the other {len(siblings)} responses to this prompt</summary>'
+            f'{"".join(items)}</details>')
 
 
 # --- sections ----------------------------------------------------------------------------------
@@ -229,11 +274,15 @@ def share_figures(top: list[dict], parts: list[dict]) -> str:
             '</figcaption></figure></div>')
 
 
-def task_section(task: str, con: duckdb.DuckDBPyConnection, data: dict[str, Any], chosen: list[str]) -> str:
+def task_section(task: str, con: duckdb.DuckDBPyConnection, data: dict[str, Any], chosen: list[str],
+                 floor: float) -> str:
     def of_task(rows: list[dict]) -> list[dict]:
         return [r for r in rows if r["task"] == task]
 
-    cards = "".join(response_card(*analysis.response_detail(con, rid)) for rid in chosen)
+    cards = "".join(response_card(*analysis.response_detail(con, rid), floor=floor,
+                                  siblings=[analysis.response_detail(con, other)
+                                            for other in analysis.siblings(con, rid)])
+                    for rid in chosen)
     return (f'<section id="task-{escape(task)}"><h2>{escape(task)}</h2><h3>Rewards</h3>'
             f'{reward_table(of_task(data["summary"]), data["hist"])}'
             f'<h3>Where the replay distance falls</h3>{share_figures(of_task(data["top"]), of_task(data["parts"]))}'
@@ -242,42 +291,35 @@ def task_section(task: str, con: duckdb.DuckDBPyConnection, data: dict[str, Any]
             f'and advantage A.</p>{cards or "<p>No credited responses.</p>"}</section>')
 
 
-def render(con: duckdb.DuckDBPyConnection, manifest: dict[str, Any], responses_per_task: int = 2) -> str:
-    """The report's HTML for a connection from `connect(out)` and the run's manifest."""
+def render(con: duckdb.DuckDBPyConnection, manifest: dict[str, Any], responses_per_task: int = 2,
+           ids: list[str] | None = None, floor: float = FLOOR) -> str:
+    """The report's HTML for a connection from `connect(out)` and the run's manifest: the responses
+    `ids` (by task), else `responses_per_task` chosen ones per task."""
     data = {"summary": analysis.reward_summary(con).to_pylist(), "hist": analysis.score_histograms(con),
             "top": analysis.top_share(con).to_pylist(), "parts": analysis.part_share(con).to_pylist()}
     counts = analysis.rows(con, analysis.COUNTS_SQL)[0]
-    chosen = analysis.chosen_responses(con, responses_per_task)
+    chosen = analysis.responses_by_task(con, ids) if ids else analysis.chosen_responses(con, responses_per_task)
     tasks = sorted({r["task"] for r in analysis.rows(con, "SELECT DISTINCT task FROM responses")})
     nav = "".join(f'<a href="#task-{escape(t)}">{escape(t)}</a>' for t in tasks)
-    sections = "".join(task_section(t, con, data, chosen.get(t, [])) for t in tasks)
+    sections = "".join(task_section(t, con, data, chosen.get(t, []), floor) for t in tasks)
     title = escape(f'tokencredit report: {manifest.get("run_id", "")}')
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            f'<style>{CSS}</style></head><body>{header(manifest, counts)}<nav>{nav}</nav>{sections}'
-            f'<script>{JS}</script></body></html>')
+            f'<style>{CSS}</style></head><body>{header(manifest, counts)}<nav>{nav}</nav>{legend(floor)}'
+            f'{sections}<script>{JS}</script></body></html>')
 
 
-def _filesystem(out: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in out:
-        return pafs.FileSystem.from_uri(out)
-    return pafs.LocalFileSystem(), str(Path(out).resolve())
+def write_report(out: str | Path, dest: str | Path | None = None, responses_per_task: int = 2,
+                 ids: list[str] | None = None, floor: float = FLOOR, allow_incomplete: bool = False) -> Path:
+    """Write the HTML report of run directory `out` to `dest` (default OUT/report.html).
 
-
-def write_report(out: str | Path, dest: str | Path | None = None, responses_per_task: int = 2) -> Path:
-    """Write the HTML report of run directory `out` to `dest` (default OUT/report.html)."""
+    ids: show these responses token by token (ValueError naming one that is not in the run);
+    default: `responses_per_task` chosen per task. floor: |advantage| below it is drawn white.
+    """
     out = str(out)
-    con = connect(out)
-    fs, root = _filesystem(out)
-    try:
-        with fs.open_input_stream(f"{root}/manifest.json") as stream:
-            manifest = json.loads(stream.read())
-    except FileNotFoundError:
-        manifest = {}  # an unfinished run: the tables are still worth a report
-    html = render(con, manifest, responses_per_task)
-    if dest is None:
-        dest_fs, path = fs, f"{root}/report.html"
-    else:
-        dest_fs, path = _filesystem(str(dest))
+    con = connect(out, allow_incomplete=allow_incomplete)
+    run = run_files(out, allow_incomplete=True)
+    html = render(con, run.manifest, responses_per_task, ids, floor)
+    dest_fs, path = (run.fs, f"{run.root}/report.html") if dest is None else filesystem(str(dest))
     with dest_fs.open_output_stream(path) as stream:
         stream.write(html.encode())
     return Path(path)

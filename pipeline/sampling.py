@@ -13,42 +13,21 @@ what a later teacher-forced forward of prompt + response reproduces, and what of
 from __future__ import annotations
 
 import hashlib
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from schemas.records import RecordError, Sample, TaskRecord
 
+from .config import SamplingConfig
 from .detokenize import StopChecker
 from .models import cache_keyword, load_policy, model_name
+from .progress import Progress
 from .prompts import sampling_prompt
 
 BACKENDS = ("transformers", "vllm")
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    n: int = 4  # responses per prompt
-    max_new_tokens: int = 96
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()  # a response ends at the token that completes one of these strings
-    seed: int = 0
-    batch_size: int = 32  # rows (prompt x sample) per forward
-
-    def __post_init__(self):
-        object.__setattr__(self, "stop", tuple(self.stop))
-        checks = {"n": self.n >= 1, "max_new_tokens": self.max_new_tokens >= 1, "temperature": self.temperature >= 0,
-                  "top_p": 0 < self.top_p <= 1, "batch_size": self.batch_size >= 1,
-                  "stop": all(isinstance(s, str) and s for s in self.stop)}
-        bad = [name for name, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"SamplingConfig: invalid {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
 
 
 class Sampler(Protocol):
@@ -194,15 +173,14 @@ class TransformersSampler:
         prompts = {r.id: render_prompt(self.tokenizer, r.prompt) for r in records}
         rows = [(r, j) for r in records for j in range(config.n)]
         samples = []
-        show = self.progress and sys.stderr.isatty()
-        with tqdm(total=len(rows), desc="sampling", unit="response", disable=not show) as bar:
+        with Progress("sampling", total=len(rows), unit="response", enabled=self.progress) as bar:
             for start in range(0, len(rows), config.batch_size):
                 batch = rows[start: start + config.batch_size]
                 tokens, logprobs = self.generate([prompts[r.id][1] for r, _ in batch],
                                                  [row_seed(config.seed, r.id, j) for r, j in batch], config)
                 samples += [build_sample(r, j, prompts[r.id], t, lp, self.tokenizer, self.name, config.seed)
                             for (r, j), t, lp in zip(batch, tokens, logprobs)]
-                bar.update(len(batch))
+                bar.update(len(batch), tokens=sum(map(len, tokens)))
         return samples
 
     @torch.inference_mode()

@@ -19,6 +19,8 @@ def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[in
     byte-level BPE merges and skipped special tokens consistent with how the response text itself was
     decoded. In linear time: each token's growth of the decoded text is read from a window that starts
     a few tokens back with CONTEXT_CHARS characters of context, and moves forward every WINDOW_TOKENS.
+    A token's text is its span of that text (" age", not the vocabulary entry "Ġage"); a token with no
+    span of its own (a special token such as the end of sequence) is decoded alone ("<|im_end|>").
     """
     ends, end, start, before = [], 0, 0, ""
     for t in range(len(token_ids)):
@@ -29,8 +31,9 @@ def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[in
         ends.append(end)
         before = after
     starts = [0, *ends[:-1]]
-    texts = tokenizer.convert_ids_to_tokens(list(token_ids))
-    return [str(t) for t in texts], starts, ends
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    texts = [text[s:e] if e > s else tokenizer.decode([t]) for t, s, e in zip(token_ids, starts, ends)]
+    return texts, starts, ends
 
 
 def _part_of(spans: list[tuple[int, int, str]], start: int, end: int) -> str:
@@ -52,15 +55,16 @@ def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Ta
             "task": sample.task, "prompt": sample.prompt, "response": sample.response,
             "prompt_token_ids": sample.prompt_token_ids, "token_ids": sample.token_ids,
             "sample_logprobs": sample.sample_logprobs,
-            "reward_names": [r.name for r in item.verified.rewards],
+            "reward_names": [verifiers.stored_reward(sample.task, r.name)[0] for r in item.verified.rewards],
             "rewards": [r.score for r in item.verified.rewards],
             "feedback": [r.feedback for r in item.verified.rewards],
+            "observed": [r.observed for r in item.verified.rewards],
             "reward_advs": credit.reward_adv if credit else None,
-            "adv_grpo": item.adv_grpo, "adv_gdpo": item.adv_gdpo,
-            "adv_mrtpo": credit.adv_mrtpo if credit else None,
+            "adv_grpo": item.adv_grpo, "gdpo_sum": item.gdpo_sum,
+            "mrtpo_sum": credit.mrtpo_sum if credit else None,
             "p2t_raw": credit.p2t_raw if credit else None,
             "p2t_reward": credit.p2t_reward if credit else None,
-            "adv_p2t": credit.adv_p2t if credit else None,
+            "p2t_alpha": credit.p2t_alpha if credit else None,
             "status": item.verified.status, "model": sample.model, "seed": sample.seed,
         })
     return pa.Table.from_pylist(rows, schema=RESPONSES)
@@ -77,7 +81,8 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
         spans = verifiers.response_parts(records[sample.group_id], sample.response)
         parts = [_part_of(spans, s, e) for s, e in zip(starts, ends)]
         T = len(sample.token_ids)
-        for k, reward in enumerate(credit.reward_names):
+        for k, name in enumerate(credit.reward_names):
+            reward, constraint_index = verifiers.stored_reward(sample.task, name)
             distance = credit.distance[k]
             columns["response_id"] += [sample.response_id] * T
             columns["task"] += [sample.task] * T
@@ -88,8 +93,12 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
             columns["char_end"] += ends
             columns["part"] += parts
             columns["reward"] += [reward] * T
+            columns["constraint_index"] += [constraint_index] * T
             columns["reward_adv"] += [credit.reward_adv[k]] * T
             columns["distance"] += distance if distance is not None else [None] * T
+            js = credit.js[k] if credit.js is not None else None
+            columns["js"] += js if js is not None else [None] * T
+            columns["floored"] += [bool(credit.floored[k]) if credit.floored is not None else None] * T
             columns["weight"] += credit.weight[k]
             columns["advantage"] += credit.advantage[k]
             columns["beta"] += [credit.beta] * T

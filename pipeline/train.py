@@ -4,13 +4,20 @@
 
 Objectives: `pg`, the clipped offline policy gradient on per-token advantages (any kind of the
 view, or a mix such as "mrtpo:0.5,gdpo:0.5"), and `sft`, token-weighted SFT whose weights are
-the view's `sft_weight` (advantage=None) or the positive part of the chosen advantage.
+the view's `sft_weight` (advantage=None) or the positive part of the chosen advantage. Either
+may add `kl_coef` x KL to the frozen initial policy (`kl_penalty`); `grad_accum` micro-batches of
+`batch_size` make one optimizer step (the same gradient as one batch of their union); `bf16`
+runs the forwards under bf16 autocast (CUDA; CPU works too, slowly); `lora` trains adapters.
+
+The advantages are the dataset's: GDPO's batch step taken over the whole run (schemas/views.sql).
+A trainer that prefers to normalize over its own batch, as TRL and verl do, reads `gdpo_sum` and
+`mrtpo_sum` from the `responses` view and applies `advantages.batch_statistics` per batch.
 
 The output directory holds
 
     out/checkpoint-{step}/   model (safetensors), tokenizer, trainer_state.pt, train_config.json
-    out/final/               the same after the last step
-    out/metrics.csv          step, loss, mean_advantage, tokens (one row per optimizer step)
+    out/final/               model (safetensors), tokenizer, train_config.json: weights only
+    out/metrics.csv          step, loss, kl, mean_advantage, tokens (one row per optimizer step)
     out/metrics.png          those curves
 
 A checkpoint is written to a temporary folder and renamed into place, so one that exists is
@@ -34,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-from .losses import IGNORE_INDEX, policy_gradient_loss, token_weighted_sft_loss
+from .losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
 from .models import load_policy
 from .query import connect
 
@@ -42,9 +49,10 @@ ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t")
 OBJECTIVES = ("pg", "sft")
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "train_config.json"
-METRICS = ("step", "loss", "mean_advantage", "tokens")
+METRICS = ("step", "loss", "kl", "mean_advantage", "tokens")
 # Config fields that shape the training trajectory: a resume must not change them.
-RESUME_KEYS = ("data", "advantage", "objective", "model", "batch_size", "lr", "clip_eps", "seed", "lora")
+RESUME_KEYS = ("data", "advantage", "objective", "model", "batch_size", "lr", "clip_eps", "seed", "lora",
+               "grad_accum", "kl_coef")
 
 
 @dataclass
@@ -60,8 +68,12 @@ class TrainConfig:
     clip_eps: float = 0.2
     seed: int = 0
     device: str = "cpu"
-    lora: bool = False  # LoRA adapters via `peft` (optional); checkpoints then hold only the adapter
+    lora: bool = False  # LoRA adapters via `peft` (the `lora` extra); checkpoints then hold only the adapter
     save_every: int = 25
+    grad_accum: int = 1  # micro-batches of batch_size per optimizer step
+    kl_coef: float = 0.0  # weight of KL(pi || pi_ref), pi_ref = the initial policy (LoRA: the base model)
+    bf16: bool = False  # bf16 autocast of the forward passes
+    allow_incomplete: bool = False  # train on a run whose annotation has not finished
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -70,7 +82,9 @@ class TrainConfig:
             raise ValueError("TrainConfig.advantage: objective 'pg' needs an advantage kind")
         if self.advantage is not None:
             parse_advantage(self.advantage)
-        for name in ("steps", "batch_size", "save_every"):
+        if self.kl_coef < 0:
+            raise ValueError(f"TrainConfig.kl_coef must be >= 0, got {self.kl_coef}")
+        for name in ("steps", "batch_size", "save_every", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -93,7 +107,7 @@ def parse_advantage(spec: str) -> dict[str, float]:
 # --- reading the training view ------------------------------------------------------------------
 
 
-def read_training(data: str | Path, advantage: str | None) -> list[dict[str, Any]]:
+def read_training(data: str | Path, advantage: str | None, allow_incomplete: bool = False) -> list[dict[str, Any]]:
     """Rows of the run's `training` view (ordered by response_id); with `advantage` given, each row
     also has `advantages`: the chosen kind, or the coefficient-weighted sum of a mix, per token.
 
@@ -104,7 +118,8 @@ def read_training(data: str | Path, advantage: str | None) -> list[dict[str, Any
     columns = ", ".join(["response_id", "group_id", "task", "prompt", "response", "prompt_token_ids",
                          "token_ids", "sample_logprobs", "sft_weight", *(f"adv_{k}" for k in mix)])
     try:
-        rows = connect(data).sql(f"SELECT {columns} FROM training ORDER BY response_id").to_arrow_table().to_pylist()
+        rows = connect(data, allow_incomplete=allow_incomplete).sql(
+            f"SELECT {columns} FROM training ORDER BY response_id").to_arrow_table().to_pylist()
     except duckdb.BinderException as err:
         raise ValueError(f"run dir {data}: cannot read advantage {advantage!r} from the training view "
                          f"({str(err).splitlines()[0]})") from err
@@ -142,11 +157,12 @@ class Example:
     credit: list[float]  # per-token advantage (pg) or SFT weight (sft)
 
 
-def load_examples(data: str | Path, advantage: str | None, objective: str) -> list[Example]:
+def load_examples(data: str | Path, advantage: str | None, objective: str,
+                  allow_incomplete: bool = False) -> list[Example]:
     """The run's responses as Examples. Responses without tokens are dropped, and for `sft` also those
     whose weights are all zero: they add nothing to the numerator or the denominator of the loss."""
     examples = []
-    for row in read_training(data, advantage):
+    for row in read_training(data, advantage, allow_incomplete):
         if objective == "pg":
             credit = row["advantages"]
             if row["sample_logprobs"] is None:
@@ -202,29 +218,74 @@ def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
     return torch.where(targets != IGNORE_INDEX, -nll, 0.0)
 
 
-def train_step(model, batch: dict[str, Tensor], objective: str, optimizer: torch.optim.Optimizer,
-               clip_eps: float = 0.2) -> dict[str, float]:
-    """One forward, backward and optimizer step on a collate() batch (on the model's device).
+def _logprobs(model, batch: dict[str, Tensor], bf16: bool) -> Tensor:
+    device_type = batch["input_ids"].device.type
+    with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return token_logprobs(logits, batch["labels"])
 
-    Returns loss, mean_advantage (mean credit over the response tokens: the advantage for `pg`,
-    the SFT weight for `sft`) and tokens (number of response tokens).
+
+def train_step(model, batch: dict[str, Tensor] | list[dict[str, Tensor]], objective: str,
+               optimizer: torch.optim.Optimizer, clip_eps: float = 0.2, *, reference=None, kl_coef: float = 0.0,
+               bf16: bool = False) -> dict[str, float]:
+    """One optimizer step on a collate() batch, or on a list of them (micro-batches, on the model's device).
+
+    The micro-batches' gradients accumulate, each weighted by its share of the step's tokens (pg, KL) or
+    of its SFT weight (sft), so the step equals one on their union. `reference(batch)` gives log pi_ref
+    of the labels ([B, L - 1]) for the `kl_coef` term. Returns loss (objective + kl_coef * kl), kl,
+    mean_advantage (mean credit over the response tokens: the advantage for `pg`, the SFT weight for
+    `sft`) and tokens (number of response tokens).
     """
-    model.train()
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    labels = batch["labels"]
-    mask = labels[:, 1:] != IGNORE_INDEX
-    credit = batch["credit"][:, 1:]
-    if objective == "sft":
-        loss = token_weighted_sft_loss(logits, labels, batch["credit"])
-    elif objective == "pg":
-        loss = policy_gradient_loss(token_logprobs(logits, labels), batch["sample_logprobs"][:, 1:], credit,
-                                    mask, clip_eps)
-    else:
+    if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
+    if kl_coef and reference is None:
+        raise ValueError("train_step: kl_coef > 0 needs a reference policy")
+    micro = batch if isinstance(batch, list) else [batch]
+    masks = [b["labels"][:, 1:] != IGNORE_INDEX for b in micro]
+    tokens = sum(int(m.sum()) for m in masks)
+    weight_sum = sum(float(b["credit"][:, 1:][m].sum()) for b, m in zip(micro, masks))
+    if objective == "sft" and weight_sum <= 0:
+        raise ValueError("train_step: the SFT weights of the batch's labelled tokens sum to zero")
+    model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    loss_total = kl_total = credit_total = 0.0
+    for b, mask in zip(micro, masks):
+        n = int(mask.sum())
+        if n == 0:
+            continue
+        logprobs = _logprobs(model, b, bf16)
+        credit = b["credit"][:, 1:]
+        if objective == "sft":
+            share = float(credit[mask].sum()) / weight_sum
+            loss = -(credit * logprobs).sum() / weight_sum  # token_weighted_sft_loss over the union
+        else:
+            share = n / tokens
+            loss = policy_gradient_loss(logprobs, b["sample_logprobs"][:, 1:], credit, mask, clip_eps) * share
+        if kl_coef:
+            with torch.no_grad():
+                ref = reference(b)
+            kl = kl_penalty(logprobs, ref, mask) * (n / tokens)
+            loss = loss + kl_coef * kl
+            kl_total += kl.item()
+        if share or kl_coef:
+            loss.backward()
+        loss_total += loss.item()
+        credit_total += float(credit[mask].sum())
     optimizer.step()
-    return {"loss": loss.item(), "mean_advantage": credit[mask].mean().item(), "tokens": int(mask.sum())}
+    return {"loss": loss_total, "kl": kl_total, "mean_advantage": credit_total / tokens, "tokens": tokens}
+
+
+def reference_policy(config: TrainConfig, model):
+    """log pi_ref for the KL term, as a function of a batch: the frozen initial policy (config.model,
+    also on resume), or with LoRA the base model itself with its adapters switched off."""
+    if config.lora:
+        def with_adapters_off(batch):
+            with model.disable_adapter():
+                return _logprobs(model, batch, config.bf16)
+        return with_adapters_off
+    frozen, _ = load_policy(config.model, device=config.device)
+    frozen.eval().requires_grad_(False)
+    return lambda batch: _logprobs(frozen, batch, config.bf16)
 
 
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> list[int]:
@@ -266,15 +327,17 @@ def _identity(config: TrainConfig) -> dict[str, Any]:
 
 
 def save_checkpoint(model, tokenizer, optimizer, step: int, config: TrainConfig, dest: Path) -> Path:
-    """Weights (safetensors), tokenizer and trainer state into `dest`, atomically (tmp folder + rename)."""
+    """Weights (safetensors), tokenizer and, unless `optimizer` is None, trainer state (AdamW moments,
+    step, RNG) into `dest`, atomically (tmp folder + rename)."""
     tmp = dest.with_name(f"{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    state = {"step": step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    torch.save(state, tmp / STATE_FILE)
+    if optimizer is not None:
+        state = {"step": step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        torch.save(state, tmp / STATE_FILE)
     (tmp / CONFIG_FILE).write_text(json.dumps({**asdict(config), "identity": _identity(config)}, indent=2))
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
@@ -284,7 +347,9 @@ def save_checkpoint(model, tokenizer, optimizer, step: int, config: TrainConfig,
 def restore(checkpoint: Path, config: TrainConfig, optimizer) -> int:
     """Load optimizer and RNG state from a checkpoint of the same configuration; returns its step."""
     saved = json.loads((checkpoint / CONFIG_FILE).read_text())["identity"]
-    changed = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in _identity(config).items() if saved.get(k) != v]
+    defaults = {"grad_accum": 1, "kl_coef": 0.0}  # checkpoints written before these options existed
+    changed = [f"{k}: saved {saved.get(k, defaults.get(k))!r}, now {v!r}" for k, v in _identity(config).items()
+               if saved.get(k, defaults.get(k)) != v]
     if changed:
         raise ValueError(f"{checkpoint.parent} holds a run with another configuration ({'; '.join(changed)}); "
                          f"use a new out dir or the same settings")
@@ -317,9 +382,9 @@ def plot_metrics(csv_path: Path, png_path: Path) -> None:
     with csv_path.open() as f:
         rows = list(csv.DictReader(f))
     steps = [int(r["step"]) for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for ax, key in zip(axes, ("loss", "mean_advantage")):
-        ax.plot(steps, [float(r[key]) for r in rows], marker=".")
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    for ax, key in zip(axes, ("loss", "kl", "mean_advantage")):
+        ax.plot(steps, [float(r[key] or "nan") for r in rows], marker=".")
         ax.set_xlabel("step")
         ax.set_title(key)
     fig.tight_layout()
@@ -332,11 +397,12 @@ def train(config: TrainConfig) -> Path:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)  # LoRA init; a resume then restores the saved RNG state
-    examples = load_examples(config.data, config.advantage, config.objective)
+    examples = load_examples(config.data, config.advantage, config.objective, config.allow_incomplete)
     checkpoint = latest_checkpoint(out)
     model, tokenizer = load_model(config, checkpoint)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
     start = restore(checkpoint, config, optimizer) if checkpoint else 0
+    reference = reference_policy(config, model) if config.kl_coef else None
     metrics_csv = out / "metrics.csv"
     reset_metrics(metrics_csv, start)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -345,14 +411,15 @@ def train(config: TrainConfig) -> Path:
         log = csv.DictWriter(f, fieldnames=METRICS)
         progress = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train")
         for step in progress:
-            batch = collate([examples[i] for i in batch_indices(len(examples), config.batch_size, config.seed, step)],
-                            pad_id)
-            row = train_step(model, {k: v.to(device) for k, v in batch.items()}, config.objective, optimizer,
-                             config.clip_eps)
+            indices = batch_indices(len(examples), config.batch_size * config.grad_accum, config.seed, step)
+            micro = [collate([examples[i] for i in indices[m: m + config.batch_size]], pad_id)
+                     for m in range(0, len(indices), config.batch_size)]
+            row = train_step(model, [{k: v.to(device) for k, v in b.items()} for b in micro], config.objective,
+                             optimizer, config.clip_eps, reference=reference, kl_coef=config.kl_coef, bf16=config.bf16)
             log.writerow({"step": step + 1, **row})
             f.flush()
             progress.set_postfix(loss=f"{row['loss']:.4f}")
             if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
                 save_checkpoint(model, tokenizer, optimizer, step + 1, config, out / f"checkpoint-{step + 1}")
     plot_metrics(metrics_csv, out / "metrics.png")
-    return save_checkpoint(model, tokenizer, optimizer, max(start, config.steps), config, out / "final")
+    return save_checkpoint(model, tokenizer, None, max(start, config.steps), config, out / "final")

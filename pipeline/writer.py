@@ -1,23 +1,30 @@
-"""Atomic, resumable Parquet writing of a run directory.
+"""Atomic, resumable Parquet writing of a run directory, and the list of files a reader may read.
 
     OUT/responses/part-00003.parquet   one file per shard and table
     OUT/credits/part-00003.parquet
-    OUT/_shards/shard-00003.json       completion marker: rows and checksums of that shard
-    OUT/manifest.json                  config, code version, seeds, per-shard rows and checksums
+    OUT/_shards/shard-00003.json       completion marker: rows, checksums and code version of that shard
+    OUT/manifest.json                  config, code version, seeds, per-shard rows and checksums;
+                                       `complete` is true once every shard is written
+    OUT/.lock                          held by the one process that writes the run
 
 A shard is written table by table to a temporary name and renamed into place; it counts as
 complete only once its marker exists, and the marker is written (atomically) last. A crash
-therefore leaves at worst an orphan temporary file or unmarked shard files; both are rewritten
-on resume, so a resumed run has no duplicates and no gaps. Markers, not the manifest, record
-completion so that shards written in parallel by different processes never race on one file.
+therefore leaves at worst an orphan temporary file or unmarked shard files; a resume deletes
+both, re-checks every marked shard's files against the checksums in its marker (a shard whose
+files changed is written again), so a resumed run has no duplicates and no gaps. Markers, not
+the manifest, record completion so that shards written in parallel by different processes never
+race on one file. Readers take the manifest's file list (`run_files`), never a glob of the folder.
 `OUT` may be a local path or any URI that `pyarrow.fs` opens (s3://, gs://, ...).
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
+import socket
 import uuid
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +36,22 @@ from schemas import SCHEMA_VERSION, TABLES, with_version
 
 MANIFEST = "manifest.json"
 SHARDS = "_shards"
+LOCK = ".lock"
+
+
+class IncompleteRunError(ValueError):
+    """A reader asked for a run whose manifest is not complete."""
+
+
+class RunLockedError(RuntimeError):
+    """Another live process is writing the run directory."""
+
+
+def filesystem(out: str) -> tuple[pafs.FileSystem, str]:
+    """(pyarrow filesystem, root path) of a local path or a URI such as s3://bucket/run."""
+    if "://" in out:
+        return pafs.FileSystem.from_uri(out)
+    return pafs.LocalFileSystem(), str(Path(out).resolve())
 
 
 def _sha256(fs: pafs.FileSystem, path: str) -> str:
@@ -47,6 +70,55 @@ def _write_atomic(fs: pafs.FileSystem, path: str, write) -> None:
     fs.move(tmp, path)
 
 
+def _read_json(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as stream:
+        return json.loads(stream.read())
+
+
+def _exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+@dataclass
+class RunFiles:
+    """What a reader of a run may read: its manifest and, per table, the part files (full paths)."""
+
+    fs: pafs.FileSystem
+    root: str
+    local: bool
+    manifest: dict[str, Any]
+    files: dict[str, list[str]]
+
+
+def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
+    """The part files of a run: the manifest's list once the run is complete.
+
+    An incomplete run raises IncompleteRunError, unless `allow_incomplete`: then the files of the
+    shards whose completion marker exists (never a half-written or unmarked file).
+    """
+    fs, root = filesystem(out)
+    manifest = _read_json(fs, f"{root}/{MANIFEST}")
+    if manifest is None:
+        raise FileNotFoundError(f"{out} is not a tokencredit run directory (no {MANIFEST})")
+    if manifest.get("complete"):
+        entries = list(manifest["shards"].values())
+    else:
+        markers = fs.get_file_info(pafs.FileSelector(f"{root}/{SHARDS}", allow_not_found=True))
+        entries = [_read_json(fs, m.path) for m in markers
+                   if m.base_name.startswith("shard-") and m.base_name.endswith(".json")]
+        if not allow_incomplete:
+            total = manifest.get("n_shards")
+            raise IncompleteRunError(
+                f"{out}: the run is not complete ({len(entries)} of {total if total is not None else '?'} shards "
+                f"written); resume it with the same annotate command, or pass --allow-incomplete to read "
+                f"the shards written so far")
+    entries.sort(key=lambda e: e["shard"])
+    files = {name: [f"{root}/{e[name]['path']}" for e in entries if name in e] for name in TABLES}
+    return RunFiles(fs, root, "://" not in out, manifest, files)
+
+
 @dataclass
 class RunWriter:
     """Writes the shards of one run; `manifest` mirrors OUT/manifest.json."""
@@ -55,48 +127,153 @@ class RunWriter:
     fs: pafs.FileSystem = field(init=False)
     root: str = field(init=False)
     manifest: dict[str, Any] = field(init=False)
+    _lock_handle: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        if "://" in self.out:
-            self.fs, self.root = pafs.FileSystem.from_uri(self.out)
-        else:
-            self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(self.out)
+        self.fs, self.root = filesystem(self.out)
         for folder in (*TABLES, SHARDS):
             self.fs.create_dir(f"{self.root}/{folder}", recursive=True)
         self.manifest = self._read_json(MANIFEST) or {"schema_version": SCHEMA_VERSION}
 
     def _read_json(self, relpath: str) -> dict[str, Any] | None:
-        path = f"{self.root}/{relpath}"
-        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
-            return None
-        with self.fs.open_input_stream(path) as stream:
-            return json.loads(stream.read())
+        return _read_json(self.fs, f"{self.root}/{relpath}")
 
-    def _write_json(self, relpath: str, obj: dict[str, Any]) -> None:
-        payload = json.dumps(obj, indent=2, sort_keys=True).encode()
-
+    def write_file(self, relpath: str, payload: bytes) -> None:
+        """Write OUT/relpath atomically (temporary name, then rename)."""
         def write(tmp: str) -> None:
             with self.fs.open_output_stream(tmp) as stream:
                 stream.write(payload)
 
         _write_atomic(self.fs, f"{self.root}/{relpath}", write)
 
-    def start(self, run_id: str, config: dict[str, Any], config_hash: str, code_version: str) -> None:
-        """Record the run's identity; refuses to mix two different configs in one directory."""
+    def _write_json(self, relpath: str, obj: dict[str, Any]) -> None:
+        self.write_file(relpath, json.dumps(obj, indent=2, sort_keys=True).encode())
+
+    # --- one writer at a time ------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """Claim the run directory for this process until `unlock`: a second writer of the same
+        folder is refused (RunLockedError) while this one lives. Local folders use an OS lock
+        (released by the kernel even after `kill -9`); remote ones a lock object naming host and
+        process, taken over once that process is gone from this host."""
+        if self._lock_handle is None:
+            self._lock_handle = self._acquire()
+
+    def unlock(self) -> None:
+        if self._lock_handle is not None:
+            self._release(self._lock_handle)
+            self._lock_handle = None
+
+    def _owner(self) -> dict[str, Any]:
+        return {"host": socket.gethostname(), "pid": os.getpid(),
+                "since": datetime.datetime.now().isoformat(timespec="seconds")}
+
+    def _locked_message(self, owner: dict[str, Any] | None) -> str:
+        who = (f"process {owner.get('pid')} on {owner.get('host')} (since {owner.get('since')})"
+               if owner else "another process")
+        return (f"{self.out} is being written by {who}; wait for it to finish or stop it "
+                f"(one writer per run directory)")
+
+    def _acquire(self):
+        path = f"{self.root}/{LOCK}"
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            import fcntl
+
+            handle = open(path, "a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                text = handle.read()
+                handle.close()
+                raise RunLockedError(self._locked_message(json.loads(text) if text.strip() else None)) from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(self._owner()))
+            handle.flush()
+            return handle
+        owner = _read_json(self.fs, path)
+        if owner and not _owner_is_gone(owner):
+            raise RunLockedError(self._locked_message(owner))
+        # object stores have no exclusive create: write, then read back to see who won
+        mine = {**self._owner(), "token": uuid.uuid4().hex}
+        self._write_json(LOCK, mine)
+        if _read_json(self.fs, path) != mine:
+            raise RunLockedError(self._locked_message(_read_json(self.fs, path)))
+        return mine
+
+    def _release(self, handle) -> None:
+        if isinstance(handle, dict):
+            if _read_json(self.fs, f"{self.root}/{LOCK}") == handle:
+                self.fs.delete_file(f"{self.root}/{LOCK}")
+        else:
+            handle.close()  # closing the file releases the OS lock
+
+    def check_unlocked(self) -> None:
+        """Raise RunLockedError if another live process holds the lock (without taking it)."""
+        self._release(self._acquire())
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def start(self, run_id: str, config: dict[str, Any], config_hash: str, code_version: str,
+              n_shards: int | None = None, seeds: dict[str, Any] | None = None) -> None:
+        """Record the run's identity; refuses to mix two different configs in one directory.
+
+        `seeds` defaults to {"sampling": config["seed"]}. A complete run stays complete (a re-run
+        of it writes nothing) until `resume_check` finds a shard to write again.
+        """
+        self.check_config(config_hash)
+        previous = self.manifest.get("config_hash")
+        self.manifest.update(run_id=run_id, config=config, config_hash=config_hash, code_version=code_version,
+                             n_shards=n_shards, seeds=seeds if seeds is not None else {"sampling": config.get("seed")},
+                             complete=bool(self.manifest.get("complete")) and previous == config_hash)
+        self._write_json(MANIFEST, self.manifest)
+
+    def check_config(self, config_hash: str) -> None:
+        """Raise ValueError if the directory already holds a run of another config."""
         previous = self.manifest.get("config_hash")
         if previous is not None and previous != config_hash:
             raise ValueError(
                 f"{self.out} already holds run {self.manifest.get('run_id')!r} with another config "
                 f"(hash {previous[:12]} != {config_hash[:12]}); use a new --out or the same config")
-        self.manifest.update(run_id=run_id, config=config, config_hash=config_hash,
-                             code_version=code_version, seeds={"sampling": config.get("seed")})
-        self._write_json(MANIFEST, self.manifest)
+
+    def resume_check(self, n_shards: int) -> list[int]:
+        """Before (re)writing shards: delete temporary files, and unmark every shard whose files are
+        missing or differ from the checksums in its marker. Returns the shards unmarked (they are
+        written again). Call it holding the lock.
+
+        Unmarked part files stay: they are whole files (written under a temporary name, then
+        renamed), their shard's rewrite replaces them, and readers never list them. A task of a
+        killed run that still runs on a Dask worker may finish a shard meanwhile; it writes the
+        same bytes, and if this deletes its temporary file that task fails, and the shard is
+        written here."""
+        for folder in ("", *TABLES, SHARDS):
+            infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"), allow_not_found=True))
+            for info in infos:
+                if info.type == pafs.FileType.File and info.base_name.startswith(".") and info.base_name.endswith(".tmp"):
+                    self.fs.delete_file(info.path)
+        marked = {s: self._read_json(self._marker(s)) for s in range(n_shards)}
+        redo = [s for s, entry in marked.items() if entry is not None and not self._files_match(entry)]
+        if redo and self.manifest.get("complete"):
+            self.manifest["complete"] = False
+            self._write_json(MANIFEST, self.manifest)
+        for s in redo:
+            self.fs.delete_file(f"{self.root}/{self._marker(s)}")
+        return redo
+
+    def _files_match(self, entry: dict[str, Any]) -> bool:
+        for name in TABLES:
+            if name in entry:
+                path = f"{self.root}/{entry[name]['path']}"
+                if not _exists(self.fs, path) or _sha256(self.fs, path) != entry[name]["sha256"]:
+                    return False
+        return True
 
     def _marker(self, shard: int) -> str:
         return f"{SHARDS}/shard-{shard:05d}.json"
 
     def is_complete(self, shard: int) -> bool:
-        return self.fs.get_file_info(f"{self.root}/{self._marker(shard)}").type != pafs.FileType.NotFound
+        return _exists(self.fs, f"{self.root}/{self._marker(shard)}")
 
     def shard_entry(self, shard: int) -> dict[str, Any]:
         """The completion marker of a written shard (rows, checksums, stats)."""
@@ -105,9 +282,13 @@ class RunWriter:
             raise KeyError(f"{self.out}: shard {shard} is not written")
         return entry
 
-    def write_shard(self, shard: int, tables: dict[str, pa.Table], stats: dict[str, Any]) -> dict[str, Any]:
-        """Write every table of one shard atomically, then its completion marker."""
-        entry: dict[str, Any] = {"shard": shard, "stats": stats}
+    def write_shard(self, shard: int, tables: dict[str, pa.Table], stats: dict[str, Any],
+                    code_version: str | None = None) -> dict[str, Any]:
+        """Write every table of one shard atomically, then its completion marker.
+
+        `code_version`: of the code that computed the shard (a Dask worker may run other code
+        than the process that started the run)."""
+        entry: dict[str, Any] = {"shard": shard, "stats": stats, "code_version": code_version}
         for name, table in tables.items():
             path = f"{self.root}/{name}/part-{shard:05d}.parquet"
             table = table.cast(with_version(TABLES[name], name))
@@ -118,7 +299,8 @@ class RunWriter:
         return entry
 
     def finish(self, n_shards: int, extra: dict[str, Any]) -> dict[str, Any]:
-        """Collect the shard markers into the manifest: totals, summed stats, dataset checksum.
+        """Collect the shard markers into the manifest: totals, summed stats, dataset checksum,
+        `complete: true`.
 
         Raises if a shard in range(n_shards) is missing: the run is not complete.
         """
@@ -134,6 +316,19 @@ class RunWriter:
             for key, value in entry["stats"].items():
                 stats[key] = stats.get(key, 0) + value
         self.manifest.update(shards={str(e["shard"]): e for e in entries}, totals=totals, stats=stats,
-                             dataset_checksum=checksum, **extra)
+                             dataset_checksum=checksum, n_shards=n_shards, complete=True, **extra)
         self._write_json(MANIFEST, self.manifest)
         return self.manifest
+
+
+def _owner_is_gone(owner: dict[str, Any]) -> bool:
+    """True when the lock's process ran on this host and no longer exists."""
+    if owner.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, ValueError, TypeError):
+        return False
+    return False

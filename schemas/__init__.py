@@ -1,8 +1,8 @@
 """Arrow schemas of the tokencredit dataset and the DuckDB views over a run directory.
 
 A run directory holds `responses/part-*.parquet`, `credits/part-*.parquet` and
-`manifest.json`; `views.sql` (with `{out}` replaced by the run directory) creates the
-`responses`, `credits` and `training` views.
+`manifest.json`; `views.sql` (with `{responses}` and `{credits}` replaced by table expressions
+over the manifest's part files) creates the `responses`, `credits` and `training` views.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from importlib.resources import files
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.1"  # 2.0: GDPO's batch step moved to the views; 2.1: instruction rewards as kind + constraint_index
 
 RESPONSES = pa.schema(
     [
@@ -23,16 +23,19 @@ RESPONSES = pa.schema(
         pa.field("prompt_token_ids", pa.list_(pa.int32())),
         pa.field("token_ids", pa.list_(pa.int32())),
         pa.field("sample_logprobs", pa.list_(pa.float32())),
+        # the verifier's rewards in order; an instruction constraint's kind (list position = its index)
         pa.field("reward_names", pa.list_(pa.string())),
         pa.field("rewards", pa.list_(pa.float32())),
-        pa.field("feedback", pa.list_(pa.string())),
+        pa.field("feedback", pa.list_(pa.string())),  # per reward: what the verifier expected
+        pa.field("observed", pa.list_(pa.string())),  # per reward: what it found in the response
         pa.field("reward_advs", pa.list_(pa.float32())),
         pa.field("adv_grpo", pa.float32()),
-        pa.field("adv_gdpo", pa.float32()),
-        pa.field("adv_mrtpo", pa.list_(pa.float32())),
+        # before GDPO's batch step (the views apply c and m over the whole run): S[i] = sum_k w_k A[i,k]
+        pa.field("gdpo_sum", pa.float32()),
+        pa.field("mrtpo_sum", pa.list_(pa.float32())),  # [T] sum_k w_k A[i,k,t]
         pa.field("p2t_raw", pa.list_(pa.float32())),
         pa.field("p2t_reward", pa.list_(pa.float32())),
-        pa.field("adv_p2t", pa.list_(pa.float32())),
+        pa.field("p2t_alpha", pa.float32()),  # A_p2t[i,t] = A_gdpo[i] + p2t_alpha * p2t_reward[t]
         pa.field("status", pa.string()),
         pa.field("model", pa.string()),
         pa.field("seed", pa.int64()),
@@ -50,8 +53,11 @@ CREDITS = pa.schema(
         pa.field("char_end", pa.int32()),
         pa.field("part", pa.string()),
         pa.field("reward", pa.string(), nullable=False),
+        pa.field("constraint_index", pa.int32()),  # which constraint of an instruction record; NULL elsewhere
         pa.field("reward_adv", pa.float32()),
-        pa.field("distance", pa.float32()),
+        pa.field("distance", pa.float32()),  # replay relevance d of the run's option (manifest: credit.relevance)
+        pa.field("js", pa.float32()),  # JS distance, when stored beside another relevance
+        pa.field("floored", pa.bool_()),  # d under the noise floor: uniform weights for this (response, reward)
         pa.field("weight", pa.float32()),
         pa.field("advantage", pa.float32()),
         pa.field("beta", pa.float32()),
@@ -66,7 +72,24 @@ def with_version(schema: pa.Schema, table: str) -> pa.Schema:
     return schema.with_metadata({"tokencredit.schema_version": SCHEMA_VERSION, "tokencredit.table": table})
 
 
-def views_sql(out: str) -> str:
-    """DuckDB statements creating the views over run directory `out`."""
+BATCH_DEFAULTS = {"batch": "std", "batch_ddof": 0, "batch_eps": 1e-6}  # method.md's GDPO batch step
+
+
+def views_sql(sources: dict[str, str], gdpo: dict | None = None) -> str:
+    """DuckDB statements creating the views.
+
+    sources: each table of TABLES -> a table expression over exactly its files, e.g.
+    {"responses": "read_parquet(['OUT/responses/part-00000.parquet'])", ...}.
+    gdpo: the run's GDPO options (the manifest's config.credit.gdpo); the batch step uses their
+    `batch`, `batch_ddof` and `batch_eps` (defaults: the method's).
+    """
+    options = {**BATCH_DEFAULTS, **{k: v for k, v in (gdpo or {}).items() if k in BATCH_DEFAULTS}}
+    if options["batch"] not in ("std", "whiten", "none"):
+        raise ValueError(f"GDPO batch step {options['batch']!r} is not one of std, whiten, none")
     text = files("schemas").joinpath("views.sql").read_text()
-    return text.replace("{out}", str(out).replace("'", "''"))
+    text = text.replace("{batch}", options["batch"])
+    text = text.replace("{batch_ddof}", str(int(options["batch_ddof"])))
+    text = text.replace("{batch_eps}", repr(float(options["batch_eps"])))
+    for name in TABLES:
+        text = text.replace("{" + name + "}", sources[name])
+    return text

@@ -1,25 +1,28 @@
 """Typed records that the stages exchange: sample -> verify -> credit -> write.
 
 Task records are read from JSONL (one JSON object per line). Every record has
-`id`, `task`, `prompt` and `reference_response` (and optionally `split`: train|test);
+`id`, `task` and `prompt`, and optionally `split` (train|test) and `reference_response`;
 the rest depends on the task:
 
     sql           {"db": "concerts.sqlite", "reference_sql": "SELECT ..."}
-                  `db` is resolved against the JSONL file's `databases/` folder
-                  unless it is an absolute path.
+                  `db` is a path inside the JSONL file's `databases/` folder (or the
+                  folder given as `databases`); absolute paths and `../` escapes are refused.
     instructions  {"constraints": [{"kind": "keyword_include", "args": {...}}, ...]}
     tools         {"tools": [<JSON schema of each function>],
-                   "reference_calls": [{"name": "...", "arguments": {...}}, ...]}
+                   "reference_calls": [{"name": "...", "arguments": {...},
+                                        "defaults": {...}, "alternatives": {...}}, ...]}
+    any other     a task of a plugin verifier (`verifiers.plugins`): every other field of
+                  the line reaches the verifier in the record dict.
 
-`reference_response` is a correct response (used to train the shipped tiny policy
-and as the replay's "what the verifier wanted" reference).
+`reference_response` is a correct response, optional (it trains the shipped tiny policy
+and the feedback models; annotation never reads it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-TASKS = ("sql", "instructions", "tools")
+TASKS = ("sql", "instructions", "tools")  # the built-in tasks; plugin verifiers add any other
 
 
 class RecordError(ValueError):
@@ -47,21 +50,38 @@ class Constraint:
 @dataclass(frozen=True)
 class InstructionSpec:
     constraints: tuple[Constraint, ...]
+    # "tokencredit" (the project's own checks, partial credit), "ifeval" or "ifeval-loose"
+    # (the IFEval reference's strict and loose checks); see `verifiers.instructions`
+    semantics: str = "tokencredit"
 
 
 @dataclass(frozen=True)
 class ToolCall:
+    """A call. As a reference: `arguments` must be passed, `defaults` may be left out (or passed
+    with that value), `alternatives[name]` lists further accepted values of an argument."""
+
     name: str
     arguments: dict[str, Any]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    alternatives: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ToolSpec:
     tools: tuple[dict[str, Any], ...]
     reference_calls: tuple[ToolCall, ...]
+    # "tokencredit" (exact strings) or "bfcl" (BFCL's string normalization and type rules)
+    semantics: str = "tokencredit"
 
 
-TaskSpec = Union[SqlSpec, InstructionSpec, ToolSpec]
+@dataclass(frozen=True)
+class PluginSpec:
+    """A record of a task that only plugin verifiers know: the whole JSON object of its line."""
+
+    fields: dict[str, Any]
+
+
+TaskSpec = Union[SqlSpec, InstructionSpec, ToolSpec, PluginSpec]
 
 
 @dataclass(frozen=True)
@@ -69,18 +89,21 @@ class TaskRecord:
     id: str
     task: str
     prompt: str
-    reference_response: str
+    reference_response: str | None  # None when the prompt file has none
     spec: TaskSpec
     split: str = "train"  # "train" | "test": the shipped models never see "test" records
 
 
 @dataclass(frozen=True)
 class RewardScore:
-    """One reward of one response: a score in [0, 1] and what the verifier checked."""
+    """One reward of one response: a score in [0, 1], what the verifier expected (`feedback`: the
+    reference query, the expected call, the constraint; never the response's own tokens) and what it
+    found in the response (`observed`: may quote the response)."""
 
     name: str
     score: float
     feedback: str
+    observed: str = ""
 
 
 @dataclass
@@ -112,20 +135,22 @@ class TokenCredit:
 
     reward_names: list[str]
     reward_adv: list[float]  # [K] GDPO per-reward advantage A[i,k]
-    distance: list[list[float] | None]  # [K][T] replay JS distance, None where gated
+    distance: list[list[float] | None]  # [K][T] replay relevance d (the configured option, raw), None where gated
     weight: list[list[float]]  # [K][T] mean-1 replay weight
     advantage: list[list[float]]  # [K][T] A[i,k,t]
     beta: float
-    adv_mrtpo: list[float] | None = None  # [T]
+    js: list[list[float] | None] | None = None  # [K][T] JS distance when stored beside another relevance
+    floored: list[bool] | None = None  # [K] relevance under the noise floor: uniform weights
+    mrtpo_sum: list[float] | None = None  # [T] sum_k w_k A[i,k,t], before GDPO's batch step
     p2t_raw: list[float] | None = None  # [T] gradient x input
     p2t_reward: list[float] | None = None  # [T] token reward of the chosen form
-    adv_p2t: list[float] | None = None  # [T]
+    p2t_alpha: float | None = None  # A_p2t[i,t] = A_gdpo[i] + p2t_alpha * p2t_reward[t]
 
 
 @dataclass
 class AnnotatedResponse:
     verified: VerifiedSample
     adv_grpo: float
-    adv_gdpo: float
+    gdpo_sum: float  # S[i] = sum_k w_k A[i,k], before GDPO's batch step (c, m are over the whole run)
     credit: TokenCredit | None = None
     extra: dict[str, Any] = field(default_factory=dict)

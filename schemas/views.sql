@@ -1,9 +1,42 @@
--- Views over one tokencredit run directory ({out} is replaced by its path).
+-- Views over one tokencredit run directory. The responses and credits placeholders are replaced
+-- by table expressions over exactly the part files its manifest lists (pipeline/query.py).
+-- responses: the stored rows plus GDPO's batch step over the whole run (method.md section 1),
+-- never over a shard: gdpo_scale c and gdpo_shift m come from every credited response's gdpo_sum
+-- S[i] ({batch} step, ddof {batch_ddof}, eps {batch_eps}, the run's GdpoOptions), and
+-- adv_gdpo = c (S - m), adv_mrtpo[t] = c (mrtpo_sum[t] - m), adv_p2t[t] = adv_gdpo + p2t_alpha p2t_reward[t].
+-- 'std' weighs each response 1 and divides by std + eps; 'whiten' (verl) weighs it by its tokens
+-- and divides by sqrt(var + eps); 'none' keeps S.
 CREATE OR REPLACE VIEW responses AS
-    SELECT * FROM read_parquet('{out}/responses/part-*.parquet');
+    WITH stored AS (
+        SELECT * FROM {responses}
+    ), weighted AS (
+        SELECT gdpo_sum::DOUBLE AS s, CASE '{batch}' WHEN 'whiten' THEN len(token_ids) ELSE 1 END AS w
+        FROM stored WHERE gdpo_sum IS NOT NULL
+    ), centre AS (
+        SELECT sum(w * s) / sum(w) AS shift, sum(w) AS n FROM weighted
+    ), spread AS (
+        SELECT any_value(shift) AS shift,
+               CASE WHEN any_value(n) > {batch_ddof}
+                    THEN sum(w * (s - shift) ^ 2) / (any_value(n) - {batch_ddof}) ELSE 0 END AS var
+        FROM weighted, centre
+    ), run AS (
+        SELECT CASE '{batch}' WHEN 'none' THEN 0.0 ELSE shift END AS shift,
+               CASE '{batch}' WHEN 'none' THEN 1.0
+                              WHEN 'std' THEN 1 / (sqrt(var) + {batch_eps})
+                              ELSE 1 / sqrt(var + {batch_eps}) END AS scale
+        FROM spread
+    )
+    SELECT stored.*,
+           run.scale AS gdpo_scale,
+           run.shift AS gdpo_shift,
+           (run.scale * (gdpo_sum - run.shift))::FLOAT AS adv_gdpo,
+           list_transform(mrtpo_sum, lambda s: (run.scale * (s - run.shift))::FLOAT) AS adv_mrtpo,
+           list_transform(p2t_reward,
+                          lambda r: (run.scale * (gdpo_sum - run.shift) + p2t_alpha * r)::FLOAT) AS adv_p2t
+    FROM stored, run;
 
 CREATE OR REPLACE VIEW credits AS
-    SELECT * FROM read_parquet('{out}/credits/part-*.parquet');
+    SELECT * FROM {credits};
 
 -- What a trainer reads: one row per response, one float list per advantage kind, each
 -- aligned with token_ids. adv_gdpo is the response advantage broadcast to every token;

@@ -140,3 +140,114 @@ def test_bad_input_names_the_field():
         grpo(rewards, mask, torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="mask"):
         gdpo(rewards, mask.float(), group)
+
+
+# --- options and presets ------------------------------------------------------------------------
+from pipeline.advantages import PRESETS, GdpoOptions, batch_statistics, condition_on, preset  # noqa: E402
+
+
+def sstd(xs):
+    mu = sum(xs) / len(xs)
+    return math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))  # sample std, ddof = 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sample_std_weights_and_eps_match_loop(seed):
+    rows, groups = random_batch(seed, group_size=4)
+    rewards, mask, group = to_tensors(rows, groups)
+    K = rewards.shape[1]
+    weights = torch.linspace(0.5, 2.0, K)
+    options = GdpoOptions(ddof=1, eps=1e-3, zero_std=0.0, batch_ddof=1, batch_eps=1e-2)
+    result = gdpo(rewards.double(), mask, group, options, weights=weights.double())
+    S = []
+    for i, g in enumerate(groups):
+        members = [j for j in range(len(rows)) if groups[j] == g]
+        s = 0.0
+        for k in range(len(rows[i])):
+            col = [rows[j][k] for j in members if k < len(rows[j])]
+            sd = sstd(col) if len(col) > 1 else 0.0
+            a = 0.0 if sd == 0 else (rows[i][k] - sum(col) / len(col)) / (sd + 1e-3)
+            assert result.reward_adv[i, k].item() == pytest.approx(a, abs=1e-6)
+            s += weights[k].item() * a
+        S.append(s)
+    m, sd = sum(S) / len(S), sstd(S)
+    torch.testing.assert_close(result.summed, torch.tensor(S, dtype=torch.float64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(result.total, torch.tensor([(s - m) / (sd + 1e-2) for s in S], dtype=torch.float64),
+                               atol=1e-5, rtol=0)
+
+
+def test_single_response_groups_and_token_whitening():
+    # group 0: two responses; group 1: one response (verl: mean 0, std 1, so A = r / (1 + eps))
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.5, 1.0]], dtype=torch.float64)
+    mask = torch.ones_like(rewards, dtype=torch.bool)
+    group = torch.tensor([0, 0, 1])
+    lengths = torch.tensor([3, 1, 4])
+    verl = gdpo(rewards, mask, group, preset("verl"), lengths=lengths)
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # sample std of (1, 0) is sqrt(0.5)
+    expected_adv = torch.tensor([[a, 0.0], [-a, 0.0], [0.5 / (1 + 1e-6), 1.0 / (1 + 1e-6)]], dtype=torch.float64)
+    torch.testing.assert_close(verl.reward_adv, expected_adv)
+    assert verl.varied.tolist() == [[True, False], [True, False], [True, True]]
+    tokens = [s for s, n in zip(verl.summed.tolist(), lengths.tolist()) for _ in range(n)]  # broadcast to tokens
+    m = sum(tokens) / len(tokens)
+    var = sum((t - m) ** 2 for t in tokens) / (len(tokens) - 1)
+    torch.testing.assert_close(verl.total, (verl.summed - m) / math.sqrt(var + 1e-8))
+    method = gdpo(rewards, mask, group)  # a group of one has no variance: 0
+    assert method.reward_adv[2].tolist() == [0.0, 0.0] and not method.varied[2].any()
+    with pytest.raises(ValueError, match="pass lengths"):
+        gdpo(rewards, mask, group, preset("verl"))
+
+
+def test_conditioned_reward_counts_secondaries_only_past_the_threshold():
+    rewards = torch.tensor([[1.0, 0.7, 0.2], [0.0, 0.9, 1.0], [0.5, 0.4, 0.3]])
+    mask = torch.tensor([[True, True, True], [True, True, True], [True, True, False]])
+    out = condition_on(rewards, mask, 0, threshold=0.5)
+    torch.testing.assert_close(out, torch.tensor([[1.0, 0.7, 0.2], [0.0, 0.0, 0.0], [0.5, 0.4, 0.3]]))
+    per_response = condition_on(rewards, mask, torch.tensor([1, -1, 0]), threshold=0.8)
+    torch.testing.assert_close(per_response, torch.tensor([[0.0, 0.7, 0.0], [0.0, 0.9, 1.0], [0.5, 0.0, 0.3]]))
+    with pytest.raises(ValueError, match="masked out"):
+        condition_on(rewards, mask, torch.tensor([2, 2, 2]), threshold=0.5)
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="batch"):
+        GdpoOptions(batch="tokens")
+    with pytest.raises(ValueError, match="unknown GDPO preset 'x'"):
+        preset("x")
+    assert set(PRESETS) == {"method", "trl", "verl"}
+    with pytest.raises(ValueError, match=r"weights \(2,\)"):
+        gdpo(torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
+             weights=torch.ones(2))
+
+
+def test_batch_none_keeps_the_summed_advantage():
+    rows, groups = random_batch(2)
+    result = gdpo(*to_tensors(rows, groups), GdpoOptions(batch="none"))
+    assert torch.equal(result.total, result.summed)
+    scale, shift = batch_statistics(result.summed, torch.ones(len(rows), dtype=torch.bool))
+    torch.testing.assert_close(shift.float(), result.summed.mean(), atol=1e-6, rtol=0)
+
+
+def test_verl_preset_matches_verls_gdpo_estimator():
+    """verl 0.9.1's own `adv_estimator=gdpo` (its registry), on DataProto-shaped inputs, to 1e-6."""
+    np = pytest.importorskip("numpy")
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+    g = torch.Generator().manual_seed(0)
+    sizes = [4, 4, 1, 3, 4]  # a group of one, groups of unequal size
+    group = torch.tensor([gi for gi, n in enumerate(sizes) for _ in range(n)])
+    N, K, P, T = len(group), 3, 5, 9
+    rewards = torch.randint(0, 3, (N, K), generator=g).float() / 2  # ties and constant groups
+    rewards[:4, 1] = 0.5  # group 0 has no variance in reward 1
+    lengths = torch.randint(1, T + 1, (N,), generator=g)
+    response_mask = (torch.arange(T)[None] < lengths[:, None]).float()
+    weights = [1.0, 0.5, 2.0]
+    batch = {"prompts": torch.ones(N, P, dtype=torch.long),
+             "attention_mask": torch.cat([torch.ones(N, P), response_mask], 1).long()}
+    non_tensor = {f"r{k}": rewards[:, k].numpy() for k in range(K)}
+    estimator = core_algos.get_adv_estimator_fn("gdpo")
+    theirs, _ = estimator(token_level_rewards=torch.zeros(N, T), response_mask=response_mask,
+                          index=np.array([f"uid{int(x)}" for x in group]), epsilon=1e-6,
+                          config={"gdpo_reward_keys": list(non_tensor), "gdpo_reward_weights": weights},
+                          non_tensor_batch=non_tensor, batch=batch)
+    ours = gdpo(rewards, torch.ones(N, K, dtype=torch.bool), group, preset("verl"),
+                weights=torch.tensor(weights), lengths=lengths)
+    torch.testing.assert_close(ours.total[:, None] * response_mask, theirs, atol=1e-6, rtol=0)

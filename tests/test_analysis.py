@@ -1,6 +1,5 @@
 """Figure 6 queries of pipeline.analysis against a plain-Python computation over the same Parquet."""
 import json
-import re
 from collections import defaultdict
 
 import pyarrow as pa
@@ -46,24 +45,22 @@ def long_run(tmp_path_factory):
     return analysis.synthetic_run(tmp_path_factory.mktemp("plain") / "run", responses=48, tokens=16, rewards=3, seed=1)
 
 
-def kind(reward):
-    return re.sub(r"^c[0-9]+_", "", reward)
-
-
 def replays(out):
-    """(task, response_id, reward) -> [(distance, part)] of replays with a positive total distance."""
+    """(task, response_id, reward, constraint_index) -> [(distance, part)] of replays with a positive
+    total distance."""
     by_pair = defaultdict(list)
     for row in _tables(out)["credits"].to_pylist():
         if row["distance"] is not None:
-            by_pair[row["task"], row["response_id"], row["reward"]].append((row["distance"], row["part"]))
+            key = row["task"], row["response_id"], row["reward"], row["constraint_index"]
+            by_pair[key].append((row["distance"], row["part"]))
     return {key: tokens for key, tokens in by_pair.items() if sum(d for d, _ in tokens) > 0}
 
 
 def brute_top_share(out):
     sums = defaultdict(lambda: [0, 0.0, 0.0])
-    for (task, _, reward), tokens in replays(out).items():
+    for (task, _, reward, _), tokens in replays(out).items():
         d = sorted((d for d, _ in tokens), reverse=True)
-        acc = sums[task, kind(reward)]
+        acc = sums[task, reward]
         acc[0] += 1
         acc[1] += sum(d[:3]) / sum(d)
         acc[2] += min(1.0, 3 / len(d))
@@ -73,11 +70,11 @@ def brute_top_share(out):
 def brute_part_share(out):
     shares = defaultdict(lambda: [0.0, 0.0])
     counts = defaultdict(int)
-    for (task, _, reward), tokens in replays(out).items():
-        counts[task, kind(reward)] += 1
+    for (task, _, reward, _), tokens in replays(out).items():
+        counts[task, reward] += 1
         total = sum(d for d, _ in tokens)
         for d, part in tokens:
-            acc = shares[task, kind(reward), part]
+            acc = shares[task, reward, part]
             acc[0] += d / total
             acc[1] += 1 / len(tokens)
     return {(t, r, p): (counts[t, r], d / counts[t, r], n / counts[t, r]) for (t, r, p), (d, n) in shares.items()}
@@ -142,8 +139,12 @@ def test_instruction_rewards_are_grouped_by_kind(long_run):
     con = connect(long_run)
     kinds = {r["reward"] for r in analysis.top_share(con).to_pylist() if r["task"] == "instructions"}
     assert kinds == {"keyword_include", "length_words"}
-    raw = {r["reward"] for r in analysis.rows(con, "SELECT DISTINCT reward FROM credits WHERE task = 'instructions'")}
-    assert raw == {"c0_keyword_include", "c1_length_words", "c2_keyword_include"}
+    stored = analysis.rows(con, "SELECT DISTINCT reward, constraint_index FROM credits WHERE task = 'instructions'")
+    assert {(r["reward"], r["constraint_index"]) for r in stored} == {
+        ("keyword_include", 0), ("length_words", 1), ("keyword_include", 2)}
+    others = analysis.rows(con, "SELECT count(*) AS n FROM credits WHERE task != 'instructions' "
+                                "AND constraint_index IS NOT NULL")
+    assert others == [{"n": 0}]
 
 
 def test_no_mrtpo_gives_empty_shares(tmp_path):
@@ -169,9 +170,12 @@ def test_chosen_responses_are_deterministic_and_mixed(long_run):
     for task, ids in chosen.items():
         groups = set()
         for rid in ids:
-            response, by_reward = analysis.response_detail(con, rid)
+            response, per_reward = analysis.response_detail(con, rid)
             assert response["task"] == task and min(response["rewards"]) < max(response["rewards"])
-            assert set(by_reward) == set(response["reward_names"])
+            assert len(per_reward) == len(response["reward_names"])
+            for name, credits in zip(response["reward_names"], per_reward):
+                assert credits and {c["reward"] for c in credits} == {name}
+                assert [c["position"] for c in credits] == list(range(len(per_reward[0])))
             groups.add(response["group_id"])
         assert len(groups) == len(ids)  # spread over prompts
     with pytest.raises(KeyError, match="r-missing"):

@@ -30,5 +30,47 @@ def test_a_crashing_verifier_keeps_the_row_with_a_failed_status():
     table = responses_table(annotated, shard=0).to_pylist()
     assert [row["response_id"] for row in table] == [s.response_id for s in samples]
     failed = table[2]
-    assert failed["status"].startswith("verifier_error") and failed["adv_gdpo"] is None and failed["rewards"] == []
-    assert all(row["adv_gdpo"] is not None for i, row in enumerate(table) if i != 2)
+    assert failed["status"].startswith("verifier_error") and failed["gdpo_sum"] is None and failed["rewards"] == []
+    assert all(row["gdpo_sum"] is not None for i, row in enumerate(table) if i != 2)
+
+
+# --- checked at load: prompt length, nothing to annotate --------------------------------------------
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from pipeline.annotate import AnnotateConfig, load_prompt_set  # noqa: E402
+from pipeline.cli import main  # noqa: E402
+
+
+def write_prompts(path, lines):
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def title_record(record_id: str, prompt: str) -> dict:
+    return {"id": record_id, "task": "instructions", "prompt": prompt, "constraints": [{"kind": "title", "args": {}}]}
+
+
+def test_a_prompt_longer_than_the_models_context_is_rejected_at_load(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", [title_record("short", "Write a title."),
+                                                    title_record("long", "word " * 600),
+                                                    title_record("huge", "x" * 1_000_000)])
+    records, rejected = load_prompt_set(AnnotateConfig(prompts=prompts, limit=None))
+    assert [r.id for r in records] == ["short"]
+    assert [(r.record_id, r.line_no, r.field) for r in rejected] == [("long", 2, "prompt"), ("huge", 3, "prompt")]
+    assert "the model's context is 512 tokens" in rejected[0].reason and "cannot fit" in rejected[1].reason
+
+
+def test_nothing_to_annotate_exits_2_with_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["annotate", "--out", str(tmp_path / "a"), "--prompts", str(empty), "--runner", "none"]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+    bad = write_prompts(tmp_path / "bad.jsonl", [title_record("rhyme", "Rhyme.") | {"constraints": [{"kind": "rhyme", "args": {}}]}])
+    assert main(["annotate", "--out", str(tmp_path / "b"), "--prompts", bad, "--runner", "none"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "1 rejected" in err and "rejected.jsonl" in err
+    assert json.loads((tmp_path / "b" / "rejected.jsonl").read_text())["field"] == "constraints[0].kind"
+    assert main(["annotate", "--out", str(tmp_path / "c"), "--prompts", "demo", "--tasks", "poems", "--runner", "none"]) == 2
+    assert "no record of tasks poems" in capsys.readouterr().err

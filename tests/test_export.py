@@ -1,12 +1,17 @@
 """Exports of a run for other trainers: load back with the module docstring's own snippets."""
+import json
 import re
 import textwrap
 
 import pytest
 
 import pipeline.export
-from pipeline.export import export_hf, export_verl
+import verifiers
+from pipeline.export import export_hf, export_verl, ground_truth, record_json
 from tests.test_train import RESPONSES_SPEC, response_rows, write_run
+
+DEMO = {r.task: r for r in verifiers.load_tasks("demo")[0]}  # one record per task
+GROUPS = [DEMO["sql"], DEMO["tools"], DEMO["instructions"]]  # RESPONSES_SPEC's groups g0, g1, g2
 
 
 def docstring_snippet(first_line):
@@ -18,47 +23,60 @@ def docstring_snippet(first_line):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     rows = response_rows(p2t=True)
+    for row in rows:
+        row["group_id"] = GROUPS[int(row["group_id"][1:])].id
     rows.append({**rows[0], "response_id": "r_err", "status": "verifier_error: timeout"})
     return write_run(tmp_path_factory.mktemp("run"), rows)
 
 
-def test_hf_export_loads_back_aligned(run_dir, tmp_path):
+def test_hf_export_loads_back_with_load_dataset(run_dir, tmp_path):
     dest = tmp_path / "hf"
     export_hf(run_dir, dest, advantage="mrtpo")
     scope = {"dest": str(dest)}
     exec(docstring_snippet("import datasets"), scope)
     ds, row = scope["ds"], scope["row"]
-    assert set(ds.column_names) == {"prompt", "completion", "prompt_token_ids", "completion_token_ids", "weights",
-                                    "advantages", "response_id", "task"}
+    assert set(ds.column_names) == {"prompt", "completion", "prompt_token_ids", "completion_token_ids",
+                                    "sample_logprobs", "weights", "advantages", "response_id", "group_id", "task"}
     assert ds["response_id"] == [f"r{i}" for i in range(len(RESPONSES_SPEC))]  # status 'ok' only
     assert row["completion"] == "w10 w11 w12 w13" and row["prompt_token_ids"] == [5, 6, 7]
     for r, (_, tokens, _, mrtpo) in zip(ds, RESPONSES_SPEC):
         assert r["completion_token_ids"] == tokens
         assert r["advantages"] == pytest.approx(mrtpo)
         assert r["weights"] == pytest.approx([max(a, 0.0) for a in mrtpo])  # the view's sft_weight
+        assert r["sample_logprobs"] == pytest.approx([-4.158883] * len(tokens))  # -log 64, as written
 
 
-def test_verl_export_loads_back_in_verl_layout(run_dir, tmp_path):
+def test_verl_export_has_one_row_per_prompt_with_raw_messages_and_ground_truth(run_dir, tmp_path):
     dest_file = tmp_path / "verl" / "train.parquet"
-    export_verl(run_dir, dest_file, advantage="p2t:1,gdpo:-1")
+    export_verl(run_dir, dest_file, advantage="p2t:1,gdpo:-1", prompts="demo")
     scope = {"dest_file": str(dest_file)}
     exec(docstring_snippet("import pyarrow.parquet as pq"), scope)
     rows = scope["rows"]
-    assert len(rows) == len(RESPONSES_SPEC)
-    first = rows[0]
-    assert first["data_source"] == "tokencredit/sql" and first["ability"] == "sql"
-    assert first["prompt"] == [{"role": "user", "content": "w5 w6 w7"}]
-    assert first["reward_model"] == {"style": "rule", "ground_truth": None}
-    assert first["extra_info"] == {"index": 0, "response_id": "r0", "group_id": "g0",
-                                   "reward_names": ["format", "execution"], "rewards": [1.0, 1.0]}
-    for row, (prompt, tokens, _, _) in zip(rows, RESPONSES_SPEC):
-        assert row["prompt_token_ids"] == prompt and row["token_ids"] == tokens
-        assert row["response"].split() == [f"w{t}" for t in tokens]
+    assert len(rows) == 3 and [r["extra_info"]["group_id"] for r in rows] == [g.id for g in GROUPS]
+    for row, record in zip(rows, GROUPS):
+        assert row["data_source"] == f"tokencredit/{record.task}" and row["ability"] == record.task
+        # the raw task prompt: verl applies the chat template itself (no "<|im_start|>" inside)
+        assert row["prompt"] == [{"role": "user", "content": record.prompt}]
+        assert row["reward_model"] == {"style": "rule", "ground_truth": ground_truth(record)}
+        assert verifiers.parse_record(json.loads(row["extra_info"]["record"]), 0, "/") == record
+    assert rows[0]["reward_model"]["ground_truth"] == DEMO["sql"].spec.reference_sql
+    assert json.loads(rows[1]["reward_model"]["ground_truth"]) == record_json(DEMO["tools"])["reference_calls"]
+    flat = [(r, j) for r in rows for j in range(len(r["responses"]))]
+    assert [r["response_ids"][j] for r, j in flat] == [f"r{i}" for i in range(len(RESPONSES_SPEC))]
+    for (row, j), (prompt, tokens, _, _) in zip(flat, RESPONSES_SPEC):
+        assert row["prompt_token_ids"] == prompt and row["response_token_ids"][j] == tokens
+        assert row["responses"][j].split() == [f"w{t}" for t in tokens]
+        assert row["sample_logprobs"][j] == pytest.approx([-4.158883] * len(tokens))
         # adv_p2t = gdpo + 0.1 t in the synthetic run, so p2t - gdpo = 0.1 t
-        assert row["token_level_advantages"] == pytest.approx([0.1 * t for t in range(len(tokens))], abs=1e-6)
+        assert row["token_level_advantages"][j] == pytest.approx([0.1 * t for t in range(len(tokens))], abs=1e-6)
+        assert row["reward_names"] == ["format", "execution"] and len(row["rewards"][j]) == 2
 
 
-def test_export_of_an_uncomputed_kind_names_it(tmp_path):
+def test_export_errors_name_the_kind_and_the_missing_record(run_dir, tmp_path):
     run = write_run(tmp_path / "run", response_rows(p2t=False))
     with pytest.raises(ValueError, match="advantage kind 'p2t' .* is NULL"):
         export_verl(run, tmp_path / "x.parquet", advantage="p2t")
+    with pytest.raises(ValueError, match="response 'r0' answers task record 'g0', which the prompt set demo lacks"):
+        export_verl(run, tmp_path / "x.parquet", advantage="gdpo", prompts="demo")
+    with pytest.raises(ValueError, match="names no prompt set"):
+        export_verl(run, tmp_path / "x.parquet", advantage="gdpo")

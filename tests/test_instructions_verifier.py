@@ -42,6 +42,18 @@ CASES = [
     ("no_commas", {}, "No commas here.", "One, two.", None),
     ("punctuation_ban", {"chars": "!?"}, "Calm words.", "What?!", ("Wow!", 0.5)),
     ("title", {}, "<<A Title>>\nThe body.", "<A Title>\nThe body.", None),
+    ("letter_frequency", {"letter": "z", "min": 2}, "Zoo and fizz", "A zoo.", None),
+    ("capital_word_frequency", {"max": 1}, "Only ONE shout here.", "TWO LOUD words.", None),
+    ("response_language", {"language": "de"}, "Das Wetter ist heute sehr schön und wir gehen spazieren.",
+     "The weather is very nice today and we are going for a walk.", None),
+    ("nth_paragraph_first_word", {"n": 2, "nth": 2, "word": "then"}, "First we ate.\n\n\"Then\" we slept.",
+     "First we ate.\n\nLater we slept.", None),
+    ("postscript", {"marker": "P.S."}, "Dear Ann, see you.\n\nP.S. Bring cake.", "Dear Ann. PS bring cake.", None),
+    ("constrained_response", {}, "My answer is no.", "My answer is yes. My answer is no.", None),
+    ("highlighted_sections", {"n": 2}, "Some *first* and **second** parts.", "No ** marks here.",
+     ("Only *one* here.", 0.5)),
+    ("two_responses", {}, "Yes, gladly.\n******\nNo, sorry.", "Same.\n******\nSame.", None),
+    ("repeat_prompt", {"prompt": "Write a note."}, "Write a note. Here it is.", "Here it is: Write a note.", None),
 ]
 
 
@@ -69,15 +81,37 @@ def test_binary_edges():
     assert score("sections", {"n": 2}, "SECTION 2\nb\nSECTION 1\na") == 0.0  # numbered in order
     assert score("keyword_include", {"keywords": ["ice cream"]}, "We like Ice Cream.") == 1.0
     assert score("no_commas", {}, "full-width\uff0ccomma") == 0.0
+    assert score("sentence_count", {"max": 1}, "Mr. and Mrs. Jones came home.") == 1.0  # abbreviations
+    assert score("sentence_count", {"min": 2, "max": 2}, 'He said "Stop." Then he left.') == 1.0  # quotes
+    assert score("json_format", {"keys": ["a"]}, '```json\n{"a": 1}\n```') == 1.0  # a fenced block
+    assert score("keyword_frequency", {"keyword": "sun", "max": 1}, "sun and sun") == 0.0
+    assert score("sections", {"n": 2, "splitter": "Chapter"}, "Chapter 1\na\nChapter 2\nb") == 1.0
 
 
-def test_feedback_is_constraint_sentence_plus_found():
+EMPTY_PASSES_NAIVELY = [("keyword_exclude", {"keywords": ["river"]}), ("word_count", {"max": 10}),
+                        ("sentence_count", {"max": 3}), ("char_count", {"max": 50}), ("no_commas", {}),
+                        ("punctuation_ban", {"chars": "!"}), ("capital_word_frequency", {"max": 2}),
+                        ("letter_frequency", {"letter": "q", "max": 3})]
+
+
+@pytest.mark.parametrize("semantics", ["tokencredit", "ifeval", "ifeval-loose"])
+@pytest.mark.parametrize("response", ["", "   \n\t "])
+def test_an_empty_or_blank_response_earns_nothing_in_every_mode(semantics, response):
+    spec = InstructionSpec(tuple(Constraint(k, a) for k, a in EMPTY_PASSES_NAIVELY), semantics=semantics)
+    results = instructions.verify(TaskRecord("empty", "instructions", "Write.", None, spec), response)
+    assert [r.score for r in results] == [0.0] * len(EMPTY_PASSES_NAIVELY)
+    assert all(r.observed == "Found: an empty response." for r in results)
+
+
+def test_feedback_is_the_constraint_sentence_and_observed_what_was_found():
     (result,) = instructions.verify(record(("keyword_include", {"keywords": ["river", "stone"]})), "The river.")
-    assert result.feedback == "Include the keywords 'river' and 'stone'. Found: 'river'; missing 'stone'."
+    assert (result.feedback, result.observed) == ("Include the keywords 'river' and 'stone'.",
+                                                  "Found: 'river'; missing 'stone'.")
     (result,) = instructions.verify(record(("word_count", {"min": 3, "max": 40})), "Two words")
-    assert result.feedback == "Use between 3 and 40 words. Found: 2 words."
+    assert (result.feedback, result.observed) == ("Use between 3 and 40 words.", "Found: 2 words.")
     (result,) = instructions.verify(record(("ends_with", {"phrase": "That is all."})), "Bye.")
-    assert result.feedback.startswith("End your response with 'That is all.' Found: ends with")
+    assert result.feedback == "End your response with 'That is all.'"
+    assert result.observed.startswith("Found: ends with") and "Bye" not in result.feedback
 
 
 def test_reward_names_and_order():

@@ -1,79 +1,65 @@
-"""MRTPO's replay with the shipped tiny policy puts each reward's credit on the tokens its verifier checked.
+"""What the shipped tiny policy's replay localizes, with the default credit options.
 
-The cases are the MRTPO paper's (Figures 1, 3 and 7), built on held-out (test-split) demo records
-by `pipeline.probe.crafted_cases`: `>=` written for `>`, a misspelled table, a tool argument off by
-one. Each named case is the first of its kind; the rate tests cover every case of the split.
+The tiny policy (1.1M parameters) was trained on the demo tasks' layout and feedback, and only there does
+it read the feedback: on held-out demo records (the MRTPO paper's Figure 1 and 7 edits) the default
+relevance puts the penalty on the edited token; on the benchmark's fresh schemas and tools it stays near
+chance (`bench/RESULTS.md`, Localization), so claims about credit are made with SmolLM2
+(`tests/test_real_model.py`, `bench/bench_localization.py`).
 """
+import re
+
 import pytest
 
 import verifiers
+from pipeline.credit import CreditConfig
 from pipeline.models import load_policy
-from pipeline.probe import crafted_cases, replay_one
+from pipeline.probe import replay_one
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy()
+def edited_cases(records):
+    """(record, response, edit span, blamed reward): `>=` for `>` in a WHERE clause (execution), and a
+    tool call's integer argument off by one (correctness), on held-out demo records."""
+    for r in records:
+        ref = r.reference_response
+        if r.task == "sql" and (op := re.search(r" WHERE .*?( [<>] )", ref)):
+            a, b, new = op.start(1) + 1, op.end(1) - 1, op.group(1).strip() + "="
+            yield "operator", r, ref[:a] + new + ref[b:], (a, a + len(new)), "execution"
+        if r.task == "tools" and (value := re.search(r'": (\d+)[,}]', ref)):
+            a, b, new = value.start(1), value.end(1), str(int(value.group(1)) + 1)
+            yield "tool_value", r, ref[:a] + new + ref[b:], (a, a + len(new)), "correctness"
 
 
 @pytest.fixture(scope="module")
-def cases():
+def outcomes():
+    policy, tokenizer = load_policy()
+    config = CreditConfig()
     records = [r for r in verifiers.load_tasks("demo")[0] if r.split == "test"]
-    out: dict[str, list] = {}
-    for case in crafted_cases(records):
-        out.setdefault(case.kind, []).append(case)
+    out: dict[str, list[tuple[bool, bool, float]]] = {}
+    for kind, record, response, edit, reward in edited_cases(records):
+        probe = replay_one(policy, tokenizer, record, response, ablation=config.ablation, style=config.feedback_style,
+                           js=False)
+        edited = probe.covering(*edit)
+        top = probe.top_tokens(reward, config.relevance, 3, config.floor)
+        out.setdefault(kind, []).append((bool(top) and top[0] in edited, bool(set(top) & set(edited)),
+                                         len(edited) / len(probe.tokens)))
     return out
 
 
-def tag_positions(probe, response: str, tags: tuple[str, ...]) -> list[int]:
-    return sorted({t for tag in tags for start in _find_all(response, tag) for t in probe.covering(start, start + len(tag))})
+def test_the_operator_edit_takes_the_execution_penalty(outcomes):
+    """Figure 1: `>=` for `>` -- the execution reward's largest relevance is on the operator in 7 of 8
+    held-out cases or more (8 of 8 measured), against 12% for a random token."""
+    cases = outcomes["operator"]
+    assert len(cases) == 8
+    assert sum(top1 for top1, _, _ in cases) >= 7
 
 
-def _find_all(text: str, part: str) -> list[int]:
-    starts, i = [], text.find(part)
-    while i >= 0:
-        starts.append(i)
-        i = text.find(part, i + 1)
-    return starts
-
-
-def test_operator_case_blames_the_operator_and_credits_format_on_the_tags(policy, cases):
-    """The paper's Figure 1: well formed, executable, `>=` for `>` (the first such held-out case)."""
-    case = cases["operator"][0]
-    probe = replay_one(*policy, case.record, case.response)
-    assert probe.scores == [1.0, 1.0, 0.0]  # well formed, executable, wrong result
-    operator = probe.covering(*case.edit)
-    assert [probe.tokens[t] for t in operator] in (["Ġ>", "="], ["Ġ<", "="])
-    assert probe.top_tokens("execution", 1)[0] in operator
-    assert probe.mass("format", tag_positions(probe, case.response, ("<sql>", "</sql>"))) > 0.5
-
-
-@pytest.mark.parametrize("kind", ["operator", "table", "tool_value"])
-def test_each_kind_is_blamed_on_the_edit_well_above_chance(policy, cases, kind):
-    """Over every held-out case of a kind: the blamed reward's largest weight is on the edited
-    token(s) at least twice as often as for a random token, and the edit is among its 3 largest
-    weights in at least half the cases. (The shipped policy reaches top-1 in 25-48% of the
-    cases, not all: see bench/RESULTS.md.)"""
-    top1, top3, chance = [], [], []
-    for case in cases[kind]:
-        probe = replay_one(*policy, case.record, case.response)
-        edited = probe.covering(*case.edit)
-        top1.append(probe.top_tokens(case.reward, 1)[0] in edited)
-        top3.append(bool(set(probe.top_tokens(case.reward, 3)) & set(edited)))
-        chance.append(len(edited) / len(probe.tokens))
-    assert len(top1) >= 8
-    assert sum(top1) / len(top1) >= 2 * sum(chance) / len(chance)
-    assert sum(top3) / len(top3) >= 0.5
-
-
-def test_format_credit_sits_on_the_response_frame(policy, cases):
-    """Over the operator cases (format passes): most of the format reward's weight is on the tags
-    and the end of the response (what the format check reads), in most cases."""
-    masses = []
-    for case in cases["operator"]:
-        probe = replay_one(*policy, case.record, case.response)
-        frame = tag_positions(probe, case.response, ("<sql>", "</sql>")) + [len(probe.tokens) - 1]  # + eos
-        masses.append(probe.mass("format", frame))
-    assert sum(m > 0.5 for m in masses) >= 0.75 * len(masses)
+def test_an_off_by_one_tool_argument_is_in_the_top_three_far_above_chance(outcomes):
+    """Figure 7: the correctness reward's 3 largest relevances hold the wrong number at least 5x as
+    often as a random token is the number (0.38 measured, chance 0.03)."""
+    cases = outcomes["tool_value"]
+    assert len(cases) >= 20
+    top3 = sum(hit for _, hit, _ in cases) / len(cases)
+    chance = sum(c for _, _, c in cases) / len(cases)
+    assert top3 >= 5 * chance

@@ -4,11 +4,15 @@ import re
 import shutil
 import subprocess
 
+import pyarrow as pa
 import pytest
 
 from pipeline import analysis
+from pipeline.cli import main
 from pipeline.query import connect
 from pipeline.report import shade, token_texts, write_report
+from pipeline.writer import RunWriter
+from tests.test_analysis import _tables
 
 CHROMIUM = shutil.which("chromium")  # Debian package `chromium`
 
@@ -102,3 +106,72 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     green = (g - r > 0.15) & (g > b)  # the charts' bars are blue
     red = (r - g > 0.15) & (r - b > 0.15)
     assert green.sum() > 200 and red.sum() > 200  # token shading rendered
+
+
+# --- choosing responses, context beside the tokens, legend, floor (issue 13) -------------------
+
+
+def cards(text: str) -> list[str]:
+    return re.findall(r'<div class="card"><h3>([^ <]+) ', text)
+
+
+def test_responses_per_task_and_ids_choose_the_cards(run, tmp_path, capsys):
+    con = connect(run)
+    text = write_report(run, tmp_path / "four.html", responses_per_task=4).read_text()
+    chosen = analysis.chosen_responses(con, 4)
+    assert sorted(cards(text)) == sorted(rid for ids in chosen.values() for rid in ids)
+    assert all(len(ids) == 4 for ids in chosen.values())
+    picked = ["r00000003", "r00000005", "r00000030"]
+    text = write_report(run, tmp_path / "ids.html", ids=picked).read_text()
+    assert sorted(cards(text)) == picked
+    assert main(["report", str(run), "--dest", str(tmp_path / "x.html"), "--ids", "r00000003,nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "['nope'] are not in the run" in err
+
+
+def test_a_card_shows_prompt_feedback_siblings_and_the_legend(run, tmp_path):
+    rid = "r00000005"
+    text = write_report(run, tmp_path / "one.html", ids=[rid]).read_text()
+    card = text[text.index(f"<h3>{rid} "):]
+    response, _ = analysis.response_detail(connect(run), rid)
+    assert f'<details class="prompt"><summary>prompt</summary><pre>{html.escape(response["prompt"])}</pre>' in card
+    for feedback in response["feedback"]:
+        assert f'<div class="feedback">{html.escape(feedback)}</div>' in card
+    siblings = analysis.siblings(connect(run), rid)
+    assert len(siblings) == 3 and rid not in siblings  # groups of 4
+    folded = card[card.index('<details class="siblings">'):]
+    assert all(f"{s} · A_gdpo" in folded for s in siblings) and "<details class=\"siblings\" open" not in text
+    assert '<div class="legend">' in text and "|A| &lt; 0.01 is white" in text
+
+
+def scaled(table: pa.Table, response_id: str, columns: tuple[str, ...], factor: float) -> pa.Table:
+    """`table` with `columns` (numbers or lists of numbers) multiplied by `factor` on one response's rows."""
+    rows = table.to_pylist()
+    for row in rows:
+        if row["response_id"] == response_id:
+            for column in columns:
+                value = row[column]
+                row[column] = [v * factor for v in value] if isinstance(value, list) else value * factor
+    return pa.Table.from_pylist(rows, schema=table.schema)
+
+
+def test_an_advantage_below_the_floor_is_white(run, tmp_path):
+    """A response whose advantages are all ~1e-8 must not become its own colour scale and paint solid."""
+    rid = "r00000005"
+    tables = _tables(run)
+    tables = {"credits": scaled(tables["credits"], rid, ("advantage", "reward_adv"), 1e-8),
+              "responses": scaled(tables["responses"], rid, ("gdpo_sum", "mrtpo_sum"), 1e-8)}
+    tiny = tmp_path / "tiny"
+    writer = RunWriter(str(tiny))
+    writer.start("tiny", {"credit": {"gdpo": {"batch": "none"}}}, "tiny", "test")  # views: A = the stored sums
+    writer.write_shard(0, tables, {})
+    writer.finish(1, {})
+
+    def alphas(floor: float) -> set[str]:
+        text = write_report(tiny, tmp_path / f"floor-{floor}.html", ids=[rid], floor=floor).read_text()
+        card = text[text.index(f"<h3>{rid} "):text.index('<div class="row">') if '<div class="row">' in text
+                    else text.index('<details class="siblings">')]
+        return set(re.findall(r'class="tok" data-p="\d+" style="background:rgba\([\d,]+,([\d.]+)\)', card))
+
+    assert alphas(0.01) == {"0.000"}
+    assert "0.850" in alphas(0.0)  # without a floor the 1e-8 advantages would be drawn at full strength

@@ -33,7 +33,8 @@ def scores(db: Path, reference_sql: str, response: str) -> list[float]:
 
 
 def feedback(db: Path, reference_sql: str, response: str) -> dict[str, str]:
-    return {s.name: s.feedback for s in sql.verify(task(db, reference_sql), response)}
+    """Reward name -> what was expected and what was found (the `expected+observed` style)."""
+    return {s.name: f"{s.feedback} {s.observed}" for s in sql.verify(task(db, reference_sql), response)}
 
 
 OVER_25 = "SELECT name FROM singer WHERE age > 25"
@@ -45,9 +46,10 @@ def test_reward_names_and_a_correct_response(db):
     result = sql.verify(record, f"Here it is: <sql>{OVER_25}</sql>")
     assert [s.name for s in result] == sql.reward_names(record)
     assert [s.score for s in result] == [1.0, 1.0, 1.0]
-    assert result[0].feedback == "The query must be a single SQL statement between <sql> and </sql>. Found one <sql> block."
-    assert result[1].feedback == "The query ran without error."
-    assert result[2].feedback == f"The reference query is: {OVER_25}. The result matches the reference."
+    assert [(s.feedback, s.observed) for s in result] == [
+        ("The query must be a single SQL statement between <sql> and </sql>.", "Found one <sql> block."),
+        ("The query must run on the database without error.", "The query ran without error."),
+        (f"The reference query is: {OVER_25}.", "The result matches the reference.")]
 
 
 @pytest.mark.parametrize("response, found", [
@@ -68,6 +70,22 @@ def test_bad_format_fails_all_three_and_says_what_was_found(db, response, found)
 def test_right_format_that_does_not_run(db):
     assert scores(db, OVER_25, "<sql>SELECT nme FROM singer</sql>") == [1.0, 0.0, 0.0]
     assert "no such column: nme" in feedback(db, OVER_25, "<sql>SELECT nme FROM singer</sql>")["executable"]
+
+
+@pytest.mark.parametrize("query, fix", [
+    ("SELECT nme FROM singer", "Use an existing column: name."),
+    ("SELECT s.agee FROM singer s", "Use an existing column: age."),
+    ("SELECT name FROM singers", "Use an existing table: singer."),
+    ("SELECT name FROM singer WHERE", None),
+])
+def test_expected_feedback_names_the_fix_and_never_quotes_the_response(db, query, fix):
+    """The `feedback` of a failed query states what would run (the closest existing name), not the
+    error message, which quotes the response's own wrong name."""
+    executable = sql.verify(task(db, OVER_25), f"<sql>{query}</sql>")[1]
+    assert executable.score == 0.0 and executable.observed.startswith("The query failed:")
+    assert executable.feedback == sql.EXECUTABLE_RULE + (f" {fix}" if fix else "")
+    for word in ("nme", "agee", "singers"):
+        assert word not in executable.feedback
 
 
 def test_runs_but_wrong_result_notes_the_mismatch(db):
@@ -178,7 +196,7 @@ def test_hostile_queries_are_refused_and_leave_the_database_untouched(db, tmp_pa
     for query, expected in hostile_queries(tmp_path):
         result = sql.verify(task(db, "SELECT COUNT(*) FROM singer"), f"<sql>{query}</sql>")
         assert [s.score for s in result] == [1.0, 0.0, 0.0], query
-        assert expected in result[1].feedback, (query, result[1].feedback)
+        assert expected in result[1].observed, (query, result[1].observed)
     assert sha256(db) == before
     assert list(tmp_path.iterdir()) == []  # no attached, vacuumed or written file appeared
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM singer").fetchone() == (4,)
@@ -207,7 +225,7 @@ def test_an_endless_recursive_query_is_stopped_by_the_time_bound(db):
     result = sql.verify(task(db, "SELECT 1"), f"<sql>{endless}</sql>")
     elapsed = time.monotonic() - started
     assert [s.score for s in result] == [1.0, 0.0, 0.0]
-    assert result[1].feedback == "Refused: the query ran longer than 2 s."
+    assert result[1].observed == "Refused: the query ran longer than 2 s."
     assert 1.9 < elapsed < 5.0
     with pytest.raises(sandbox.SandboxError, match="longer than 0.2 s"):
         sandbox.run_select(db, endless, sandbox.Limits(timeout_s=0.2))

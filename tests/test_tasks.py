@@ -20,6 +20,7 @@ def task_dir(tmp_path: Path) -> Path:
     conn.execute("CREATE TABLE t (x INTEGER)")
     conn.commit()
     conn.close()
+    (tmp_path / "databases" / "notes.sqlite").write_text("CREATE TABLE t (x INTEGER);")  # not a database
     return tmp_path
 
 
@@ -45,20 +46,28 @@ def write_lines(path: Path, lines: list) -> Path:
     return path
 
 
+WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]}}
+
+
 def test_good_records_of_every_task_load(task_dir):
     lines = [
         sql_record("a", split="test"),
-        instruction_record("b", [{"kind": "keyword_include", "args": {"words": ["sun"]}}]),
-        tool_record("c", [{"name": "get_weather", "parameters": {}}], [{"name": "get_weather", "arguments": {"city": "Oslo"}}]),
+        instruction_record("b", [{"kind": "keyword_include", "args": {"keywords": ["sun"]}}]),
+        tool_record("c", [WEATHER], [{"name": "get_weather", "arguments": {"city": "Oslo"},
+                                      "defaults": {"unit": "celsius"}, "alternatives": {"city": ["OSL"]}}]),
+        {"id": "d", "task": "instructions", "prompt": "Write.", "constraints": [{"kind": "title", "args": {}}]},
     ]
     records, rejected = load_tasks(write_lines(task_dir / "tasks.jsonl", lines))
     assert rejected == []
-    assert [r.id for r in records] == ["a", "b", "c"]
-    sql, instr, tool = records
-    assert sql.spec == SqlSpec(str(task_dir / "databases" / "tiny.sqlite"), "SELECT 1")
+    assert [r.id for r in records] == ["a", "b", "c", "d"]
+    sql, instr, tool, no_reference = records
+    assert sql.spec == SqlSpec(str((task_dir / "databases" / "tiny.sqlite").resolve()), "SELECT 1")
     assert (sql.split, instr.split) == ("test", "train")
-    assert instr.spec.constraints == (Constraint("keyword_include", {"words": ["sun"]}),)
-    assert tool.spec.reference_calls == (ToolCall("get_weather", {"city": "Oslo"}),)
+    assert instr.spec.constraints == (Constraint("keyword_include", {"keywords": ["sun"]}),)
+    assert tool.spec.reference_calls == (ToolCall("get_weather", {"city": "Oslo"}, {"unit": "celsius"},
+                                                  {"city": ("OSL",)}),)
+    assert no_reference.reference_response is None  # annotation never reads it: optional
 
 
 BAD_LINES = [
@@ -69,6 +78,19 @@ BAD_LINES = [
     (sql_record("blank-sql", reference_sql="  "), "field 'reference_sql': empty", "blank-sql"),
     (sql_record("weird-task", task="poetry"), "field 'task': unknown task 'poetry'", "weird-task"),
     (sql_record("no-db", db="missing.sqlite"), "field 'db': database file not found", "no-db"),
+    (sql_record("abs-db", db="/etc/passwd"), "field 'db': absolute paths are refused", "abs-db"),
+    (sql_record("up-db", db="../tasks.jsonl"), "field 'db': '../tasks.jsonl' resolves outside", "up-db"),
+    (sql_record("text-db", db="notes.sqlite"), "field 'db': ", "text-db"),
+    (sql_record("bad-ref", reference_sql="SELECT y FROM t"), "field 'reference_sql': the reference query does not run",
+     "bad-ref"),
+    (sql_record("write-ref", reference_sql="DELETE FROM t"), "field 'reference_sql'", "write-ref"),
+    (instruction_record("rhyme", [{"kind": "rhyme", "args": {}}]), "field 'constraints[0].kind': unknown constraint kind",
+     "rhyme"),
+    (instruction_record("few-args", [{"kind": "word_count", "args": {}}]), "field 'constraints[0].args'", "few-args"),
+    (tool_record("bad-type", [{"name": "f", "parameters": {"properties": {"x": {"type": "decimal"}}}}],
+                 [{"name": "f", "arguments": {"x": 1}}]), "field 'tools[0].parameters.properties.x.type'", "bad-type"),
+    (tool_record("bad-default", [WEATHER], [{"name": "get_weather", "arguments": {"city": "Oslo"}, "defaults": {"unit": 3}}]),
+     "field 'reference_calls[0].defaults.unit': expected a string", "bad-default"),
     (sql_record("bad-split", split="dev"), "field 'split'", "bad-split"),
     ({"task": "sql", "prompt": "p"}, "field 'id': missing", None),
     (sql_record("a"), "field 'id': duplicate id (first on line 1)", "a"),
@@ -110,11 +132,47 @@ def test_parse_record_error_names_record_and_field(task_dir):
     assert "'q-17'" in str(err.value) and "'db'" in str(err.value) and "nope.sqlite" in str(err.value)
 
 
-def test_absolute_db_path_is_used_as_is(task_dir, tmp_path_factory):
+def test_a_db_outside_the_databases_folder_is_refused_however_it_is_spelled(task_dir, tmp_path_factory):
     elsewhere = tmp_path_factory.mktemp("other") / "x.sqlite"
-    sqlite3.connect(elsewhere).close()
-    record = parse_record(sql_record("abs", db=str(elsewhere)), 1, task_dir)
-    assert record.spec.db_path == str(elsewhere)
+    conn = sqlite3.connect(elsewhere)
+    conn.execute("CREATE TABLE secret (s TEXT)")
+    conn.close()
+    (task_dir / "databases" / "link.sqlite").symlink_to(elsewhere)
+    (task_dir / "databases" / "sub").mkdir()
+    escapes = [str(elsewhere), f"../../{elsewhere.parent.name}/x.sqlite", "link.sqlite", "sub/../../tasks.jsonl",
+               f"sub/{'../' * 12}{str(elsewhere).lstrip('/')}"]
+    for db in escapes:
+        with pytest.raises(RecordError) as err:
+            parse_record(sql_record("esc", db=db), 1, task_dir)
+        assert err.value.field == "db" and ("refused" in err.value.reason or "outside" in err.value.reason), db
+    inside = parse_record(sql_record("ok", db="sub/../tiny.sqlite"), 1, task_dir)
+    assert inside.spec.db_path == str((task_dir / "databases" / "tiny.sqlite").resolve())
+
+
+def test_databases_folder_can_be_given(task_dir, tmp_path_factory):
+    other = tmp_path_factory.mktemp("dbs")
+    (other / "tiny.sqlite").write_bytes((task_dir / "databases" / "tiny.sqlite").read_bytes())
+    path = write_lines(task_dir / "tasks.jsonl", [sql_record("a")])
+    records, rejected = load_tasks(path, databases=other)
+    assert rejected == [] and records[0].spec.db_path == str((other / "tiny.sqlite").resolve())
+
+
+def test_rejected_records_carry_line_field_and_reason(task_dir):
+    path = write_lines(task_dir / "tasks.jsonl", [sql_record("a"), instruction_record("b", [{"kind": "rhyme", "args": {}}])])
+    _, rejected = load_tasks(path)
+    assert [(r.line_no, r.record_id, r.field) for r in rejected] == [(2, "b", "constraints[0].kind")]
+    assert "unknown constraint kind 'rhyme'" in rejected[0].reason
+
+
+def test_plugin_tasks_load_with_only_id_task_and_prompt_and_keep_every_field(task_dir):
+    lines = [{"id": "p1", "task": "poem", "prompt": "Write a haiku.", "syllables": [5, 7, 5]},
+             {"id": "p2", "task": "limerick", "prompt": "Write one."}]
+    path = write_lines(task_dir / "tasks.jsonl", lines)
+    records, rejected = load_tasks(path, plugin_tasks=("poem",))
+    assert [r.id for r in records] == ["p1"] and rejected[0].record_id == "p2" and rejected[0].field == "task"
+    assert records[0].spec.fields == lines[0] and records[0].reference_response is None
+    records, rejected = load_tasks(path, plugin_tasks=("*",))  # a plugin without a task verifies every record
+    assert [r.id for r in records] == ["p1", "p2"] and rejected == []
 
 
 def test_directory_loads_every_jsonl_sorted_and_catches_cross_file_duplicates(task_dir):

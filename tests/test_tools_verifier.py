@@ -65,7 +65,7 @@ def test_format_passes(response):
 def test_format_fails_with_the_problem_named(response, problem):
     fmt, _ = tools.verify(record(PARIS), response)
     assert fmt.score == 0.0
-    assert fmt.feedback.startswith(tools.FORMAT_RULE) and f"Found: {problem}" in fmt.feedback
+    assert fmt.feedback == tools.FORMAT_RULE and f"Found: {problem}" in fmt.observed
 
 
 def test_format_and_correctness_are_decoupled():
@@ -118,11 +118,45 @@ def test_type_aware_integer_param(offset, expected):
     assert scores(record(JAZZ), got)[1] == pytest.approx(expected)
 
 
-def test_same_value_is_json_typed():
+def test_same_value_is_json_typed_with_numbers_equal_by_value_at_every_depth():
     assert tools.same_value({"a": [1, "x"]}, {"a": [1, "x"]})
-    assert not tools.same_value({"a": [1.0]}, {"a": [1]}, "number")  # nested values stay strict
-    assert not tools.same_value(1, True) and not tools.same_value(None, 0)
-    assert tools.same_value(2, 2.0, "number") and not tools.same_value(2, 2.0, "integer")
+    assert tools.same_value({"lat": 48}, {"lat": 48.0}) and tools.same_value([[1, 2.5]], [[1.0, 2.5]])
+    assert not tools.same_value(1, True) and not tools.same_value(None, 0) and not tools.same_value([True], [1])
+    assert tools.same_value(2, 2.0, "number") and not tools.same_value(2.0, 2, "integer")
+    assert not tools.same_value("Paris", "paris") and tools.same_value("Paris", "paris", normalize=True)
+
+
+def test_bfcl_string_normalization():
+    assert tools.bfcl_normalize("April 1, 2024") == tools.bfcl_normalize("april 1 2024") == "april12024"
+    assert tools.bfcl_normalize("New-York_City*^") == "newyorkcity"
+    assert tools.bfcl_normalize("it's") == 'it"s'
+
+
+STATION = {"name": "find_station", "parameters": {"type": "dict", "properties": {
+    "city": {"type": "string"}, "radius": {"type": "float"}, "lines": {"type": "array", "items": {"type": "float"}},
+    "where": {"type": "dict"}, "fuel": {"type": "any"}}, "required": ["city"]}}
+STATION_REF = ToolCall("find_station", {"city": "San Francisco", "lines": [1.0, 2.5]},
+                       defaults={"radius": 5.0}, alternatives={"city": ("SF",), "radius": (10.0,)})
+
+
+@pytest.mark.parametrize("semantics,arguments,expected", [
+    ("tokencredit", {"city": "San Francisco", "lines": [1.0, 2.5]}, 1.0),              # default left out
+    ("tokencredit", {"city": "SF", "lines": [1, 2.5], "radius": 5}, 1.0),              # alternative, default given
+    ("tokencredit", {"city": "SF", "lines": [1.0, 2.5], "radius": 10.0}, 1.0),         # alternative default
+    ("tokencredit", {"city": "SF", "lines": [1.0, 2.5], "radius": 7.5}, 2 / 3),        # a wrong default costs
+    ("tokencredit", {"city": "san francisco", "lines": [1.0, 2.5]}, 0.5),              # exact strings
+    ("bfcl", {"city": "san-francisco", "lines": [1.0, 2.5]}, 1.0),                     # BFCL's normalization
+    ("bfcl", {"city": "SF", "lines": [1, 2.5]}, 0.5),                                  # BFCL: an int is no float item
+    ("tokencredit", {"lines": [1.0, 2.5]}, 0.5),                                       # required argument missing
+    ("tokencredit", {"city": "SF", "lines": [1.0, 2.5], "fuel": "gas"}, 2 / 3),        # an extra argument dilutes
+])
+def test_defaults_alternatives_and_semantics(semantics, arguments, expected):
+    spec = ToolSpec((STATION,), (STATION_REF,), semantics=semantics)
+    rec = TaskRecord("station", "tools", "Find a station.", None, spec)
+    _, correct = tools.verify(rec, block("find_station", arguments))
+    assert correct.score == pytest.approx(expected)
+    assert correct.feedback == ("Expected call: find_station(city='San Francisco' or 'SF', lines=[1.0, 2.5], "
+                                "[radius=5.0 or 10.0]).")
 
 
 def test_correctness_matches_brute_force_over_matchings():
@@ -148,15 +182,17 @@ def test_correctness_matches_brute_force_over_matchings():
 
 
 def test_correctness_feedback():
+    """`feedback` states the expected calls and never quotes the response; `observed` says what differs."""
     _, correct = tools.verify(record(PARIS), block("get_weather", {"city": "Paris", "unit": "fahrenheit"}))
-    assert correct.feedback == ("Expected call: get_weather(city='Paris', unit='celsius'). "
-                                "Found: argument 'unit': got 'fahrenheit', expected 'celsius'.")
+    assert correct.feedback == "Expected call: get_weather(city='Paris', unit='celsius')."
+    assert correct.observed == "Found: argument 'unit': got 'fahrenheit', expected 'celsius'."
     _, correct = tools.verify(record(PARIS, JAZZ), block("get_stock_price", {"symbol": "X"}))
-    assert correct.feedback.startswith("Expected calls: get_weather(city='Paris', unit='celsius'); "
-                                       "search_web(query='jazz', limit=10, offset=20). Found: ")
-    assert "no call to get_weather" in correct.feedback and "unexpected call 'get_stock_price'" in correct.feedback
+    assert correct.feedback == ("Expected calls: get_weather(city='Paris', unit='celsius'); "
+                                "search_web(query='jazz', limit=10, offset=20).")
+    assert "get_stock_price" not in correct.feedback
+    assert "no call to get_weather" in correct.observed and "unexpected call 'get_stock_price'" in correct.observed
     _, correct = tools.verify(record(PARIS), tools.render_calls([PARIS]))
-    assert correct.feedback.endswith("Found: all calls match.")
+    assert correct.observed == "Found: all calls match."
 
 
 # ---------------------------------------------------------------- parts, garbage, record errors
@@ -198,8 +234,8 @@ BAD_RECORDS = [
      "not one of"),
     ((ToolCall("get_weather", {"unit": "celsius"}),), (WEATHER,), "reference_calls[0].arguments", "missing required city"),
     ((), (WEATHER,), "reference_calls", "at least one call"),
-    ((PARIS,), (WEATHER, {"name": "f", "parameters": {"properties": {"x": {"type": "float"}}}}),
-     "tools[1].parameters.properties.x.type", "got 'float'"),
+    ((PARIS,), (WEATHER, {"name": "f", "parameters": {"properties": {"x": {"type": "decimal"}}}}),
+     "tools[1].parameters.properties.x.type", "got 'decimal'"),
     ((PARIS,), (WEATHER, {"name": "f", "parameters": {"properties": {}, "required": ["y"]}}),
      "tools[1].parameters.required", "names of properties"),
     ((PARIS,), (WEATHER, {"name": "f"}), "tools[1].parameters", "'properties'"),

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from pipeline.losses import IGNORE_INDEX, policy_gradient_loss, token_weighted_sft_loss
+from pipeline.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss, token_weighted_sft_loss
 from pipeline.train import (
     Example,
     TrainConfig,
@@ -65,19 +65,24 @@ def response_rows(spec=RESPONSES_SPEC, p2t=False):
             "prompt": " ".join(f"w{t}" for t in prompt), "response": " ".join(f"w{t}" for t in tokens),
             "prompt_token_ids": prompt, "token_ids": tokens, "sample_logprobs": [-np.log(VOCAB)] * len(tokens),
             "reward_names": ["format", "execution"], "rewards": [1.0, float(i % 2 == 0)],
-            "feedback": ["ok", "ok"], "reward_advs": [0.0, gdpo], "adv_grpo": gdpo, "adv_gdpo": gdpo,
-            "adv_mrtpo": mrtpo, "p2t_raw": None, "p2t_reward": None,
-            "adv_p2t": [gdpo + 0.1 * t for t in range(len(tokens))] if p2t else None,
+            "feedback": ["ok", "ok"], "reward_advs": [0.0, gdpo], "adv_grpo": gdpo, "gdpo_sum": gdpo,
+            "mrtpo_sum": mrtpo, "p2t_raw": None, "p2t_reward": [float(t) for t in range(len(tokens))] if p2t else None,
+            "p2t_alpha": 0.1 if p2t else None,
             "status": "ok", "model": "tiny", "seed": 0,
         })
     return rows
 
 
 def write_run(folder, rows):
-    """A run directory written by the real RunWriter (an empty credits table: the trainer does not read it)."""
+    """A run directory written by the real RunWriter (an empty credits table: the trainer does not read it).
+
+    Its GDPO batch step is "none" (c = 1, m = 0), so the views' advantages are the rows' sums as given.
+    """
     writer = RunWriter(str(folder))
+    writer.start("run", {"credit": {"gdpo": {"batch": "none"}}}, "synthetic", "test")
     writer.write_shard(0, {"responses": pa.Table.from_pylist(rows, schema=RESPONSES),
                            "credits": CREDITS.empty_table()}, stats={})
+    writer.finish(1, {})
     return str(folder)
 
 
@@ -244,15 +249,15 @@ def test_unknown_kind_null_and_missing_columns_are_clear_errors(run_dir, tmp_pat
                                          r"for 6 of 6 responses, e.g. response 'r0'"):
         load_examples(run_dir, "p2t", "pg")
     rows = response_rows()
-    rows[4]["adv_mrtpo"] = rows[4]["adv_mrtpo"][:1]
+    rows[4]["mrtpo_sum"] = rows[4]["mrtpo_sum"][:1]
     with pytest.raises(ValueError, match="response 'r4': field 'adv_mrtpo' has 1 values for 2 tokens"):
         read_training(write_run(tmp_path / "misaligned", rows), "mrtpo")
     # a run written by an older schema, without the column at all
     old = tmp_path / "old"
     write_run(old, response_rows())
-    table = pq.read_table(old / "responses" / "part-00000.parquet").drop_columns(["adv_p2t"])
+    table = pq.read_table(old / "responses" / "part-00000.parquet").drop_columns(["p2t_alpha"])
     pq.write_table(table, old / "responses" / "part-00000.parquet")
-    with pytest.raises(ValueError, match=rf"run dir {old}: cannot read advantage 'p2t'.*adv_p2t"):
+    with pytest.raises(ValueError, match=rf"run dir {old}: cannot create the views .*p2t_alpha.*schema"):
         read_training(old, "p2t")
 
 
@@ -281,9 +286,13 @@ def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_d
     out = tmp_path / "out"
     final = train(TrainConfig(out=str(out), steps=4, **settings))
     assert final == out / "final"
-    for name in ("checkpoint-2", "checkpoint-4", "final"):
+    for name in ("checkpoint-2", "checkpoint-4"):
         assert {"model.safetensors", "config.json", "tokenizer.json", "trainer_state.pt"} <= {
             p.name for p in (out / name).iterdir()}
+    # final: weights only (AdamW's moments would double its size)
+    final_files = {p.name for p in (out / "final").iterdir()}
+    assert {"model.safetensors", "tokenizer.json", "train_config.json"} <= final_files
+    assert "trainer_state.pt" not in final_files
     assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3, 4]
     assert all(int(r["tokens"]) > 0 and np.isfinite(float(r["loss"])) for r in read_metrics(out))
     assert (out / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -297,7 +306,7 @@ def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_d
     shutil.rmtree(base)
     train(TrainConfig(out=str(out), steps=6, **settings))
     assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
-    state = torch.load(out / "final" / "trainer_state.pt", weights_only=True)
+    state = torch.load(out / "checkpoint-6" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 6
 
     # ... and it lands where an uninterrupted 6-step run lands (same batches, AdamW moments, RNG).
@@ -309,3 +318,80 @@ def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_d
         assert torch.allclose(resumed[key], value, atol=1e-6), key
     assert [float(r["loss"]) for r in read_metrics(out)] == pytest.approx(
         [float(r["loss"]) for r in read_metrics(straight)], rel=1e-6)
+
+
+# --- gradient accumulation, KL to the reference, bf16, LoRA from the CLI ------------------------------
+
+
+@pytest.mark.parametrize("objective", ["pg", "sft"])
+def test_accumulated_micro_batches_equal_one_step_on_their_union(policy_dir, objective):
+    examples = examples_of(RESPONSES_SPEC)
+    for e, (_, _, _, mrtpo) in zip(examples, RESPONSES_SPEC):  # signed credit for pg, positive for sft
+        e.credit[:] = mrtpo if objective == "pg" else [abs(a) + 0.1 for a in mrtpo]
+    one, accumulated = load_model(policy_dir), load_model(policy_dir)
+    whole = train_step(one, collate(examples, PAD), objective, torch.optim.SGD(one.parameters(), lr=0.5))
+    parts = train_step(accumulated, [collate(examples[:2], PAD), collate(examples[2:5], PAD), collate(examples[5:], PAD)],
+                       objective, torch.optim.SGD(accumulated.parameters(), lr=0.5))
+    assert parts["loss"] == pytest.approx(whole["loss"], rel=1e-5) and parts["tokens"] == whole["tokens"]
+    assert parts["mean_advantage"] == pytest.approx(whole["mean_advantage"], rel=1e-6)
+    for (name, a), b in zip(one.named_parameters(), accumulated.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_kl_penalty_is_the_k3_estimate_and_pulls_towards_the_reference(policy_dir, tmp_path):
+    lp = torch.tensor([[-1.0, -2.0, 5.0]])
+    ref = torch.tensor([[-1.5, -2.0, -9.0]])
+    mask = torch.tensor([[True, True, False]])
+    assert kl_penalty(lp, ref, mask).item() == pytest.approx((np.exp(-0.5) + 0.5 - 1) / 2)
+    assert kl_penalty(lp, lp, mask).item() == 0.0
+
+    policy, reference = load_model(policy_dir), load_model(tiny_policy(tmp_path / "other", seed=1)).eval()
+    batch = collate(examples_of(RESPONSES_SPEC), PAD)
+    batch["credit"].zero_()  # no advantage: the step only follows the KL term
+    ref_logprobs = lambda b: token_logprobs(reference(input_ids=b["input_ids"]).logits, b["labels"])  # noqa: E731
+    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+    first = train_step(policy, batch, "pg", opt, reference=ref_logprobs, kl_coef=1.0)
+    second = train_step(policy, batch, "pg", opt, reference=ref_logprobs, kl_coef=1.0)
+    assert 0 < second["kl"] < first["kl"] and first["loss"] == pytest.approx(first["kl"])
+    with pytest.raises(ValueError, match="needs a reference"):
+        train_step(policy, batch, "pg", opt, kl_coef=1.0)
+
+
+def test_train_with_kl_starts_at_zero_kl_to_the_initial_policy(run_dir, policy_dir, tmp_path):
+    train(TrainConfig(data=run_dir, out=str(tmp_path / "kl"), model=str(policy_dir), steps=3, batch_size=3, lr=1e-2,
+                      kl_coef=0.1, grad_accum=2))
+    kl = [float(r["kl"]) for r in read_metrics(tmp_path / "kl")]
+    assert kl[0] == pytest.approx(0.0, abs=1e-7) and kl[-1] > 1e-6  # the policy starts as the reference
+
+
+def test_bf16_autocast_step_follows_the_fp32_step(policy_dir):
+    model = load_model(policy_dir)
+    batch, _ = credited_batch(model)
+    bf16 = train_step(load_model(policy_dir), batch, "pg", torch.optim.SGD(model.parameters(), lr=0.0), bf16=True)
+    fp32 = train_step(model, batch, "pg", torch.optim.SGD(model.parameters(), lr=0.0))
+    assert bf16["loss"] == pytest.approx(fp32["loss"], abs=5e-2) and bf16["loss"] != fp32["loss"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_autocast_on_cuda(run_dir, policy_dir, tmp_path):
+    final = train(TrainConfig(data=run_dir, out=str(tmp_path / "cuda"), model=str(policy_dir), steps=2, batch_size=3,
+                              device="cuda", bf16=True, kl_coef=0.1))
+    assert all(np.isfinite(float(r["loss"])) for r in read_metrics(tmp_path / "cuda"))
+    assert (final / "model.safetensors").is_file()
+
+
+def test_lora_from_the_cli_trains_adapters_only(run_dir, policy_dir, tmp_path):
+    pytest.importorskip("peft")
+    from pipeline.cli import main
+
+    out = tmp_path / "lora"
+    assert main(["train", "--data", run_dir, "--model", str(policy_dir), "--out", str(out), "--lora", "--steps", "2",
+                 "--batch-size", "2", "--grad-accum", "2", "--kl-coef", "0.1", "--lr", "1e-2"]) == 0
+    files = {p.name for p in (out / "final").iterdir()}
+    assert "adapter_model.safetensors" in files and "model.safetensors" not in files and "trainer_state.pt" not in files
+    adapter = load_file(str(out / "final" / "adapter_model.safetensors"))
+    assert adapter and all("lora_" in k for k in adapter)
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # B starts at 0: it trained
+    kl = [float(r["kl"]) for r in read_metrics(out)]
+    assert kl[0] == pytest.approx(0.0, abs=1e-7) and kl[1] > 0  # reference: the base model, adapters off

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.query import run_query
 from pipeline.writer import RunWriter
-from schemas import CREDITS, RESPONSES, SCHEMA_VERSION, views_sql
+from schemas import CREDITS, RESPONSES, SCHEMA_VERSION, TABLES, views_sql
 
 
 def shard_tables(shard: int, responses: int = 3, tokens: int = 4) -> dict[str, pa.Table]:
@@ -20,7 +20,7 @@ def shard_tables(shard: int, responses: int = 3, tokens: int = 4) -> dict[str, p
         "response_id": rid, "group_id": f"g{shard}", "shard": shard, "task": "sql", "prompt": "p",
         "response": "<sql>x</sql>", "prompt_token_ids": [1, 2], "token_ids": list(range(tokens)),
         "sample_logprobs": [-1.0] * tokens, "reward_names": ["format"], "rewards": [1.0], "feedback": ["ok"],
-        "reward_advs": [0.5], "adv_grpo": 0.1, "adv_gdpo": 0.2, "adv_mrtpo": [0.3] * tokens, "status": "ok",
+        "reward_advs": [0.5], "adv_grpo": 0.1, "gdpo_sum": 0.2, "mrtpo_sum": [0.3] * tokens, "status": "ok",
         "model": "m", "seed": 0} for rid in ids], schema=RESPONSES)
     cred = pa.Table.from_pylist([{
         "response_id": rid, "task": "sql", "position": t, "token_id": t, "token_text": "x", "char_start": t,
@@ -84,12 +84,13 @@ def test_a_directory_holds_one_config(tmp_path):
 
 def test_views_and_readers_see_the_same_rows(tmp_path):
     writer = RunWriter(str(tmp_path))
-    writer.start("run", {}, "h", "c")
+    writer.start("run", {"credit": {"gdpo": {"batch": "none"}}}, "h", "c")  # views: c = 1, m = 0
     for shard in range(2):
         writer.write_shard(shard, shard_tables(shard), {})
     writer.finish(2, {})
     con = duckdb.connect()
-    con.execute(views_sql(str(tmp_path)))
+    con.execute(views_sql({name: f"read_parquet('{tmp_path}/{name}/part-*.parquet')" for name in TABLES},
+                          {"batch": "none"}))
     assert con.execute("select count(*) from credits").fetchall() == [(2 * 3 * 4,)]
     training = run_query(tmp_path, "select token_ids, adv_gdpo, adv_mrtpo, sft_weight from training").fetchall()
     assert len(training) == 6
@@ -99,4 +100,4 @@ def test_views_and_readers_see_the_same_rows(tmp_path):
     from datasets import load_dataset
 
     hf = load_dataset("parquet", data_files=str(tmp_path / "responses/part-*.parquet"), split="train")
-    assert hf.num_rows == 6 and set(hf.column_names) >= {"response_id", "token_ids", "adv_gdpo"}
+    assert hf.num_rows == 6 and set(hf.column_names) >= {"response_id", "token_ids", "gdpo_sum"}

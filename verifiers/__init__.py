@@ -1,25 +1,46 @@
 """Verifiers: one score in [0, 1] and one feedback text per reward.
 
-    records, rejected = load_tasks(path)          # validated TaskRecords + bad lines
+    records, rejected = load_tasks(path)          # validated TaskRecords + bad lines (any format)
     scores = verify(record, response_text)        # list[RewardScore], fixed reward order
-    names = reward_names(record)                  # the same order, without a response
+    names = reward_names(record)                  # the same order, without a response (built-in tasks)
     spans = response_parts(record, response_text) # [(char_start, char_end, part)] for analysis
+    kind, index = stored_reward(task, name)       # ("keyword_include", 2) for "c2_keyword_include"
 
-`verify` never raises on any response string; a malformed task record raises
-`schemas.records.RecordError` naming the record id and the field.
+    refs = plugins.resolve(["poem=my_rewards:score"])   # plugin verifiers (`verifiers.plugins`)
+    scores = verify(record, response_text, refs)        # built-in rewards, then each plugin's
+
+`verify` never raises on any response string from a built-in verifier; a malformed task record
+raises `schemas.records.RecordError` naming the record id and the field, a misbehaving plugin
+`plugins.PluginError`.
 """
 from __future__ import annotations
 
-from schemas.records import RewardScore, TaskRecord
+from collections.abc import Sequence
 
-from . import instructions, sql, tools
+from schemas.records import RecordError, RewardScore, TaskRecord
+
+from . import instructions, plugins, sql, tools
+from .plugins import PluginRef
 from .tasks import Rejected, load_tasks, parse_record
 
 _BY_TASK = {"sql": sql, "instructions": instructions, "tools": tools}
 
 
-def verify(record: TaskRecord, response: str) -> list[RewardScore]:
-    return _BY_TASK[record.task].verify(record, response)
+def verify(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef] = ()) -> list[RewardScore]:
+    """The record's built-in rewards (if its task has a verifier), then those of each plugin that applies."""
+    applying = [ref for ref in plugin_refs if plugins.applies(ref, record)]
+    if record.task not in _BY_TASK and not applying:
+        raise RecordError(record.id, "task", f"no verifier for task {record.task!r}")
+    scores = _BY_TASK[record.task].verify(record, response) if record.task in _BY_TASK else []
+    for ref in applying:
+        scores += plugins.score(ref, record, response)
+    if not scores:
+        raise plugins.PluginError(f"record {record.id!r}: the verifiers returned no reward")
+    names = [s.name for s in scores]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise plugins.PluginError(f"record {record.id!r}: reward name(s) {', '.join(repeated)} given twice")
+    return scores
 
 
 def reward_names(record: TaskRecord) -> list[str]:
@@ -27,7 +48,17 @@ def reward_names(record: TaskRecord) -> list[str]:
 
 
 def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, str]]:
+    """The built-in verifier's parts; a plugin task's response is one `text` part."""
+    if record.task not in _BY_TASK:
+        return [(0, len(response), "text")] if response else []
     return _BY_TASK[record.task].response_parts(record, response)
 
 
-__all__ = ["Rejected", "load_tasks", "parse_record", "verify", "reward_names", "response_parts"]
+def stored_reward(task: str, name: str) -> tuple[str, int | None]:
+    """(reward, constraint_index) as the dataset stores a reward name: an instruction constraint's
+    `c{i}_{kind}` becomes (kind, i); other names (other tasks, plugins) stay, with no index."""
+    return instructions.split_reward_name(name) if task == "instructions" else (name, None)
+
+
+__all__ = ["PluginRef", "Rejected", "load_tasks", "parse_record", "plugins", "verify", "reward_names",
+           "response_parts", "stored_reward"]

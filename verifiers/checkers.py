@@ -13,8 +13,14 @@ Partial credit (score = a fraction):
     keyword_frequency   min(1, occurrences / n)
     json_format         with `keys`: fraction of the keys present in a top-level JSON object
                         (0 when the response is not a JSON object); without `keys`: binary
+    highlighted_sections  min(1, highlighted sections found / n)
 All other kinds are binary. Keywords match whole words, case-insensitively; starts_with and
-ends_with compare exactly, ignoring surrounding whitespace.
+ends_with compare exactly, ignoring surrounding whitespace. Sentences are Punkt's
+(`verifiers.text`). An empty or whitespace-only response scores 0 on every kind (in
+`verifiers.instructions`, before any check runs).
+
+These are the project's own semantics ("tokencredit"); `verifiers.ifeval` has the IFEval
+reference's checks for the same kinds.
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from . import text as _text_tools
 
 _SHOWN_CHARS = 30  # longest piece of the response quoted in a `found` note
 
@@ -34,8 +42,8 @@ def words(text: str) -> list[str]:
 
 
 def sentences(text: str) -> list[str]:
-    """Pieces ended by . ! or ? followed by whitespace (or the end); pieces without a word do not count."""
-    return [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if re.search(r"\w", s)]
+    """Punkt's sentences that hold a word ("Mr. and Mrs. Jones came home." is one)."""
+    return [s for s in _text_tools.sentences(text) if re.search(r"\w", s)]
 
 
 def paragraphs(text: str) -> list[str]:
@@ -46,8 +54,20 @@ def bullets(text: str) -> list[str]:
     return re.findall(r"^[ \t]*[*-][ \t]+\S.*$", text, re.MULTILINE)
 
 
-def section_numbers(text: str) -> list[int]:
-    return [int(n) for n in re.findall(r"^[ \t]*SECTION[ \t]+(\d{1,6})\b", text, re.MULTILINE)]
+def section_numbers(text: str, splitter: str = "SECTION") -> list[int]:
+    pattern = rf"^[ \t]*{re.escape(splitter)}[ \t]+(\d{{1,6}})\b"
+    return [int(n) for n in re.findall(pattern, text, re.MULTILINE)]
+
+
+def highlights(text: str) -> list[str]:
+    """Markdown highlights on one line, *like this* or **like this**, with some text inside."""
+    return [m for m in re.findall(r"\*\*[^\n*]+\*\*|\*[^\n*]+\*", text) if m.strip("*").strip()]
+
+
+def unfence(text: str) -> str:
+    """The body of a Markdown code fence (```json ... ```) that wraps the whole text, else the text."""
+    m = re.fullmatch(r"\s*```[A-Za-z]*[ \t]*\n?(.*?)\n?```\s*", text, re.DOTALL)
+    return m.group(1) if m else text
 
 
 def placeholders(text: str) -> list[str]:
@@ -87,6 +107,14 @@ def _word_list(v: Any) -> str | None:
     return None if ok else "must be a non-empty list of non-empty strings"
 
 
+def _letter(v: Any) -> str | None:
+    return None if isinstance(v, str) and len(v) == 1 and v.isalpha() else "must be one letter"
+
+
+def _language_code(v: Any) -> str | None:
+    return None if isinstance(v, str) and re.fullmatch(r"[a-z]{2}(-[a-z]{2})?", v) else "must be an ISO 639-1 code like 'en'"
+
+
 def _key_list(v: Any) -> str | None:
     return None if isinstance(v, list) and all(isinstance(k, str) for k in v) else "must be a list of strings"
 
@@ -112,6 +140,10 @@ def _bounds(lo: int | None, hi: int | None) -> str:
     if lo is not None and hi is not None:
         return f"exactly {lo}" if lo == hi else f"between {lo} and {hi}"
     return f"at least {lo}" if lo is not None else f"at most {hi}"
+
+
+def _times(lo: int | None, hi: int | None) -> str:
+    return "time" if (lo if lo is not None else hi) == 1 and (hi is None or hi == 1) else "times"
 
 
 def _within(n: int, lo: int | None, hi: int | None) -> float:
@@ -161,9 +193,9 @@ def _bullet_count(r: str, n: int) -> tuple[float, str]:
     return float(got == n), _plural(got, "bullet point")
 
 
-def _sections(r: str, n: int) -> tuple[float, str]:
-    got = section_numbers(r)
-    found = "SECTION " + ", ".join(map(str, got)) if got else "no SECTION headers"
+def _sections(r: str, n: int, splitter: str = "SECTION") -> tuple[float, str]:
+    got = section_numbers(r, splitter)
+    found = f"{splitter} " + ", ".join(map(str, got)) if got else f"no {splitter} headers"
     return float(got == list(range(1, n + 1))), found
 
 
@@ -207,7 +239,7 @@ def _placeholders(r: str, n: int) -> tuple[float, str]:
 
 
 def _json_format(r: str, keys: list[str] | None = None) -> tuple[float, str]:
-    value, error = parse_json(r.strip())
+    value, error = parse_json(unfence(r).strip())
     if error:
         return 0.0, f"invalid JSON ({error})"
     if not keys:
@@ -230,9 +262,70 @@ def _punctuation_ban(r: str, chars: str) -> tuple[float, str]:
     return 1 - len(used) / len(banned), f"used {_quoted(used, 'and')}" if used else "none of them"
 
 
-def _keyword_frequency(r: str, keyword: str, n: int) -> tuple[float, str]:
+def _keyword_frequency(r: str, keyword: str, n: int | None = None, max: int | None = None) -> tuple[float, str]:
     got = keyword_count(r, keyword)
-    return min(1.0, got / n), f"{_plural(got, 'time')}"
+    at_least = min(1.0, got / n) if n else 1.0
+    return at_least * _within(got, None, max), f"{_plural(got, 'time')}"
+
+
+def _letter_frequency(r: str, letter: str, min: int | None = None, max: int | None = None) -> tuple[float, str]:
+    got = r.lower().count(letter.lower())
+    return _within(got, min, max), _plural(got, "time")
+
+
+def _capital_word_frequency(r: str, min: int | None = None, max: int | None = None) -> tuple[float, str]:
+    got = len([w for w in _text_tools.word_tokens(r) if w.isupper()])
+    return _within(got, min, max), _plural(got, "all-capital word")
+
+
+def _response_language(r: str, language: str) -> tuple[float, str]:
+    got = _text_tools.language(r)
+    return float(got == language), f"language {got}" if got else "no language it could tell"
+
+
+def _nth_paragraph_first_word(r: str, n: int, nth: int, word: str) -> tuple[float, str]:
+    found = paragraphs(r)
+    first = _first_word(found[nth - 1]) if nth <= len(found) else ""
+    seen = f"{_plural(len(found), 'paragraph')}" + (f", paragraph {nth} starts with '{first}'" if first else "")
+    return float(len(found) == n and first == word.lower()), seen
+
+
+def _first_word(paragraph: str) -> str:
+    m = re.match(r"[\W_]*(\w[\w'-]*)", paragraph)
+    return m.group(1).lower() if m else ""
+
+
+def _postscript(r: str, marker: str) -> tuple[float, str]:
+    lines = [line.strip() for line in r.splitlines()]
+    found = any(line.lower().startswith(marker.lower()) for line in lines if line)
+    return float(found), f"a line starting with '{marker}'" if found else f"no line starting with '{marker}'"
+
+
+CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
+
+
+def _constrained_response(r: str) -> tuple[float, str]:
+    used = [o for o in CONSTRAINED_OPTIONS if o in r]
+    return float(len(used) == 1), f"{_quoted(used, 'and')}" if used else "none of the options"
+
+
+def _highlighted_sections(r: str, n: int) -> tuple[float, str]:
+    got = highlights(r)
+    return min(1.0, len(got) / n), _plural(len(got), "highlighted section")
+
+
+def _two_responses(r: str) -> tuple[float, str]:
+    parts = [p.strip() for p in r.split("******")]
+    inner_empty = any(not p for p in parts[1:-1])
+    answers = [p for p in parts if p]
+    ok = not inner_empty and len(answers) == 2 and answers[0] != answers[1]
+    same = len(answers) == 2 and answers[0] == answers[1]
+    return float(ok), f"{_plural(len(answers), 'response')}" + (", the same twice" if same else "")
+
+
+def _repeat_prompt(r: str, prompt: str) -> tuple[float, str]:
+    repeated = r.strip().startswith(prompt.strip())
+    return float(repeated), "the request repeated first" if repeated else "no exact repeat of the request first"
 
 
 def _title(r: str) -> tuple[float, str]:
@@ -247,10 +340,11 @@ class Checker:
     args: dict[str, tuple[Callable[[Any], str | None], bool]]
     describe: Callable[..., str]
     check: Callable[..., tuple[float, str]]
-    bounded: bool = False  # takes optional `min`/`max`: at least one, min <= max
+    bounds: tuple[str, str] | None = None  # (lower, upper) optional args: at least one, lower <= upper
 
 
 _MIN_MAX = {"min": (_count, False), "max": (_count, False)}
+_BOUNDED = ("min", "max")
 
 CHECKERS: dict[str, Checker] = {
     "keyword_include": Checker(
@@ -262,15 +356,46 @@ CHECKERS: dict[str, Checker] = {
         lambda keywords: f"Do not use the {'word' if len(keywords) == 1 else 'words'} {_quoted(keywords, 'or')}.",
         _keyword_exclude),
     "keyword_frequency": Checker(
-        {"keyword": (_text, True), "n": (_positive, True)},
-        lambda keyword, n: f"Use the word '{keyword}' at least {_plural(n, 'time')}.",
-        _keyword_frequency),
+        {"keyword": (_text, True), "n": (_positive, False), "max": (_count, False)},
+        lambda keyword, n=None, max=None: f"Use the word '{keyword}' {_bounds(n, max)} {_times(n, max)}.",
+        _keyword_frequency, bounds=("n", "max")),
+    "letter_frequency": Checker(
+        {"letter": (_letter, True), **_MIN_MAX},
+        lambda letter, min=None, max=None: f"Use the letter '{letter}' {_bounds(min, max)} {_times(min, max)}.",
+        _letter_frequency, bounds=_BOUNDED),
+    "capital_word_frequency": Checker(
+        _MIN_MAX, lambda min=None, max=None: f"Use {_bounds(min, max)} words in all capital letters.",
+        _capital_word_frequency, bounds=_BOUNDED),
+    "response_language": Checker(
+        {"language": (_language_code, True)},
+        lambda language: f"Answer in the language with code '{language}' and no other.",
+        _response_language),
+    "nth_paragraph_first_word": Checker(
+        {"n": (_positive, True), "nth": (_positive, True), "word": (_text, True)},
+        lambda n, nth, word: f"Write exactly {_plural(n, 'paragraph')} separated by blank lines; "
+        f"paragraph {nth} must start with the word '{word}'.",
+        _nth_paragraph_first_word),
+    "postscript": Checker(
+        {"marker": (_text, True)},
+        lambda marker: f"End with a postscript starting with '{marker}'.", _postscript),
+    "constrained_response": Checker(
+        {}, lambda: f"Answer with one of {_quoted(list(CONSTRAINED_OPTIONS), 'or')}", _constrained_response),
+    "highlighted_sections": Checker(
+        {"n": (_positive, True)},
+        lambda n: f"Highlight at least {_plural(n, 'section')} with markdown, like *highlighted section*.",
+        _highlighted_sections),
+    "two_responses": Checker(
+        {}, lambda: "Give two different responses separated by 6 asterisks: ******.", _two_responses),
+    "repeat_prompt": Checker(
+        {"prompt": (_text, True)},
+        lambda prompt: "First repeat the request word for word without change, then give your answer.",
+        _repeat_prompt),
     "word_count": Checker(
-        _MIN_MAX, lambda min=None, max=None: f"Use {_bounds(min, max)} words.", _word_count, bounded=True),
+        _MIN_MAX, lambda min=None, max=None: f"Use {_bounds(min, max)} words.", _word_count, bounds=_BOUNDED),
     "sentence_count": Checker(
-        _MIN_MAX, lambda min=None, max=None: f"Write {_bounds(min, max)} sentences.", _sentence_count, bounded=True),
+        _MIN_MAX, lambda min=None, max=None: f"Write {_bounds(min, max)} sentences.", _sentence_count, bounds=_BOUNDED),
     "char_count": Checker(
-        _MIN_MAX, lambda min=None, max=None: f"Use {_bounds(min, max)} characters.", _char_count, bounded=True),
+        _MIN_MAX, lambda min=None, max=None: f"Use {_bounds(min, max)} characters.", _char_count, bounds=_BOUNDED),
     "paragraph_count": Checker(
         {"n": (_positive, True)},
         lambda n: f"Write exactly {_plural(n, 'paragraph')} separated by blank lines.",
@@ -280,8 +405,9 @@ CHECKERS: dict[str, Checker] = {
         lambda n: f"Use exactly {_plural(n, 'bullet point')} starting with '* '.",
         _bullet_count),
     "sections": Checker(
-        {"n": (_positive, True)},
-        lambda n: f"Write {_plural(n, 'section')} marked SECTION 1{' to SECTION ' + str(n) if n > 1 else ''}.",
+        {"n": (_positive, True), "splitter": (_text, False)},
+        lambda n, splitter="SECTION": f"Write {_plural(n, 'section')} marked {splitter} 1"
+        f"{f' to {splitter} {n}' if n > 1 else ''}.",
         _sections),
     "starts_with": Checker(
         {"phrase": (_text, True)}, lambda phrase: _sentence(f"Start your response with '{phrase}'"), _starts_with),
@@ -327,10 +453,11 @@ def validate_args(kind: str, args: Any) -> str | None:
         problem = check(args[name])
         if problem:
             return f"{name} {problem}, got {args[name]!r}"
-    if spec.bounded:
-        lo, hi = args.get("min"), args.get("max")
+    if spec.bounds:
+        lower, upper = spec.bounds
+        lo, hi = args.get(lower), args.get(upper)
         if lo is None and hi is None:
-            return f"{kind} needs 'min' or 'max'"
+            return f"{kind} needs '{lower}' or '{upper}'"
         if lo is not None and hi is not None and lo > hi:
-            return f"min {lo} is above max {hi}"
+            return f"{lower} {lo} is above {upper} {hi}"
     return None

@@ -3,8 +3,16 @@
     constraints = [{"kind": "keyword_include", "args": {"keywords": ["river"]}}, ...]
     rewards     = ["c0_keyword_include", ...]      score in [0, 1], see `verifiers.checkers`
 
-Feedback is the constraint's own sentence (the one the prompt uses) plus what was found:
-"Include the keywords 'river' and 'stone'. Found: 'river'; missing 'stone'."
+The index keeps two constraints of one kind apart (and names each in the replay prompt); the
+dataset stores the kind as the reward and the index in its own column (`split_reward_name`).
+
+Feedback is the constraint's own sentence (the one the prompt uses), "Include the keywords 'river' and
+'stone'.", and `observed` what was found: "Found: 'river'; missing 'stone'."
+
+Semantics (`InstructionSpec.semantics`): "tokencredit" scores with `verifiers.checkers` (partial
+credit where its docstring says); "ifeval" and "ifeval-loose" score 1 or 0 with the IFEval
+reference's strict and loose checks (`verifiers.ifeval`). In every mode an empty or
+whitespace-only response scores 0 on every constraint.
 
 `response_parts` labels what the response is made of, whatever the constraints ask:
     json            the whole (stripped) response when it parses as a JSON object or array;
@@ -21,8 +29,11 @@ import re
 
 from schemas.records import InstructionSpec, RecordError, RewardScore, TaskRecord
 
+from . import ifeval
 from .checkers import CHECKERS, parse_json, validate_args
 from .parts import label_runs
+
+SEMANTICS = ("tokencredit", *ifeval.SEMANTICS)
 
 _PAINTED = (  # (label, pattern), later ones win where they overlap
     ("bullets", re.compile(r"^[ \t]*[*-][ \t]+\S.*\n?", re.MULTILINE)),
@@ -38,6 +49,8 @@ def validate(record: TaskRecord) -> None:
         raise RecordError(record.id, "constraints", f"expected instruction constraints, got {type(spec).__name__}")
     if not spec.constraints:
         raise RecordError(record.id, "constraints", "needs at least one constraint")
+    if spec.semantics not in SEMANTICS:
+        raise RecordError(record.id, "semantics", f"unknown semantics {spec.semantics!r}; known: {', '.join(SEMANTICS)}")
     for i, c in enumerate(spec.constraints):
         if c.kind not in CHECKERS:
             raise RecordError(record.id, f"constraints[{i}].kind", validate_args(c.kind, c.args))
@@ -50,18 +63,41 @@ def reward_names(record: TaskRecord) -> list[str]:
     return [f"c{i}_{c.kind}" for i, c in enumerate(record.spec.constraints)]
 
 
-def describe(kind: str, args: dict) -> str:
+_NAME = re.compile(r"c(\d+)_(.+)")
+
+
+def split_reward_name(name: str) -> tuple[str, int | None]:
+    """"c2_keyword_include" -> ("keyword_include", 2): a constraint's kind and index; a name of
+    another form (a plugin's reward on an instruction record) -> (name, None)."""
+    match = _NAME.fullmatch(name)
+    if match is None or match.group(2) not in CHECKERS:
+        return name, None
+    return match.group(2), int(match.group(1))
+
+
+def describe(kind: str, args: dict, semantics: str = "tokencredit") -> str:
     """The constraint as one sentence, e.g. "Use at most 40 words."."""
+    if semantics in ifeval.SEMANTICS and kind in ifeval.DESCRIBE:
+        return ifeval.DESCRIBE[kind](**args)
     return CHECKERS[kind].describe(**args)
 
 
 def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     """One RewardScore per constraint, in order; raises only RecordError (bad constraints)."""
     validate(record)
+    semantics = record.spec.semantics
     scores = []
     for name, c in zip(reward_names(record), record.spec.constraints):
+        expected = describe(c.kind, c.args, semantics)
+        if not response.strip():
+            scores.append(RewardScore(name, 0.0, expected, "Found: an empty response."))
+            continue
         score, found = CHECKERS[c.kind].check(response, **c.args)
-        scores.append(RewardScore(name, float(score), f"{describe(c.kind, c.args)} Found: {found}."))
+        if semantics == "ifeval":
+            score = ifeval.check(c.kind, response, c.args)
+        elif semantics == "ifeval-loose":
+            score = ifeval.check_loose(c.kind, response, c.args)
+        scores.append(RewardScore(name, float(score), expected, f"Found: {found}."))
     return scores
 
 

@@ -13,6 +13,7 @@ Every refusal raises `SandboxError` with a message fit for feedback.
 """
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -105,6 +106,18 @@ def run_select(db_path: str | Path, sql: str, limits: Limits = Limits()) -> Quer
     conn = _open_readonly(db_path, limits)
     try:
         return _execute(conn, sql, limits)
+    finally:
+        conn.close()
+
+
+@functools.lru_cache(maxsize=256)
+def schema_of(db_path: str) -> dict[str, tuple[str, ...]]:
+    """Table name -> column names of the SQLite file (opened read-only and immutable; cached)."""
+    conn = _open_readonly(db_path, Limits())
+    try:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                             "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        return {t: tuple(r[1] for r in conn.execute("SELECT * FROM pragma_table_info(?)", (t,))) for t in tables}
     finally:
         conn.close()
 

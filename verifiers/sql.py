@@ -10,18 +10,21 @@ text, blobs and NULL compare only with their own kind. Column names are ignored.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import re
 
 from schemas.records import RecordError, RewardScore, SqlSpec, TaskRecord
 
-from .sandbox import QueryResult, SandboxError, has_top_level_order_by, run_select
+from .sandbox import QueryResult, SandboxError, has_top_level_order_by, run_select, schema_of
 from .parts import label_runs
 
 REWARDS = ("format", "executable", "execution")
 OPEN, CLOSE = "<sql>", "</sql>"
 FORMAT_RULE = "The query must be a single SQL statement between <sql> and </sql>."
+EXECUTABLE_RULE = "The query must run on the database without error."
+_MISSING = re.compile(r"no such (table|column): ([\w.]*\w)")
 _TAG = re.compile(r"</?sql>")
 _BLOCK = re.compile(r"<sql>(.*?)</sql>", re.DOTALL)
 _REL_TOL, _ABS_TOL = 1e-6, 1e-9
@@ -32,29 +35,49 @@ def reward_names(record: TaskRecord) -> list[str]:
     return list(REWARDS)
 
 
+def validate(record: TaskRecord) -> None:
+    """Raise RecordError (field `reference_sql`) when the record's reference query does not run."""
+    reference_result(record.id, record.spec.db_path, record.spec.reference_sql)
+
+
 def verify(record: TaskRecord, response: str) -> list[RewardScore]:
-    """Score one response; raises only RecordError, when the record's reference query fails."""
+    """Score one response; raises only RecordError, when the record's reference query fails.
+
+    Each `feedback` states what the check expects (the format rule, a fix for a failed query, the
+    reference query); `observed` says what the response did.
+    """
     spec: SqlSpec = record.spec
     query, found = extract_query(response)
-    fmt = RewardScore("format", float(query is not None), f"{FORMAT_RULE} {found}")
+    fmt = RewardScore("format", float(query is not None), FORMAT_RULE, found)
     reference = f"The reference query is: {spec.reference_sql.strip().rstrip(';').strip()}."
     if query is None:
-        return [
-            fmt,
-            RewardScore("executable", 0.0, "Not run: there is no single <sql> block."),
-            RewardScore("execution", 0.0, f"{reference} The query did not run."),
-        ]
+        return [fmt, RewardScore("executable", 0.0, EXECUTABLE_RULE, "Not run: there is no single <sql> block."),
+                RewardScore("execution", 0.0, reference, "The query did not run.")]
     try:
         got = run_select(spec.db_path, query)
     except SandboxError as e:
-        return [fmt, RewardScore("executable", 0.0, str(e)), RewardScore("execution", 0.0, f"{reference} The query did not run.")]
+        return [fmt, RewardScore("executable", 0.0, expected_fix(str(e), spec.db_path), str(e)),
+                RewardScore("execution", 0.0, reference, "The query did not run.")]
     want = reference_result(record.id, spec.db_path, spec.reference_sql)
     note = compare_results(got, want, ordered=has_top_level_order_by(spec.reference_sql))
     return [
         fmt,
-        RewardScore("executable", 1.0, "The query ran without error."),
-        RewardScore("execution", float(note is None), f"{reference} The result {note or 'matches the reference'}."),
+        RewardScore("executable", 1.0, EXECUTABLE_RULE, "The query ran without error."),
+        RewardScore("execution", float(note is None), reference, f"The result {note or 'matches the reference'}."),
     ]
+
+
+def expected_fix(error: str, db_path: str) -> str:
+    """What a failed query should have done, without quoting its wrong name: for a missing table or
+    column, the closest name the database has (an error message would quote the wrong one)."""
+    missing = _MISSING.search(error)
+    if missing is None:
+        return EXECUTABLE_RULE
+    kind, name = missing.group(1), missing.group(2).split(".")[-1]
+    schema = schema_of(db_path)
+    names = sorted(schema) if kind == "table" else sorted({c for cols in schema.values() for c in cols})
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.0)
+    return f"{EXECUTABLE_RULE} Use an existing {kind}: {close[0]}." if close else EXECUTABLE_RULE
 
 
 def extract_query(response: str) -> tuple[str | None, str]:

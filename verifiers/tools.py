@@ -8,16 +8,26 @@ A response is one or more blocks `<tool_call>{"name": "...", "arguments": {...}}
 
 Correctness. With reference calls R (m of them) and the response's well-formed calls P (n):
 
-    s(r, p) = [name_r == name_p] * matched(r, p) / (|args_r| + extra(r, p))    (= [name_r == name_p]
-              when both counts are 0)
-    matched = reference arguments that p gives with an equal value
-    extra   = arguments of p that r does not have
+    s(r, p) = [name_r == name_p] * matched(r, p) / (|args_r| + given_defaults(r, p) + extra(r, p))
+              (= [name_r == name_p] when the denominator is 0)
+    matched = reference arguments (and given defaults) that p passes with an accepted value
+    given_defaults = optional arguments of r (its `defaults`) that p passes
+    extra   = arguments of p that r neither requires nor has a default for
     correctness = max over one-to-one matchings M of R and P of  sum_{(r, p) in M} s(r, p) / max(m, n)
 
-so argument order and call order do not matter, each extra argument dilutes its call's score and
-each extra (or missing) call dilutes the total. Values compare type-aware, as JSON: 1 != "1",
-True != 1, 1 != 1.0 -- except that a parameter declared `"type": "number"` takes any numeric
-value equal to the reference (1 == 1.0). Strings compare exactly.
+so argument order and call order do not matter, leaving out an optional argument costs nothing,
+each extra argument dilutes its call's score and each extra (or missing) call dilutes the total.
+An argument's accepted values are its reference value and its `alternatives`.
+
+Values compare as JSON, type-aware (1 != "1", True != 1) except that numbers compare by value at
+every depth (2 == 2.0, {"lat": 48} == {"lat": 48.0}); a parameter declared `integer` still needs
+an integer. Semantics (`ToolSpec.semantics`):
+    tokencredit  strings compare exactly
+    bfcl         the BFCL AST checker's rules: strings compare after BFCL's normalization (case,
+                 spaces and ,./-_*^ ignored, ' read as "), and the items of a typed array must have
+                 the item type (an int is not a float there), unless an accepted value has the type
+Parameter types are JSON Schema's (string, integer, number, boolean, array, object) or BFCL's
+(float, dict, tuple, any).
 
 `response_parts` labels: `tags` (every <tool_call> and </tool_call> marker), `name` (the name
 value of a well-formed block, quotes included), `arguments` (its arguments object), `other`.
@@ -29,7 +39,6 @@ import re
 from typing import Any
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from schemas.records import RecordError, RewardScore, TaskRecord, ToolCall, ToolSpec
 
@@ -42,14 +51,25 @@ _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _TAG = re.compile(r"</?tool_call>")
 _JSON_WS = re.compile(r"[ \t\n\r]*")
 _SHOWN_CHARS = 40  # longest value or stray text quoted in feedback
-_TYPES = {  # JSON-schema type -> accepted Python values (bool is not a number here)
+_NUMBER = lambda v: type(v) in (int, float)  # noqa: E731 - bool is not a number here
+_TYPES = {  # parameter type -> accepted Python values
     "string": lambda v: isinstance(v, str),
     "integer": lambda v: type(v) is int,
-    "number": lambda v: type(v) in (int, float),
+    "number": _NUMBER,
     "boolean": lambda v: type(v) is bool,
     "array": lambda v: isinstance(v, list),
     "object": lambda v: isinstance(v, dict),
+    # BFCL's names
+    "float": _NUMBER,
+    "dict": lambda v: isinstance(v, dict),
+    "tuple": lambda v: isinstance(v, list),
+    "any": lambda v: True,
 }
+# BFCL's item type check is exact: an array of float takes no int
+_ITEM_TYPES = {"integer": (int,), "float": (float,), "number": (int, float), "string": (str,), "boolean": (bool,),
+               "dict": (dict,), "object": (dict,), "array": (list,), "tuple": (list,)}
+SEMANTICS = ("tokencredit", "bfcl")
+_BFCL_IGNORED = re.compile(r"[ ,./\-_*^]")
 
 
 # ---------------------------------------------------------------- record validation
@@ -63,23 +83,39 @@ def validate(record: TaskRecord) -> None:
         _validate_tool(record.id, f"tools[{j}]", tool)
     if not spec.reference_calls:
         raise RecordError(record.id, "reference_calls", "needs at least one call (format asks for one)")
+    if spec.semantics not in SEMANTICS:
+        raise RecordError(record.id, "semantics", f"unknown semantics {spec.semantics!r}; known: {', '.join(SEMANTICS)}")
     by_name = {tool["name"]: tool for tool in spec.tools}
     for i, call in enumerate(spec.reference_calls):
         if call.name not in by_name:
             raise RecordError(record.id, f"reference_calls[{i}].name", f"{call.name!r} is not one of the tools")
-        params = by_name[call.name]["parameters"]
-        for key, value in call.arguments.items():
-            field = f"reference_calls[{i}].arguments.{key}"
+        _validate_reference(record.id, f"reference_calls[{i}]", call, by_name[call.name]["parameters"],
+                            check_values=spec.semantics != "bfcl")
+
+
+def _validate_reference(record_id: str, where: str, call: ToolCall, params: dict, check_values: bool) -> None:
+    """BFCL holds answers to no schema (a value of another type is "a variable", enums are not
+    enforced), so under its semantics only the names are checked."""
+    both = sorted(set(call.arguments) & set(call.defaults))
+    if both:
+        raise RecordError(record_id, f"{where}.defaults", f"{', '.join(both)} also in arguments; give each once")
+    for group in ("arguments", "defaults", "alternatives"):
+        for key, value in getattr(call, group).items():
+            field = f"{where}.{group}.{key}"
             prop = params["properties"].get(key)
             if prop is None:
-                raise RecordError(record.id, field, f"{call.name} has no parameter {key!r}")
-            if not _TYPES[prop["type"]](value):
-                raise RecordError(record.id, field, f"expected a {prop['type']}, got {value!r}")
-            if "enum" in prop and value not in prop["enum"]:
-                raise RecordError(record.id, field, f"{value!r} is not one of {prop['enum']}")
-        missing = [k for k in params.get("required", []) if k not in call.arguments]
-        if missing:
-            raise RecordError(record.id, f"reference_calls[{i}].arguments", f"missing required {', '.join(missing)}")
+                raise RecordError(record_id, field, f"{call.name} has no parameter {key!r}")
+            values = value if group == "alternatives" else [value]
+            if group == "alternatives" and key not in call.arguments and key not in call.defaults:
+                raise RecordError(record_id, field, f"alternatives of {key!r}, which is neither an argument nor a default")
+            for v in values if check_values else ():
+                if not _TYPES[prop["type"]](v):
+                    raise RecordError(record_id, field, f"expected a {prop['type']}, got {v!r}")
+                if "enum" in prop and v not in prop["enum"]:
+                    raise RecordError(record_id, field, f"{v!r} is not one of {prop['enum']}")
+    missing = [k for k in params.get("required", []) if k not in call.arguments]
+    if missing:
+        raise RecordError(record_id, f"{where}.arguments", f"missing required {', '.join(missing)}")
 
 
 def _validate_tool(record_id: str, where: str, tool: Any) -> None:
@@ -137,44 +173,79 @@ def _parse_block(body: str) -> tuple[ToolCall | None, str]:
 
 # ---------------------------------------------------------------- scoring
 
-def same_value(got: Any, want: Any, param_type: str | None = None) -> bool:
-    """JSON equality that keeps types apart (1 != "1", True != 1, 1 != 1.0) except for `number` params."""
-    if param_type == "number" and _TYPES["number"](got) and _TYPES["number"](want):
+def same_value(got: Any, want: Any, param_type: str | None = None, normalize: bool = False) -> bool:
+    """JSON equality that keeps types apart (1 != "1", True != 1) but compares numbers by value at
+    every depth; an `integer` parameter needs an integer; `normalize` compares strings as BFCL does."""
+    if param_type == "integer" and type(got) is not int and type(want) is int:
+        return False
+    if _NUMBER(got) and _NUMBER(want):
         return got == want
     if type(got) is not type(want):
         return False
+    if isinstance(want, str) and normalize:
+        return bfcl_normalize(got) == bfcl_normalize(want)
     if isinstance(want, dict):
-        return got.keys() == want.keys() and all(same_value(got[k], want[k]) for k in want)
+        return got.keys() == want.keys() and all(same_value(got[k], want[k], normalize=normalize) for k in want)
     if isinstance(want, list):
-        return len(got) == len(want) and all(same_value(g, w) for g, w in zip(got, want))
+        return len(got) == len(want) and all(same_value(g, w, normalize=normalize) for g, w in zip(got, want))
     return got == want
 
 
-def call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict]) -> tuple[float, list[str]]:
+def bfcl_normalize(text: str) -> str:
+    """BFCL's `standardize_string`: "April 1, 2024" and "april 1 2024" become the same."""
+    return _BFCL_IGNORED.sub("", text).lower().replace("'", '"')
+
+
+def accepts(value: Any, accepted: list, prop: dict, semantics: str) -> bool:
+    """Whether `value` equals one of the accepted values of a parameter declared as `prop`."""
+    bfcl = semantics == "bfcl"
+    if bfcl and not _bfcl_items_typed(value, accepted, prop):
+        return False
+    return any(same_value(value, want, prop.get("type"), normalize=bfcl) for want in accepted)
+
+
+def _bfcl_items_typed(value: Any, accepted: list, prop: dict) -> bool:
+    item_type = (prop.get("items") or {}).get("type")
+    if prop.get("type") not in ("array", "tuple") or item_type not in _ITEM_TYPES or not isinstance(value, list):
+        return True
+    # BFCL takes an item of another type when an accepted list starts with that type ("a variable")
+    escapes = {type(want[0]) for want in accepted if isinstance(want, list) and want}
+    return all(type(v) in _ITEM_TYPES[item_type] or type(v) in escapes for v in value)
+
+
+def call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict],
+               semantics: str = "tokencredit") -> tuple[float, list[str]]:
     """s(ref, got) of the module docstring and the argument mismatches; `params` is ref's properties."""
     if got.name != ref.name:
         return 0.0, []  # `correctness` reports the missing and the unexpected call
-    notes, matched = [], 0
-    for key, want in ref.arguments.items():
+    notes, matched, given_defaults = [], 0, 0
+    for key, want in [*ref.arguments.items(), *ref.defaults.items()]:
+        optional = key in ref.defaults
         if key not in got.arguments:
-            notes.append(f"missing argument {key!r}")
-        elif same_value(got.arguments[key], want, params.get(key, {}).get("type")):
+            notes += [] if optional else [f"missing argument {key!r}"]
+            continue
+        given_defaults += optional
+        accepted = [want, *ref.alternatives.get(key, ())]
+        if accepts(got.arguments[key], accepted, params.get(key, {}), semantics):
             matched += 1
         else:
-            notes.append(f"argument {key!r}: got {_show(got.arguments[key])}, expected {_show(want)}")
-    extra = [k for k in got.arguments if k not in ref.arguments]
+            notes.append(f"argument {key!r}: got {_show(got.arguments[key])}, expected {_alternatives(accepted)}")
+    extra = [k for k in got.arguments if k not in ref.arguments and k not in ref.defaults]
     notes += [f"unexpected argument {_clip(k)!r}" for k in extra]
-    denom = len(ref.arguments) + len(extra)
+    denom = len(ref.arguments) + given_defaults + len(extra)
     return (matched / denom if denom else 1.0), notes
 
 
-def correctness(refs: list[ToolCall], calls: list[ToolCall], tools: tuple[dict, ...]) -> tuple[float, list[str]]:
+def correctness(refs: list[ToolCall], calls: list[ToolCall], tools: tuple[dict, ...],
+                semantics: str = "tokencredit") -> tuple[float, list[str]]:
     """Best one-to-one matching score of the module docstring, and the mismatch notes."""
     if not calls:
         return 0.0, ["no well-formed call"]
     props = {t["name"]: t["parameters"]["properties"] for t in tools}
-    pairs = [[call_score(r, c, props[r.name]) for c in calls] for r in refs]
+    pairs = [[call_score(r, c, props[r.name], semantics) for c in calls] for r in refs]
     gain = np.array([[s for s, _ in row] for row in pairs])
+    from scipy.optimize import linear_sum_assignment  # scipy loads in ~1 s: not at the command line's start
+
     rows, cols = linear_sum_assignment(gain, maximize=True)
     notes, used = [], set()
     for i, j in zip(rows.tolist(), cols.tolist()):
@@ -194,8 +265,15 @@ def render_calls(calls: list[ToolCall]) -> str:
 
 
 def signature(call: ToolCall) -> str:
-    """get_weather(city='Paris', unit='celsius')"""
-    return f"{call.name}({', '.join(f'{k}={_show(v)}' for k, v in call.arguments.items())})"
+    """get_weather(city='Paris' or 'Paris, France', [unit='celsius']): optional arguments in brackets."""
+    def shown(key: str, value: Any) -> str:
+        return f"{key}={_alternatives([value, *call.alternatives.get(key, ())])}"
+    args = [shown(k, v) for k, v in call.arguments.items()] + [f"[{shown(k, v)}]" for k, v in call.defaults.items()]
+    return f"{call.name}({', '.join(args)})"
+
+
+def _alternatives(values: list) -> str:
+    return " or ".join(_show(v) for v in values)
 
 
 def reward_names(record: TaskRecord) -> list[str]:
@@ -208,11 +286,11 @@ def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     refs = list(record.spec.reference_calls)
     calls, problem = parse_calls(response)
     fmt_found = problem or f"{len(calls)} well-formed call{'s' if len(calls) > 1 else ''}"
-    score, notes = correctness(refs, calls, record.spec.tools)
+    score, notes = correctness(refs, calls, record.spec.tools, record.spec.semantics)
     expected = f"Expected call{'s' if len(refs) > 1 else ''}: {'; '.join(signature(r) for r in refs)}."
     return [
-        RewardScore("format", float(problem is None), f"{FORMAT_RULE} Found: {fmt_found}."),
-        RewardScore("correctness", score, f"{expected} Found: {'; '.join(notes) if notes else 'all calls match'}."),
+        RewardScore("format", float(problem is None), FORMAT_RULE, f"Found: {fmt_found}."),
+        RewardScore("correctness", score, expected, f"Found: {'; '.join(notes) if notes else 'all calls match'}."),
     ]
 
 

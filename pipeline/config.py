@@ -1,0 +1,161 @@
+"""The settings that determine a dataset: sampling, GDPO, credit, and the annotate run that holds them.
+
+Plain dataclasses and option names with no heavy imports, so that the command line can show their
+defaults in `--help` without loading torch or transformers. (pipeline.advantages, relevance,
+credit, sampling and annotate re-export the names they used to define.)
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from verifiers.plugins import PluginRef
+
+from .prompts import ABLATIONS, FEEDBACK_STYLES
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    n: int = 4  # responses per prompt
+    max_new_tokens: int = 96
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()  # a response ends at the token that completes one of these strings
+    seed: int = 0
+    batch_size: int = 32  # rows (prompt x sample) per forward
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop", tuple(self.stop))
+        checks = {"n": self.n >= 1, "max_new_tokens": self.max_new_tokens >= 1, "temperature": self.temperature >= 0,
+                  "top_p": 0 < self.top_p <= 1, "batch_size": self.batch_size >= 1,
+                  "stop": all(isinstance(s, str) and s for s in self.stop)}
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"SamplingConfig: invalid {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
+
+
+EPS = 1e-6
+BATCH_STEPS = ("std", "whiten", "none")
+SINGLE = ("zero", "raw")
+
+
+@dataclass(frozen=True)
+class GdpoOptions:
+    """GDPO's options; the defaults are method.md's.
+
+    Group step: A[i,k] = (r[i,k] - mean_g) / (std_g + eps), std with `ddof`; A = 0 where std_g <=
+    `zero_std`. A group with a single valid score in k gets A = 0 (`single="zero"`), or, as verl
+    does, mean 0 and std 1: A = r / (1 + eps) (`single="raw"`).
+    Batch step over the responses that have a reward: `batch="std"`: c = 1 / (std_b S + batch_eps)
+    with `batch_ddof`, m = mean_b S; `batch="whiten"`: verl's `masked_whiten` over tokens, i.e.
+    m and the variance weighted by each response's token count and c = 1 / sqrt(var + batch_eps);
+    `batch="none"`: c = 1, m = 0.
+    """
+
+    ddof: int = 0
+    eps: float = EPS
+    zero_std: float = EPS
+    single: str = "zero"
+    batch: str = "std"
+    batch_ddof: int = 0
+    batch_eps: float = EPS
+
+    def __post_init__(self) -> None:
+        if self.ddof not in (0, 1) or self.batch_ddof not in (0, 1):
+            raise ValueError(f"GdpoOptions: ddof and batch_ddof must be 0 or 1, got {self.ddof}, {self.batch_ddof}")
+        if self.batch not in BATCH_STEPS:
+            raise ValueError(f"GdpoOptions.batch: {self.batch!r} is not one of {BATCH_STEPS}")
+        if self.single not in SINGLE:
+            raise ValueError(f"GdpoOptions.single: {self.single!r} is not one of {SINGLE}")
+        if self.eps < 0 or self.batch_eps < 0 or self.zero_std < 0:
+            raise ValueError(f"GdpoOptions: eps, batch_eps and zero_std must be >= 0, got {self.eps}, "
+                             f"{self.batch_eps}, {self.zero_std}")
+
+
+
+RELEVANCES = ("js", "logprob_drop", "logprob_abs", "logprob_signed")
+# Noise floors (mean relevance per token; nats, JS in nats): the 10th percentile of a placebo pair's mean
+# relevance (the same prompt with and without one content-free feedback section) on the dev split of
+# bench/localization with SmolLM2-135M-Instruct, feedback style auto, ablation drop: a pair that moves the
+# policy less than 9 in 10 content-free sections do is noise. `bench/bench_localization.py` measures them.
+DEFAULT_FLOORS = {"js": 0.0022, "logprob_drop": 0.0218, "logprob_abs": 0.0522, "logprob_signed": 0.0212}
+
+
+CREDIT_KINDS = ("gdpo", "mrtpo", "p2t")
+
+
+@dataclass(frozen=True)
+class CreditConfig:
+    kinds: tuple[str, ...] = ("gdpo", "mrtpo")
+    beta: float = 0.5
+    max_second_moment: float | None = None
+    # MRTPO's relevance, ablation and feedback style: the defaults localize best on the dev split of
+    # bench/localization with SmolLM2-135M-Instruct (bench/RESULTS.md)
+    relevance: str = "logprob_signed"
+    ablation: str = "drop"
+    feedback_style: str = "auto"
+    relevance_floor: float | None = None  # None: the option's calibrated floor (relevance.DEFAULT_FLOORS)
+    store_js: bool = False  # also store the paper's JS distance beside another relevance
+    replay_batch_size: int = 16
+    chunk_size: int = 128
+    p2t_form: str = "paper"
+    p2t_omega: float = 0.6
+    p2t_alpha: float = 0.1
+    p2t_baseline: str = "pad"
+    gdpo: GdpoOptions = field(default_factory=GdpoOptions)
+    # w_k by reward name (an instruction constraint "c2_title" also matches "title"); others weigh 1
+    reward_weights: tuple[tuple[str, float], ...] = ()
+    # GDPO's conditioned reward: (primary reward name, threshold); the other rewards of a response count
+    # only when its primary reward reaches the threshold
+    condition: tuple[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.kinds) - set(CREDIT_KINDS)
+        if unknown or "gdpo" not in self.kinds:
+            raise ValueError(f"credit kinds {self.kinds}: each must be one of {CREDIT_KINDS}, gdpo included")
+        object.__setattr__(self, "reward_weights", tuple(tuple(w) for w in self.reward_weights))
+        if self.condition is not None:
+            object.__setattr__(self, "condition", tuple(self.condition))
+        for name, value, allowed in (("relevance", self.relevance, RELEVANCES), ("ablation", self.ablation, ABLATIONS),
+                                     ("feedback_style", self.feedback_style, FEEDBACK_STYLES)):
+            if value not in allowed:
+                raise ValueError(f"credit {name} {value!r}: choose from {', '.join(allowed)}")
+        if self.relevance_floor is not None and self.relevance_floor < 0:
+            raise ValueError(f"credit relevance_floor must be >= 0, got {self.relevance_floor}")
+
+    @property
+    def floor(self) -> float:
+        return DEFAULT_FLOORS[self.relevance] if self.relevance_floor is None else self.relevance_floor
+
+
+@dataclass(frozen=True)
+class AnnotateConfig:
+    """Everything that determines the dataset (hashed into the run's identity)."""
+
+    prompts: str = "demo"
+    format: str = "native"  # of the prompt file: see `verifiers.formats`
+    databases: str | None = None  # folder `db` paths resolve in (None: beside the prompt file)
+    semantics: str | None = None  # e.g. "ifeval", "bfcl", "tokencredit"; None = the format's default
+    columns: tuple[tuple[str, str], ...] = ()  # (native field, source column or 'constant') renames
+    verifiers: tuple[PluginRef, ...] = ()  # plugin verifiers, source hashes included
+    tasks: tuple[str, ...] | None = None  # None = every task of the prompt set
+    split: str | None = None  # None = all records
+    limit: int | None = 16  # prompts per task; None = all
+    backend: str = "transformers"
+    model: str | None = None  # None = the shipped tiny policy
+    reward_model: str | None = None  # None = the shipped tiny reward model
+    device: str = "cpu"
+    shard_size: int = 8  # prompts per shard
+    # torch threads on CPU: float sums are split by thread, so the count changes the last bits of
+    # every log-prob; fixing it makes a Dask worker (1 thread by default) write the same bytes.
+    cpu_threads: int = 2
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    credit: CreditConfig = field(default_factory=CreditConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,160 @@
+"""verl integration: tokencredit's verifiers as a verl reward function and MRTPO as a verl advantage
+estimator (`adv_estimator=mrtpo`), for verl 0.9.1.
+
+A verl user adds two config lines (tokencredit registers itself as a `verl.plugins` entry point, so
+every verl process imports this module):
+
+    algorithm.adv_estimator=mrtpo
+    reward.custom_reward_function.path=pkg://pipeline.integrations.verl
+
+and, for the replay, the local policy folder to replay with (without it, beta is 0: GDPO):
+
+    +algorithm.mrtpo_replay_model=/path/to/policy     # +algorithm.mrtpo_beta=0.5 is the default
+
+The dataset is tokencredit's verl export (`tokencredit export RUN --format verl`, or any Parquet
+with `data_source` "tokencredit/<task>" and the task record as JSON in `extra_info.record`).
+
+`compute_score` verifies one response and returns verl's dict form: "score" (the mean of the
+rewards, verl's scalar reward) plus one key per reward slot ("tc_reward_0", ...: 0 where the record
+has fewer rewards), "reward_names" and "feedback" (JSON lists), which verl keeps per response in
+the batch's non-tensor data. The `mrtpo` estimator reads them there: GDPO with verl's options
+(`preset("verl")`: sample std per group, then `masked_whiten` over the tokens), and MRTPO's per-token
+reallocation from the leave-one-out replay of each response's feedback.
+
+Limits: verl 0.9.1 hands the batch's non-tensor data only to its own `gdpo` estimator
+(trainer/ppo/ray_trainer.py, `compute_advantage`, line 261); importing this module wraps
+`compute_advantage` so that `mrtpo` receives it too, and changes nothing for other estimators.
+The replay runs in the trainer's driver process with the model at `mrtpo_replay_model` (loaded once),
+not with the actor's current weights, which live in verl's Ray workers.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.ppo.core_algos import register_adv_est
+
+import verifiers
+from schemas.records import TASKS, RewardScore, Sample, VerifiedSample
+
+from ..advantages import batch_statistics, preset
+from ..credit import CreditConfig, assign_credit
+
+DATA_SOURCES = tuple(f"tokencredit/{task}" for task in TASKS)
+MAX_REWARDS = 8  # reward slots per response (the demo's instruction prompts carry up to 6 constraints)
+SLOTS = tuple(f"tc_reward_{k}" for k in range(MAX_REWARDS))
+
+
+@functools.lru_cache(maxsize=4096)
+def _record(line: str):
+    return verifiers.parse_record(json.loads(line), 0, "/")  # the export writes absolute database paths
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str | None = None,
+                  extra_info: dict | None = None, **_: Any) -> dict[str, Any]:
+    """verl's reward function: tokencredit's verifiers on one response (module docstring)."""
+    if data_source not in DATA_SOURCES:
+        raise ValueError(f"compute_score: data_source {data_source!r} is not tokencredit's; expected one of "
+                         f"{', '.join(DATA_SOURCES)} (tokencredit export RUN --format verl writes them)")
+    if not extra_info or "record" not in extra_info:
+        raise ValueError(f"compute_score: extra_info of a {data_source!r} row needs 'record' (the task record "
+                         f"as JSON), as the verl export writes it")
+    scores = verifiers.verify(_record(extra_info["record"]), solution_str)
+    if len(scores) > MAX_REWARDS:
+        raise ValueError(f"compute_score: record {_record(extra_info['record']).id!r} has {len(scores)} rewards; "
+                         f"at most {MAX_REWARDS} fit verl's fixed reward keys")
+    values = [s.score for s in scores]
+    return {"score": sum(values) / len(values), **{slot: (values[k] if k < len(values) else 0.0)
+                                                   for k, slot in enumerate(SLOTS)},
+            "reward_names": json.dumps([s.name for s in scores]), "feedback": json.dumps([s.feedback for s in scores])}
+
+
+@functools.lru_cache(maxsize=2)
+def _replay_model(path: str):
+    from ..models import load_policy
+
+    model, tokenizer = load_policy(path, device="cuda" if torch.cuda.is_available() else "cpu")
+    return model.eval(), tokenizer
+
+
+def _verified(non_tensor_batch: dict, batch, response_mask: torch.Tensor, index) -> tuple[list, dict]:
+    """VerifiedSamples and task records (keyed by verl's prompt uid) from a verl batch."""
+    prompts, attention = batch["prompts"], batch["attention_mask"]
+    verified, records = [], {}
+    for i in range(len(response_mask)):
+        names = json.loads(non_tensor_batch["reward_names"][i])
+        feedback = json.loads(non_tensor_batch["feedback"][i])
+        rewards = [RewardScore(n, float(non_tensor_batch[SLOTS[k]][i]), f) for k, (n, f) in enumerate(zip(names, feedback))]
+        group = str(index[i])
+        records[group] = _record(non_tensor_batch["extra_info"][i]["record"])
+        prompt = prompts[i][attention[i, : prompts.shape[1]].bool()].tolist()
+        tokens = batch["responses"][i][response_mask[i].bool()].tolist()
+        sample = Sample(response_id=str(i), group_id=group, task=records[group].task, prompt="", prompt_token_ids=prompt,
+                        response="", token_ids=tokens, sample_logprobs=[], model="verl", seed=0)
+        verified.append(VerifiedSample(sample, rewards))
+    return verified, records
+
+
+@register_adv_est("mrtpo")
+def compute_mrtpo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
+                            config=None, non_tensor_batch: dict | None = None, batch=None,
+                            **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """MRTPO per-token advantages [bs, response_length] (advantages, returns), verl's estimator signature.
+
+    config (verl's `algorithm` section): `mrtpo_beta` (default 0.5) and `mrtpo_replay_model` (a local
+    policy folder; without it beta is 0 and the result is verl's GDPO).
+    """
+    if non_tensor_batch is None or batch is None or "feedback" not in non_tensor_batch:
+        raise ValueError("adv_estimator=mrtpo needs each response's reward scores and feedback: set "
+                         "reward.custom_reward_function.path=pkg://pipeline.integrations.verl, and import "
+                         "pipeline.integrations.verl in the trainer process (its verl.plugins entry point does)")
+    config = config or {}
+    replay_model = config.get("mrtpo_replay_model", None)
+    beta = float(config.get("mrtpo_beta", 0.5)) if replay_model else 0.0
+    verified, records = _verified(non_tensor_batch, batch, response_mask, index)
+    credit = CreditConfig(kinds=("gdpo", "mrtpo") if beta > 0 else ("gdpo",), beta=beta, gdpo=preset("verl"))
+    policy, tokenizer = _replay_model(replay_model) if beta > 0 else (None, None)
+    annotated, _ = assign_credit(verified, records, credit, policy, tokenizer)
+    lengths = response_mask.sum(-1).long().cpu()
+    scale, shift = batch_statistics(torch.tensor([a.gdpo_sum for a in annotated], dtype=torch.float64),
+                                    torch.ones(len(annotated), dtype=torch.bool), credit.gdpo, lengths)
+    advantages = torch.zeros(response_mask.shape, dtype=torch.float64)
+    for i, a in enumerate(annotated):
+        n = int(lengths[i])
+        summed = (torch.tensor(a.credit.mrtpo_sum, dtype=torch.float64) if beta > 0
+                  else torch.full((n,), a.gdpo_sum, dtype=torch.float64))
+        advantages[i, response_mask[i].bool().cpu()] = scale * (summed - shift)
+    advantages = advantages.to(token_level_rewards.dtype).to(response_mask.device) * response_mask
+    return advantages, advantages
+
+
+def _pass_batch_to_mrtpo() -> None:
+    """Wrap verl's `compute_advantage` so that the `mrtpo` estimator gets the batch (verl passes it to
+    `gdpo` only); every other estimator goes to verl's own function unchanged."""
+    from verl.trainer.ppo import ray_trainer
+
+    original = ray_trainer.compute_advantage
+    if getattr(original, "tokencredit", False):
+        return
+
+    @functools.wraps(original)
+    def compute_advantage(data, adv_estimator, *args, config=None, **kwargs):
+        if str(getattr(adv_estimator, "value", adv_estimator)) != "mrtpo":
+            return original(data, adv_estimator, *args, config=config, **kwargs)
+        if "response_mask" not in data.batch.keys():
+            data.batch["response_mask"] = ray_trainer.compute_response_mask(data)
+        advantages, returns = compute_mrtpo_advantage(
+            token_level_rewards=data.batch["token_level_rewards"], response_mask=data.batch["response_mask"],
+            index=data.non_tensor_batch["uid"], config=config, non_tensor_batch=data.non_tensor_batch,
+            batch=data.batch)
+        data.batch["advantages"], data.batch["returns"] = advantages, returns
+        return data
+
+    compute_advantage.tokencredit = True
+    ray_trainer.compute_advantage = compute_advantage
+
+
+_pass_batch_to_mrtpo()

@@ -1,0 +1,131 @@
+"""The command line: starts without torch, shows defaults, rejects what it does not use, one-line errors,
+and Prefect settings that hold under load."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import cli
+from pipeline.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def python(code: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def test_the_cli_starts_without_torch_transformers_prefect_or_duckdb():
+    code = ("import sys; from pipeline import cli; cli.build_parser().format_help(); "
+            "print([m for m in ('torch', 'transformers', 'prefect', 'duckdb') if m in sys.modules])")
+    done = python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert python("from pipeline.cli import main; main(['--help'])").returncode == 0
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["annotate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("(default: native)", "(default: gdpo,mrtpo)", "(default: 16)", "(default: 96)",
+                  "(default: threads)", "(default: 8)", "(default: logprob_signed)"):
+        assert shown in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_a_task_with_no_record_in_the_prompt_set_is_rejected(tmp_path, capsys):
+    """Tasks are whatever the prompt set holds (plugins add their own), so the check is against it."""
+    assert main(["annotate", "--out", str(tmp_path / "run"), "--tasks", "sql,math", "--runner", "none"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "demo has no record of tasks math (its tasks: instructions, sql, tools)" in err, err
+    assert not (tmp_path / "run" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("flag", [["--runner", "dask"], ["--workers", "4"], ["--run-id", "x"], ["--strict"],
+                                  ["--dask-address", "tcp://127.0.0.1:8786"]])
+def test_serve_rejects_flags_it_does_not_use(capsys, flag):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--out", "x", "--cron", "0 3 * * *", *flag])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "unrecognized arguments" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["annotate", "--out", "{tmp}/run", "--prompts", "{tmp}/missing.jsonl", "--runner", "none"], "no task file"),
+    (["annotate", "--out", "{tmp}/run", "--model", "{tmp}/no-model", "--runner", "none"], "no such local folder"),
+    (["query", "{tmp}/nowhere", "SELECT 1"], "is not a tokencredit run directory"),
+    (["train", "--data", "{tmp}/nowhere", "--out", "{tmp}/ckpt"], "is not a tokencredit run directory"),
+    (["report", "{tmp}/nowhere"], "is not a tokencredit run directory"),
+])
+def test_user_errors_are_one_line_with_exit_status_2(tmp_path, capsys, argv, message):
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
+
+
+def test_prefect_start_timeout_is_set_unless_the_user_set_one(monkeypatch):
+    monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", raising=False)
+    cli._prefect_settings()
+    assert os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == str(cli.PREFECT_START_TIMEOUT_S)
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "42")
+    cli._prefect_settings()
+    assert os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "42"
+
+
+@pytest.mark.slow
+def test_a_temporary_server_that_does_not_start_says_what_to_do(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PYTHONPATH=str(ROOT), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0")
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "annotate", "--out", str(tmp_path / "run"),
+                           "--limit", "1", "--n", "2", "--tasks", "tools"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("tokencredit annotate: error:")]
+    assert len(errors) == 1 and "--runner none" in errors[0] and "PREFECT_API_URL" in errors[0]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_deterministic_shard_error_is_not_retried(prefect_harness, tmp_path):
+    import torch
+    from prefect.client.orchestration import get_client
+
+    from flows.annotate import run_annotate_flow
+    from pipeline.config import AnnotateConfig, SamplingConfig
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA (the shard fails moving the model to 'cuda')")
+    config = AnnotateConfig(limit=1, tasks=("tools",), device="cuda", sampling=SamplingConfig(n=2))
+    with pytest.raises(Exception) as failure:
+        run_annotate_flow(config, str(tmp_path / "run"), run_id="no-retry", progress=False)
+    assert "CUDA" in str(failure.value)
+    with get_client(sync_client=True) as client:
+        runs = [r for r in client.read_task_runs() if r.name.startswith("annotate-shard")
+                and r.state is not None and r.state.is_failed()]
+    assert runs and all(r.run_count == 1 for r in runs), [(r.name, r.run_count) for r in runs]
+
+
+def test_only_transient_errors_are_retried():
+    from prefect.states import Failed
+
+    from flows.annotate import annotate_shard_task, is_transient
+
+    assert annotate_shard_task.retry_condition_fn is is_transient and annotate_shard_task.retries == 2
+    for error in (ConnectionResetError("peer"), TimeoutError("slow"), OSError(5, "I/O error")):
+        assert is_transient(None, None, Failed(data=error)), error
+    for error in (FileNotFoundError("model"), ValueError("bad record"), RuntimeError("shape"), KeyError("x"),
+                  PermissionError("denied")):
+        assert not is_transient(None, None, Failed(data=error)), error
+
+
+def test_cli_errors_name_the_flag_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        main(["annotate", "--out", "x", "--credit", "gdpo,magic"])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unknown credit kind(s) ['magic']" in err

@@ -1,0 +1,189 @@
+"""Plugin verifiers: the README example through the CLI, the Python API, entry points, Dask workers,
+the source hash in the dataset identity, and a misbehaving plugin marking only its responses."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+
+import verifiers
+from pipeline.annotate import AnnotateConfig, verify_samples
+from schemas.records import PluginSpec, RewardScore, Sample, TaskRecord
+from verifiers import plugins
+
+ROOT = Path(__file__).resolve().parents[1]
+HAIKU = '''
+def haiku(record, response):
+    lines = [line for line in response.splitlines() if line.strip()]
+    yield "three_lines", float(len(lines) == 3), "Write exactly three lines.", f"{len(lines)} lines"
+    yield "on_topic", float(record["topic"] in response.lower()), f"Mention the {record['topic']}."
+'''
+
+
+def readme_example() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### A verifier of your own"):]
+    return re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1)
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs_through_the_cli(tmp_path):
+    """The README's 15 lines, run as a user would: a console script whose sys.path does not hold the
+    current folder, so the verifier module is found there by the plugin loader itself."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tokencredit").write_text(f"#!{sys.executable}\nimport sys\nfrom pipeline.cli import main\n"
+                                         "sys.exit(main())\n")
+    (bin_dir / "tokencredit").chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    script = readme_example()
+    assert len(script.strip().splitlines()) <= 16
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "h1/0" in done.stdout and "three_lines" in done.stdout
+    rows = ds.dataset(work / "runs/haiku/responses").to_table().to_pylist()
+    assert len(rows) == 8 and {r["status"] for r in rows} == {"ok"}
+    assert all(r["reward_names"] == ["three_lines", "on_topic"] for r in rows)
+    for row in rows:  # the stored scores are the plugin's own verdicts on the stored responses
+        lines = [line for line in row["response"].splitlines() if line.strip()]
+        topic = "sea" if row["group_id"] == "h1" else "snow"
+        assert row["rewards"] == [float(len(lines) == 3), float(topic in row["response"].lower())]
+        assert row["feedback"] == ["Write exactly three lines.", f"Mention the {topic}."]
+        assert row["observed"] == [f"{len(lines)} lines", ""]
+
+
+def plugin_record(**fields) -> TaskRecord:
+    obj = {"id": "h1", "task": "haiku", "prompt": "Write a haiku.", "topic": "sea", **fields}
+    return TaskRecord(obj["id"], obj["task"], obj["prompt"], None, PluginSpec(obj))
+
+
+def test_python_api_resolves_a_file_target_and_scores(tmp_path):
+    (tmp_path / "haiku.py").write_text(HAIKU)
+    (ref,) = plugins.resolve([f"haiku={tmp_path / 'haiku.py'}:haiku"])
+    assert ref.task == "haiku" and ref.target == f"{(tmp_path / 'haiku.py').resolve()}:haiku"
+    assert len(ref.source_sha256) == 64
+    scores = verifiers.verify(plugin_record(), "sea waves\nsalt wind\nthe sea", [ref])
+    assert scores == [RewardScore("three_lines", 1.0, "Write exactly three lines.", "3 lines"),
+                      RewardScore("on_topic", 1.0, "Mention the sea.", "")]
+
+
+class Verdict:
+    def __init__(self, name, score, feedback):
+        self.name, self.score, self.feedback = name, score, feedback
+
+
+def objects(record, response):
+    return [Verdict("long", min(1.0, len(response) / 100), "Write 100 characters.")]
+
+
+def test_objects_with_attributes_and_a_task_free_plugin_after_the_built_in_rewards():
+    ref = plugins.PluginRef(f"{__name__}:objects")  # no task: every record
+    sql = next(r for r in verifiers.load_tasks("demo")[0] if r.task == "sql")
+    scores = verifiers.verify(sql, sql.reference_response, [ref])
+    assert [s.name for s in scores] == ["format", "executable", "execution", "long"]
+    assert scores[-1].score == pytest.approx(len(sql.reference_response) / 100)
+    assert plugins.record_dict(sql)["reference_sql"] == sql.spec.reference_sql
+
+
+def bad_score(record, response):
+    return [("x", 1.5, "?")]
+
+
+def bad_shape(record, response):
+    return "1.0"
+
+
+def varying(record, response):
+    return [(response[:1] or "empty", 1.0, "Anything.")]
+
+
+@pytest.mark.parametrize("target,problem", [("bad_score", "expected a number in [0, 1]"),
+                                            ("bad_shape", "expected an iterable")])
+def test_a_misbehaving_plugin_fails_only_its_responses_with_a_clear_status(target, problem):
+    record = plugin_record()
+    samples = [Sample(f"h1/{j}", "h1", "haiku", "p", [1], "a response", [2], [-0.1], "m", 0) for j in range(2)]
+    verified = verify_samples(samples, {"h1": record}, [plugins.PluginRef(f"{__name__}:{target}", "haiku")])
+    assert all(v.status.startswith("verifier_error: PluginError") and problem in v.status for v in verified)
+
+
+def test_reward_names_must_agree_across_a_records_responses():
+    samples = [Sample(f"h1/{j}", "h1", "haiku", "p", [1], text, [2], [-0.1], "m", 0)
+               for j, text in enumerate(["abc", "abd", "xyz"])]
+    verified = verify_samples(samples, {"h1": plugin_record()}, [plugins.PluginRef(f"{__name__}:varying", "haiku")])
+    assert [v.status for v in verified][:2] == ["ok", "ok"]
+    assert verified[2].status.startswith("verifier_error") and "differ" in verified[2].status
+
+
+def test_entry_points_are_discovered_and_usable_by_name(tmp_path, monkeypatch):
+    (tmp_path / "haiku_rewards.py").write_text(HAIKU)
+    dist = tmp_path / "haiku_rewards-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: haiku-rewards\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[tokencredit.verifiers]\nhaiku = haiku_rewards:haiku\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert plugins.installed()["haiku"] == "haiku_rewards:haiku"
+    (ref,) = plugins.resolve(["haiku=haiku"])
+    assert ref.target == "haiku_rewards:haiku"
+    assert [s.name for s in verifiers.verify(plugin_record(), "a\nb\nc", [ref])] == ["three_lines", "on_topic"]
+    with pytest.raises(plugins.PluginError, match="not module:callable nor an entry point"):
+        plugins.resolve(["limerick"])
+
+
+def test_the_source_hash_is_part_of_the_dataset_identity_and_a_changed_source_is_refused(tmp_path):
+    path = tmp_path / "haiku.py"
+    path.write_text(HAIKU)
+    before = AnnotateConfig(verifiers=plugins.resolve([f"haiku={path}:haiku"]))
+    path.write_text(HAIKU + "\n# tuned\n")
+    after = AnnotateConfig(verifiers=plugins.resolve([f"haiku={path}:haiku"]))
+    assert before.digest() != after.digest()
+    assert before.to_dict()["verifiers"][0]["source_sha256"] == before.verifiers[0].source_sha256
+    with pytest.raises(plugins.PluginError, match="source changed"):
+        plugins.load(before.verifiers[0])
+
+
+@pytest.mark.slow
+def test_a_file_plugin_runs_in_dask_workers_and_writes_what_the_threads_runner_writes(prefect_harness, tmp_path):
+    from flows.annotate import run_annotate_flow
+    from pipeline.credit import CreditConfig
+    from pipeline.sampling import SamplingConfig
+
+    (tmp_path / "haiku.py").write_text(HAIKU)
+    prompts = tmp_path / "haiku.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku about the sea.", "topic": "sea"}\n'
+                       '{"id": "h2", "task": "haiku", "prompt": "Write a haiku about snow.", "topic": "snow"}\n')
+    config = AnnotateConfig(prompts=str(prompts), verifiers=plugins.resolve([f"haiku={tmp_path / 'haiku.py'}:haiku"]),
+                            shard_size=1, sampling=SamplingConfig(n=3, max_new_tokens=24, seed=3),
+                            credit=CreditConfig(kinds=("gdpo",)))
+    dask = run_annotate_flow(config, str(tmp_path / "dask"), runner="dask", workers=1, progress=False)
+    threads = run_annotate_flow(config, str(tmp_path / "threads"), runner="threads", workers=1, progress=False)
+    assert dask["dataset_checksum"] == threads["dataset_checksum"]
+    rows = ds.dataset(tmp_path / "dask" / "responses").to_table().to_pylist()
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
+    assert dask["config"]["verifiers"][0]["source_sha256"] == config.verifiers[0].source_sha256
+
+
+def crashing(record, response):
+    raise RuntimeError("the grader is down")
+
+
+@pytest.mark.slow
+def test_a_run_where_every_response_is_a_verifier_error_exits_2_with_one_line(tmp_path, capsys):
+    from pipeline.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku."}\n')
+    code = main(["annotate", "--out", str(tmp_path / "out"), "--prompts", str(prompts), "--runner", "none",
+                 "--verifier", f"haiku={__file__}:crashing", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("tokencredit annotate: error:")]
+    assert code == 2 and "Traceback" not in err and len(errors) == 1  # beside it only progress bars
+    assert "every one of 2 responses is a verifier_error" in errors[0]

@@ -1,0 +1,87 @@
+"""`tokencredit query` is read-only: hostile SQL neither writes into the run nor reaches outside it."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from pipeline import analysis
+from pipeline.cli import main
+from pipeline.query import connect, run_query
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (hidden ones too) -> sha256 of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture()
+def run(tmp_path):
+    (tmp_path / "secret.txt").write_text("outside the run\n")
+    return analysis.synthetic_run(tmp_path / "run", responses=12, tokens=6, rewards=2, seed=3)
+
+
+def hostile(run: Path) -> list[str]:
+    part = run / "responses" / "part-00000.parquet"
+    return [
+        f"COPY (SELECT * FROM responses WHERE false) TO '{part}' (FORMAT parquet)",
+        f"COPY (SELECT 1 AS x) TO '{run / 'manifest.json'}'",
+        f"COPY responses TO '{run / 'copy.csv'}'",
+        f"SELECT 1; COPY (SELECT 1) TO '{run / 'second.csv'}'",
+        f"ATTACH '{run / 'attached.duckdb'}' AS other",
+        f"EXPORT DATABASE '{run / 'exported'}'",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "CREATE TABLE t AS SELECT 1",
+        "CREATE OR REPLACE VIEW responses AS SELECT 1 AS response_id",
+        "SET enable_external_access = true",
+        "SET lock_configuration = false",
+        f"PRAGMA enable_profiling; SET profiling_output = '{run / 'profile.json'}'",
+        "CALL pragma_version()",
+    ]
+
+
+@pytest.mark.parametrize("index", range(14))
+def test_writing_statements_are_refused_and_the_run_is_unchanged(run, capsys, index):
+    sql = hostile(run)[index]
+    before = tree_digest(run.parent)
+    assert main(["query", str(run), sql]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "only read statements" in err, err
+    assert tree_digest(run.parent) == before
+    # the run still reads as it was written
+    assert run_query(run, "SELECT count(*) FROM responses").fetchall() == [(12,)]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_text('{outside}')",
+    "SELECT * FROM read_csv('{run}/../secret.txt')",
+    "SELECT * FROM glob('/etc/*')",
+    "SELECT * FROM read_parquet('/etc/hostname')",
+])
+def test_reads_outside_the_run_folder_are_refused(run, capsys, sql):
+    sql = sql.format(outside=run.parent / "secret.txt", run=run)
+    assert main(["query", str(run), sql]) == 2
+    err = capsys.readouterr().err
+    assert "disabled by configuration" in err and "outside the run" not in err
+
+
+def test_read_statements_run(run, capsys):
+    assert main(["query", str(run), "SELECT task, count(*) AS n FROM responses GROUP BY ALL ORDER BY ALL"]) == 0
+    out = capsys.readouterr().out
+    assert "instructions" in out and "sql" in out
+    for sql in ("DESCRIBE credits", "SUMMARIZE SELECT adv_gdpo FROM responses", "SHOW TABLES",
+                "WITH t AS (SELECT 1 AS x) SELECT x FROM t", "FROM training LIMIT 1",
+                f"SELECT count(*) FROM glob('{run}/responses/*.parquet')"):
+        assert run_query(run, sql).fetchall(), sql
+
+
+def test_the_connection_is_locked_after_the_views_exist(run):
+    con = connect(run)
+    with pytest.raises(duckdb.Error, match="locked"):
+        con.execute("SET enable_external_access = true")
+    with pytest.raises(duckdb.Error, match="disabled"):
+        con.execute(f"SELECT * FROM read_text('{run.parent / 'secret.txt'}')")

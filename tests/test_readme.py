@@ -1,0 +1,62 @@
+"""The README's "Use with TRL" and "Use with verl" snippets, run as written (in a scratch folder)."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def blocks(section: str) -> list[tuple[str, str]]:
+    """(language, code) of each fenced block in the README section `## {section}`."""
+    text = README.read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """A small `runs/demo` (the README's own command, with fewer prompts) in a scratch folder."""
+    from pipeline.cli import main
+
+    root = tmp_path_factory.mktemp("readme")
+    assert main(["annotate", "--out", str(root / "runs/demo"), "--limit", "1", "--n", "4", "--max-new-tokens", "32",
+                 "--runner", "none"]) == 0
+    return root
+
+
+def run_section(section: str, root: Path, monkeypatch) -> dict:
+    from pipeline.cli import main
+
+    monkeypatch.chdir(root)
+    scope: dict = {}
+    ran = 0
+    for language, code in blocks(section):
+        if language == "python":
+            exec(compile(code, f"README {section}", "exec"), scope)
+            ran += 1
+        elif language == "bash":
+            for line in code.splitlines():
+                assert line.startswith("tokencredit "), line
+                assert main(shlex.split(line)[1:]) == 0, line
+                ran += 1
+    assert ran >= 2
+    return scope
+
+
+def test_use_with_trl(demo_run, monkeypatch):
+    pytest.importorskip("trl")
+    scope = run_section("Use with TRL", demo_run, monkeypatch)
+    assert scope["trainer"].state.global_step == 2
+
+
+def test_use_with_verl(demo_run, monkeypatch, capsys):
+    pytest.importorskip("verl")
+    scope = run_section("Use with verl", demo_run, monkeypatch)
+    assert 0 <= scope["scores"]["score"] <= 1
+    assert capsys.readouterr().out.strip().endswith("compute_mrtpo_advantage")
+    config_lines = [code for language, code in blocks("Use with verl") if language == ""][0]
+    assert "algorithm.adv_estimator=mrtpo" in config_lines
+    assert "reward.custom_reward_function.path=pkg://pipeline.integrations.verl" in config_lines

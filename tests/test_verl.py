@@ -1,0 +1,139 @@
+"""verl integration, against verl 0.9.1's own registry, reward manager and compute_advantage on a
+DataProto built from tokencredit's verl export of a real (small) run."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo import core_algos, ray_trainer  # noqa: E402
+from verl.workers.reward_manager.naive import NaiveRewardManager  # noqa: E402
+
+import pipeline  # noqa: E402
+from pipeline.annotate import AnnotateConfig, run_annotation  # noqa: E402
+from pipeline.credit import CreditConfig  # noqa: E402
+from pipeline.export import export_verl  # noqa: E402
+from pipeline.integrations.verl import SLOTS, compute_mrtpo_advantage, compute_score  # noqa: E402
+from pipeline.models import load_policy  # noqa: E402
+from pipeline.sampling import SamplingConfig  # noqa: E402
+
+TINY_POLICY = Path(pipeline.__file__).parent / "models" / "tiny-policy"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    run_annotation(AnnotateConfig(limit=1, sampling=SamplingConfig(n=4, max_new_tokens=32, seed=3),
+                                  credit=CreditConfig(kinds=("gdpo",))), str(out), progress=False)
+    return pq.read_table(export_verl(out, out / "verl.parquet", advantage="gdpo")).to_pylist()
+
+
+def test_compute_score_reproduces_the_runs_verifier_scores(exported):
+    assert {r["data_source"] for r in exported} == {"tokencredit/sql", "tokencredit/instructions", "tokencredit/tools"}
+    for row in exported:
+        for response, rewards in zip(row["responses"], row["rewards"]):
+            result = compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])
+            assert [result[s] for s in SLOTS[:len(rewards)]] == pytest.approx(rewards)
+            assert json.loads(result["reward_names"]) == row["reward_names"]
+            assert len(json.loads(result["feedback"])) == len(rewards)
+            assert result["score"] == pytest.approx(sum(rewards) / len(rewards))
+    with pytest.raises(ValueError, match="data_source 'openai/gsm8k' is not tokencredit's"):
+        compute_score("openai/gsm8k", "x", "y", {})
+
+
+def data_proto(rows, tokenizer) -> DataProto:
+    """The exported responses as verl's rollout batch: left-padded prompts, right-padded responses."""
+    items = [(row, j) for row in rows for j in range(len(row["responses"]))]
+    P = max(len(row["prompt_token_ids"]) for row, _ in items)
+    T = max(len(row["response_token_ids"][j]) for row, j in items)
+    pad = tokenizer.pad_token_id or 0
+    prompts = torch.full((len(items), P), pad)
+    responses = torch.full((len(items), T), pad)
+    attention = torch.zeros(len(items), P + T, dtype=torch.long)
+    for b, (row, j) in enumerate(items):
+        p, r = row["prompt_token_ids"], row["response_token_ids"][j]
+        prompts[b, P - len(p):] = torch.tensor(p)
+        responses[b, :len(r)] = torch.tensor(r)
+        attention[b, P - len(p):P + len(r)] = 1
+    non_tensors = {"data_source": np.array([row["data_source"] for row, _ in items], dtype=object),
+                   "reward_model": np.array([row["reward_model"] for row, _ in items], dtype=object),
+                   "extra_info": np.array([dict(row["extra_info"]) for row, _ in items], dtype=object),
+                   "uid": np.array([row["extra_info"]["group_id"] for row, _ in items], dtype=object)}
+    return DataProto.from_dict(tensors={"prompts": prompts, "responses": responses, "attention_mask": attention,
+                                        "input_ids": torch.cat([prompts, responses], 1),
+                                        "response_mask": attention[:, P:].clone()}, non_tensors=non_tensors)
+
+
+@pytest.fixture(scope="module")
+def rewarded(exported):
+    """The batch after verl's NaiveRewardManager scored it with compute_score (its dict form)."""
+    _, tokenizer = load_policy()
+    data = data_proto(exported, tokenizer)
+    result = NaiveRewardManager(tokenizer, num_examine=0, compute_score=compute_score)(data, return_dict=True)
+    data.batch["token_level_rewards"] = result["reward_tensor"]
+    data.non_tensor_batch.update({k: np.array(v) for k, v in result["reward_extra_info"].items()})
+    return data, result
+
+
+def test_verls_reward_manager_takes_the_dict_form(rewarded, exported):
+    data, result = rewarded
+    assert set(SLOTS) | {"reward_names", "feedback", "score"} <= set(result["reward_extra_info"])
+    flat = [rewards for row in exported for rewards in row["rewards"]]
+    assert result["reward_extra_info"]["tc_reward_0"] == pytest.approx([r[0] for r in flat])
+    last = data.batch["response_mask"].sum(-1) - 1
+    scores = result["reward_tensor"][torch.arange(len(flat)), last]
+    assert scores.tolist() == pytest.approx([sum(r) / len(r) for r in flat])
+
+
+def test_mrtpo_is_registered_in_verls_registry():
+    assert core_algos.get_adv_estimator_fn("mrtpo") is compute_mrtpo_advantage
+    assert ray_trainer.compute_advantage.tokencredit  # verl's compute_advantage hands mrtpo the batch
+
+
+def test_mrtpo_without_replay_is_verls_gdpo(rewarded):
+    data, _ = rewarded
+    ours = ray_trainer.compute_advantage(copy.deepcopy(data), adv_estimator="mrtpo", config={})
+    theirs = ray_trainer.compute_advantage(copy.deepcopy(data), adv_estimator="gdpo",
+                                           config={"gdpo_reward_keys": list(SLOTS)})
+    assert theirs.batch["advantages"].abs().max() > 0.1
+    torch.testing.assert_close(ours.batch["advantages"], theirs.batch["advantages"], atol=1e-6, rtol=0)
+
+
+def test_mrtpo_with_replay_reallocates_within_each_response(rewarded):
+    data, _ = rewarded
+    gdpo = ray_trainer.compute_advantage(copy.deepcopy(data), adv_estimator="mrtpo", config={}).batch["advantages"]
+    config = {"mrtpo_replay_model": str(TINY_POLICY), "mrtpo_beta": 0.5}
+    mrtpo = ray_trainer.compute_advantage(copy.deepcopy(data), adv_estimator="mrtpo", config=config).batch["advantages"]
+    mask = data.batch["response_mask"].bool()
+    assert (mrtpo[~mask] == 0).all()
+    varied = 0
+    for i in range(len(mask)):
+        tokens = mrtpo[i][mask[i]]
+        # mass preservation survives the token whitening: the mean over a response is GDPO's value
+        assert tokens.mean().item() == pytest.approx(gdpo[i][mask[i]][0].item(), abs=1e-5)
+        varied += int(tokens.std() > 1e-4)
+    assert varied > 0, "the replay should move credit between the tokens of some response"
+    with pytest.raises(ValueError, match="needs each response's reward scores and feedback"):
+        compute_mrtpo_advantage(data.batch["token_level_rewards"], data.batch["response_mask"],
+                                data.non_tensor_batch["uid"])
+
+
+def test_the_readme_config_line_loads_compute_score_through_verl(exported):
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    config = OmegaConf.create({"reward": {"custom_reward_function": {"path": "pkg://pipeline.integrations.verl",
+                                                                     "name": "compute_score"}}})
+    reward_fn = get_custom_reward_fn(config)
+    row = exported[0]
+    scores = reward_fn(data_source=row["data_source"], solution_str=row["responses"][0],
+                       ground_truth=row["reward_model"]["ground_truth"], extra_info=row["extra_info"])
+    assert [scores[s] for s in SLOTS[:len(row["rewards"][0])]] == pytest.approx(row["rewards"][0])
