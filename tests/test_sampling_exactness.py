@@ -136,7 +136,8 @@ def test_smollm2_samples_the_reference_tokens():
 def prefix_token_spans(tokenizer, token_ids):
     """`token_spans` before windowed decoding: one decode per prefix."""
     ends = [len(tokenizer.decode(token_ids[:t + 1], skip_special_tokens=True)) for t in range(len(token_ids))]
-    return [str(t) for t in tokenizer.convert_ids_to_tokens(list(token_ids))], [0, *ends[:-1]], ends
+    starts, text = [0, *ends[:-1]], tokenizer.decode(token_ids, skip_special_tokens=True)
+    return [text[s:e] if e > s else tokenizer.decode([t]) for t, s, e in zip(token_ids, starts, ends)], starts, ends
 
 
 def annotated_checksum(config: AnnotateConfig, sampler_class, out: Path) -> str:
