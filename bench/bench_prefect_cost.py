@@ -149,8 +149,8 @@ def main() -> None:
         "A tiny `tokencredit annotate`-sized run in a fresh process: `run_annotation` (plain) against the Prefect flow "
         "(threads runner) with Prefect's temporary API server (the default: no PREFECT_API_URL), the same with "
         "Prefect's lightening settings (no telemetry, no logs to the API, no task-run recorder, event persister or "
-        "triggers), and against a long-lived `prefect server start` (PREFECT_API_URL; its CPU during the run counted). CPU includes child "
-        "processes. Medians of interleaved runs; the machine was shared with other jobs.",
+        "triggers), and against a long-lived `prefect server start` (PREFECT_API_URL; its CPU during the run "
+        "counted). CPU includes child processes. Medians of interleaved runs; the machine was shared with other jobs.",
         "quick" if args.quick else "full",
         f"3 demo prompts x 4 samples, GDPO, one shard, shipped tiny models; {repeats} reps, median",
         f"plain {median['plain']['wall']:.1f} s wall, {median['plain']['cpu']:.1f} CPU s; "

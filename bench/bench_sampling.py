@@ -128,7 +128,8 @@ def main() -> None:
     config = SamplingConfig(n=4, max_new_tokens=max_new, temperature=1.0, top_p=1.0, batch_size=32)
     records = demo_records(prompts)
     name = Path(args.model).name
-    results = {name: compare(args.model, records, config, repeats), "tiny policy": compare(None, records, config, repeats)}
+    results = {name: compare(args.model, records, config, repeats),
+               "tiny policy": compare(None, records, config, repeats)}
     for label, r in results.items():
         print(f"{label}: tokencredit {r['seconds']['tokencredit']:.2f} s for {r['tokens']['tokencredit']} tokens, "
               f"generate {r['seconds']['generate']:.2f} s for {r['tokens']['generate']} tokens: "

@@ -77,7 +77,8 @@ def main() -> None:
             runs[name].append(beside_a_busy_loop(policy, threads, limit))
             print(f"{name}: {runs[name][-1]['seconds']:.1f} s", flush=True)
     median = {name: statistics.median(r["seconds"] for r in rs) for name, rs in runs.items()}
-    spans = {name: f"{min(r['seconds'] for r in rs):.1f}-{max(r['seconds'] for r in rs):.1f} s" for name, rs in runs.items()}
+    spans = {name: f"{min(r['seconds'] for r in rs):.1f}-{max(r['seconds'] for r in rs):.1f} s"
+             for name, rs in runs.items()}
     checksums = {name: {r["checksum"] for r in rs} for name, rs in runs.items()}
     same = len(checksums["spinning"] | checksums["passive"]) == 1
     print(f"medians: {median}; same dataset with both wait policies: {same}")

@@ -143,8 +143,8 @@ def prefix_token_spans(tokenizer, token_ids):
 def annotated_checksum(config: AnnotateConfig, sampler_class, out: Path) -> str:
     """The dataset checksum of annotating `config` with `sampler_class` sampling."""
     models = load_models(config)
-    models = dataclasses.replace(models, sampler=sampler_class(models.policy, models.tokenizer, "tokencredit/tiny-policy",
-                                                               progress=False))
+    sampler = sampler_class(models.policy, models.tokenizer, "tokencredit/tiny-policy", progress=False)
+    models = dataclasses.replace(models, sampler=sampler)
     writer, shards, _ = prepare_run(config, str(out))
     for s, records in enumerate(shards):
         tables, stats = annotate_shard(records, s, config, models)
