@@ -136,7 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer prompts and repeats")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one replay")
-    parser.add_argument("--model", help="local policy folder: run only the annotation ratio (c) with it")
+    parser.add_argument("--model", help="local policy folder or pulled model name: run only the annotation ratio (c)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="response length limit with --model")
     args = parser.parse_args()
     if args.model:

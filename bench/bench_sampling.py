@@ -22,7 +22,7 @@ import torch
 
 from common import interleaved_times, update_figures, upsert_result, verdict
 
-SMOLLM2 = Path("/root/.cache/tokencredit/models/smollm2-135m-instruct")
+SMOLLM2 = "smollm2-135m-instruct"  # the registry's name (`tokencredit models pull smollm2-135m-instruct`)
 TARGET = 0.9
 
 
@@ -119,7 +119,7 @@ def decoding_helpers(model_path, length: int = 2048) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer prompts, tokens and repeats")
-    parser.add_argument("--model", default=str(SMOLLM2), help="local policy folder (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", default=SMOLLM2, help="local folder or pulled model name (default: %(default)s)")
     args = parser.parse_args()
 
     from pipeline.sampling import SamplingConfig

@@ -1,19 +1,19 @@
 """Windowed decoding against the quadratic definitions it replaces (decode every prefix), on real
 tokenizers: the shipped byte-level BPE, a one-token-per-byte tokenizer (every multi-byte character is
-split over tokens) and SmolLM2's when it is on disk."""
+split over tokens) and SmolLM2's when it is pulled."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
 from pipeline.detokenize import StopChecker, stop_reached, truncate_at_stop
-from pipeline.tables import token_spans
 from pipeline.models import load_tokenizer
+from pipeline.registry import is_pulled
+from pipeline.tables import token_spans
 from tests.test_models import tiny_tokenizer
 
-SMOLLM2 = Path("/root/.cache/tokencredit/models/smollm2-135m-instruct")
+SMOLLM2 = "smollm2-135m-instruct"
 TEXTS = ["<sql>SELECT name FROM singer WHERE age > 30;</sql>", "Héllo wörld — naïve café, 中文字符 and 😀🎉!",
          '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n\nDone.',
          "line one\n\nline two  with  spaces , and ' quotes ' ; n't 's"]
@@ -21,7 +21,7 @@ TEXTS = ["<sql>SELECT name FROM singer WHERE age > 30;</sql>", "Héllo wörld �
 
 def tokenizers():
     found = [("shipped", load_tokenizer()), ("bytes", tiny_tokenizer())]
-    if (SMOLLM2 / "tokenizer.json").is_file():
+    if is_pulled(SMOLLM2):
         found.append(("smollm2", load_tokenizer(SMOLLM2)))
     return found
 

@@ -19,9 +19,10 @@ from transformers import DynamicCache
 from pipeline.annotate import AnnotateConfig, annotate_shard, load_models, load_prompt_set, prepare_run
 from pipeline.credit import CreditConfig
 from pipeline.models import load_policy
+from pipeline.registry import is_pulled
 from pipeline.sampling import TOP_K, SamplingConfig, TransformersSampler, _choose_in_top_k, choose_tokens, left_pad
 
-SMOLLM2 = Path("/root/.cache/tokencredit/models/smollm2-135m-instruct")
+SMOLLM2 = "smollm2-135m-instruct"
 
 
 def full_sort_choice(logits, uniforms, temperature, top_p):
@@ -125,8 +126,8 @@ def test_shared_prefill_and_dropped_rows_give_the_reference_tokens(shipped_polic
     assert min(lengths) < 40 and max(lengths) > min(lengths)  # rows did leave the batch early
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not (SMOLLM2 / "model.safetensors").is_file(), reason="SmolLM2-135M-Instruct is not on disk")
+@pytest.mark.real
+@pytest.mark.skipif(not is_pulled(SMOLLM2), reason=f"run `tokencredit models pull {SMOLLM2}` first")
 def test_smollm2_samples_the_reference_tokens():
     model, tokenizer = load_policy(SMOLLM2)
     compare_with_reference(model, tokenizer, demo_records(3),
