@@ -10,6 +10,11 @@
 (c) `run_annotation` with credit ("gdpo", "mrtpo") over ("gdpo",), same prompts; target within 1.15x.
 Timings are medians of interleaved repeats. `--profile` (or a missed target (b)) prints a cProfile
 of one replay.
+
+    python bench/bench_replay.py --model PATH [--max-new-tokens 256] [--quick]
+
+runs (c) only, with a local policy at realistic lengths (SmolLM2-135M-Instruct: target within 1.10x),
+and records `mrtpo_over_gdpo` in bench/results/speed.json.
 """
 from __future__ import annotations
 
@@ -23,10 +28,11 @@ import tempfile
 
 import torch
 
-from common import THREADS, interleaved_times, model_paths, upsert_result, verdict
+from common import THREADS, interleaved_times, model_paths, update_figures, upsert_result, verdict
 
 TARGET_FORWARD = 1.25
 TARGET_ANNOTATION = 1.15
+TARGET_MODEL_ANNOTATION = 1.10
 
 
 def replay_items(tokenizer, verified, records, gate: bool):
@@ -74,12 +80,15 @@ def profile(fn, top: int = 18) -> str:
     return text.getvalue()
 
 
-def annotation_ratio(policy_path, rm_path, limit: int, repeats: int) -> tuple[dict[str, float], dict]:
+def annotation_ratio(policy_path, rm_path, limit: int, repeats: int,
+                     max_new_tokens: int = 96) -> tuple[dict[str, float], dict]:
     """Median seconds of run_annotation with and without MRTPO, and the MRTPO run's manifest stats."""
     from pipeline.annotate import AnnotateConfig, load_models, run_annotation
     from pipeline.credit import CreditConfig
+    from pipeline.sampling import SamplingConfig
 
-    base = AnnotateConfig(limit=limit, model=policy_path, reward_model=rm_path, cpu_threads=THREADS)
+    base = AnnotateConfig(limit=limit, model=policy_path, reward_model=rm_path, cpu_threads=THREADS,
+                          sampling=SamplingConfig(max_new_tokens=max_new_tokens))
     configs = {"gdpo+mrtpo": dataclasses.replace(base, credit=CreditConfig(kinds=("gdpo", "mrtpo"))),
                "gdpo": dataclasses.replace(base, credit=CreditConfig(kinds=("gdpo",)))}
     load_models(configs["gdpo"])  # cached per process: keep the one-off model load out of the timing
@@ -96,11 +105,42 @@ def annotation_ratio(policy_path, rm_path, limit: int, repeats: int) -> tuple[di
     return times, manifests["gdpo+mrtpo"]
 
 
+def model_annotation_ratio(model_path: str, max_new_tokens: int, quick: bool) -> None:
+    """(c) with a local policy: MRTPO + GDPO annotation over GDPO-only annotation."""
+    from pathlib import Path
+
+    limit, repeats = (1, 1) if quick else (2, 3)
+    times, manifest = annotation_ratio(model_path, None, limit, repeats, max_new_tokens)
+    ratio = times["gdpo+mrtpo"] / times["gdpo"]
+    stats, name = manifest.get("stats", {}), Path(model_path).name
+    print(f"{name}: annotation gdpo+mrtpo {times['gdpo+mrtpo']:.1f} s, gdpo {times['gdpo']:.1f} s: {ratio:.2f}x "
+          f"(target <= {TARGET_MODEL_ANNOTATION}x: {verdict(ratio <= TARGET_MODEL_ANNOTATION)}); "
+          f"{manifest['totals']['responses']} responses, replays done {stats.get('replays_done')}, "
+          f"skipped {stats.get('replays_skipped')}")
+    upsert_result(
+        "MRTPO over GDPO annotation, local policy (bench_replay.py --model)",
+        "`run_annotation` with credit (gdpo, mrtpo) over (gdpo,), same prompts and settings, a local policy at "
+        "realistic lengths; medians of interleaved runs (the machine was shared with other jobs: interleaving "
+        "puts their load on both sides alike).",
+        "quick" if quick else "full",
+        f"{name}; {3 * limit} demo prompts x 4 samples, max_new_tokens {max_new_tokens} "
+        f"({manifest['totals']['credits']} credit rows); {repeats} reps, median",
+        f"{ratio:.2f}x ({times['gdpo+mrtpo']:.1f} s vs {times['gdpo']:.1f} s; replays done "
+        f"{stats.get('replays_done')}, skipped {stats.get('replays_skipped')})",
+        f"<= {TARGET_MODEL_ANNOTATION}x: {verdict(ratio <= TARGET_MODEL_ANNOTATION)}")
+    if not quick:
+        update_figures({"model": name, "mrtpo_over_gdpo": round(ratio, 3)})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer prompts and repeats")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one replay")
+    parser.add_argument("--model", help="local policy folder or pulled model name: run only the annotation ratio (c)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="response length limit with --model")
     args = parser.parse_args()
+    if args.model:
+        return model_annotation_ratio(args.model, args.max_new_tokens, args.quick)
 
     from pipeline.annotate import AnnotateConfig, load_prompt_set, verify_samples
     from pipeline.models import load_policy

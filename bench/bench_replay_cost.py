@@ -15,14 +15,12 @@ bench/results/speed.json.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 
-from common import ROOT, gib, machine, peak_extra_bytes, upsert_result, verdict
+from common import gib, machine, peak_extra_bytes, update_figures, upsert_result, verdict
 
-SPEED_JSON = ROOT / "bench" / "results" / "speed.json"
 TARGET_FRACTION, TARGET_PEAK = 0.8, 2 * 2**30
 
 
@@ -97,13 +95,6 @@ def peak_memory(T: int, batch: int, vocab: int = 152_064) -> int:
     return peak
 
 
-def update_speed_json(values: dict) -> None:
-    current = json.loads(SPEED_JSON.read_text()) if SPEED_JSON.exists() else {}
-    current.update(values)
-    SPEED_JSON.parent.mkdir(parents=True, exist_ok=True)
-    SPEED_JSON.write_text(json.dumps(current, indent=1) + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 cases, T = 512; writes nothing")
@@ -118,7 +109,7 @@ def main() -> None:
     print(f"replay peak extra memory, V 152064, batch 16, T {T}: {gib(peak)}", flush=True)
     if args.quick:
         return
-    update_speed_json({"model": "smollm2-135m-instruct", "replay_roofline_fraction": round(replayed["fraction"], 3),
+    update_figures({"model": "smollm2-135m-instruct", "replay_roofline_fraction": round(replayed["fraction"], 3),
                        "replay_peak_mib_T4096": round(peak / 2**20, 1)})
     upsert_result(
         "Replay cost: roofline fraction and bounded memory (bench_replay_cost.py)",

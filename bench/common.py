@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmarks: median timing, peak memory (RSS), machine line, RESULTS.md upsert.
+"""Shared helpers of the benchmarks: median timing, peak memory (RSS), machine line, RESULTS.md upsert,
+figures in bench/results/*.json.
 
 Run a benchmark from the repository root: `python bench/bench_<name>.py [--quick]`.
 Memory is read from the kernel (VmRSS / VmHWM of /proc/self/status) because torch and Arrow
@@ -20,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "RESULTS.md"
+SPEED_JSON = ROOT / "bench" / "results" / "speed.json"
 RESULTS_TITLE = "# Benchmark results\n\nOne section per benchmark; a row per machine and mode (full or --quick).\n"
 COLUMNS = ("machine", "date", "mode", "sizes", "figures", "targets")
 
@@ -170,6 +172,21 @@ def upsert_result(section: str, intro: str, mode: str, sizes: str, figures: str,
         f.seek(0)
         f.truncate()
         f.write("\n".join(line for b in blocks for line in b).rstrip("\n") + "\n")
+
+
+def update_figures(values: dict, path: Path = SPEED_JSON) -> dict:
+    """Set `values`' keys in the JSON object at `path` (created if missing), keeping every other key:
+    several benchmarks write one file. Locked while it is rewritten; returns the whole object."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        figures = json.loads(f.read() or "{}")
+        figures.update(values)
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    return figures
 
 
 def verdict(ok: bool) -> str:

@@ -120,11 +120,11 @@ def load_models(config: AnnotateConfig) -> Models:
 
 @functools.lru_cache(maxsize=2)
 def _load_models(backend: str, model: str | None, reward_model: str | None, device: str, p2t: bool) -> Models:
-    """Load once per process (a Dask worker loads its own copy)."""
+    """Load once per process (a Dask worker loads its own copy); sampling and replay share the policy."""
     from .models import load_policy, load_reward_model
 
     policy, tokenizer = load_policy(model, device=device)
-    sampler = make_sampler(backend, model, device=device)
+    sampler = make_sampler(backend, model, device=device, policy=(policy, tokenizer))  # one copy of the weights
     rm = None
     if p2t:
         rm, rm_tokenizer = load_reward_model(reward_model, device=device)

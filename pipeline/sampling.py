@@ -4,7 +4,8 @@ The tokens of response (record, j) depend only on (seed, record id, j): each row
 uniform per decoding step from its own CPU `torch.Generator`, seeded from a SHA-256 of those three
 values, and picks its token by inverting the CDF of its own distribution. So a record sampled alone,
 in another batch, in another shard or in a resumed run gets the same tokens (batch shape changes the
-logits only in the last float bits).
+logits only in the last float bits: the samples of a prompt share one prefill, and finished rows
+leave the decode batch, so what the model sees in a batch depends on its neighbours).
 
 `sample_logprobs[t]` is log-softmax of the RAW logits (no temperature, no top-p) at the chosen token:
 what a later teacher-forced forward of prompt + response reproduces, and what off-policy ratios need.
@@ -21,6 +22,7 @@ from transformers import DynamicCache
 from schemas.records import RecordError, Sample, TaskRecord
 
 from .config import SamplingConfig
+from .detokenize import StopChecker
 from .models import cache_keyword, load_policy, model_name
 from .progress import Progress
 from .prompts import sampling_prompt
@@ -59,18 +61,6 @@ def check_records(records: Sequence[TaskRecord]) -> None:
         seen.add(record.id)
 
 
-def stop_reached(tokenizer, token_ids: Sequence[int], stop: Sequence[str]) -> bool:
-    return bool(stop) and any(s in tokenizer.decode(token_ids, skip_special_tokens=True) for s in stop)
-
-
-def truncate_at_stop(tokenizer, token_ids: list[int], stop: Sequence[str]) -> list[int]:
-    """token_ids up to and including the token at which a stop string first completes (all if none)."""
-    if not stop_reached(tokenizer, token_ids, stop):
-        return token_ids
-    end = next(t for t in range(1, len(token_ids) + 1) if stop_reached(tokenizer, token_ids[:t], stop))
-    return token_ids[:end]
-
-
 def build_sample(record: TaskRecord, j: int, prompt: tuple[str, list[int]], token_ids: list[int],
                  logprobs: list[float], tokenizer, name: str, seed: int) -> Sample:
     return Sample(response_id=f"{record.id}/{j}", group_id=record.id, task=record.task, prompt=prompt[0],
@@ -78,20 +68,76 @@ def build_sample(record: TaskRecord, j: int, prompt: tuple[str, list[int]], toke
                   token_ids=token_ids, sample_logprobs=logprobs, model=name, seed=seed)
 
 
+# Tokens whose order is sorted first when sampling; the rest of the vocabulary is sorted only for the rows
+# whose draw falls beyond them (see `choose_tokens`).
+TOP_K = 64
+
+
 def choose_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """logits [B, V] raw, uniforms [B] in [0, 1) -> token ids [B].
 
     Greedy when temperature == 0; else softmax(logits / temperature) restricted to the nucleus (the
-    smallest set of most likely tokens whose mass reaches top_p), sampled by inverse CDF with `uniforms`.
+    smallest set of most likely tokens whose mass reaches top_p), sampled by inverse CDF with `uniforms`
+    over the tokens sorted by probability (ties: lower id first). On CPU the sort covers the TOP_K most
+    likely tokens first and the full vocabulary only for the rows the top-k cannot decide, with the very
+    same tokens as sorting everything (`_choose_in_top_k` says why).
     """
     if temperature == 0:
         return logits.argmax(-1)
-    probs, order = torch.sort(torch.softmax(logits.float() / temperature, -1), dim=-1, descending=True, stable=True)
+    probs = torch.softmax(logits.float() / temperature, -1)
+    if probs.device.type != "cpu":  # the exactness argument rests on CPU's sequential cumsum
+        return _choose_in_sorted(probs, uniforms, top_p)
+    chosen, decided = _choose_in_top_k(probs, uniforms, top_p, TOP_K)
+    if not decided.all():
+        rows = (~decided).nonzero().squeeze(-1)
+        chosen[rows] = _choose_in_sorted(probs[rows], uniforms[rows], top_p)
+    return chosen
+
+
+def _choose_in_sorted(probs: torch.Tensor, uniforms: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs [B, V], uniforms [B] -> token ids [B]: inverse CDF over the fully sorted vocabulary."""
+    probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     if top_p < 1:  # at top_p == 1 rounding in the cumsum must not cut the tail
         probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)  # the top token always stays
     cdf = probs.cumsum(-1)
     pick = (cdf <= uniforms[:, None] * cdf[:, -1:]).sum(-1).clamp(max=probs.shape[-1] - 1)
     return order.gather(-1, pick[:, None]).squeeze(-1)
+
+
+def _choose_in_top_k(probs: torch.Tensor, uniforms: torch.Tensor, top_p: float,
+                     k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs [B, V] on CPU -> (token ids [B], decided [B]): where `decided`, the token `_choose_in_sorted`
+    picks, found by sorting only the k + 1 most likely tokens.
+
+    Why the tokens agree: CPU's cumsum adds in order, so the cumsum of the sorted top k + 1 is bit for bit
+    the first k + 1 entries of the full one. A token's identity is certain where its probability is above
+    the (k + 1)-th (ties at the cut may hold other ids). Nucleus: the mask test is monotone along the sorted
+    order, so if the (k + 1)-th is masked so is every later token, and the masked total is the last prefix
+    entry exactly. Full vocabulary (top_p == 1): the total is a sum over all V, whose float64 rounding
+    depends on the order; it is bracketed by a bound on that rounding, and the row is decided when both
+    ends of the bracket give the same pick.
+    """
+    values, ids = torch.topk(probs, min(k + 1, probs.shape[-1]), dim=-1)
+    ids, by_id = ids.sort(dim=-1)  # then a stable sort by probability puts equal ones in id order, as the full sort
+    values, by_value = values.gather(-1, by_id).sort(dim=-1, descending=True, stable=True)
+    ids = ids.gather(-1, by_value)
+    certain = (values > values[:, -1:]).sum(-1)  # leading positions whose token id is certain
+    if top_p < 1:
+        masked = values.cumsum(-1) - values >= top_p
+        values = values.masked_fill(masked, 0.0)
+        cdf = values.cumsum(-1)
+        low = high = cdf[:, -1]
+        decided = masked[:, -1]
+    else:
+        cdf = values.cumsum(-1)
+        total = probs.sum(-1, dtype=torch.float64)
+        # twice the widest float64 rounding gap between two orders of summing V terms
+        slack = total * probs.shape[-1] * 2.0 ** -51
+        low, high = (total - slack).float(), (total + slack).float()
+        decided = torch.ones_like(certain, dtype=torch.bool)
+    pick = (cdf <= (uniforms * low)[:, None]).sum(-1)
+    decided &= (pick == (cdf <= (uniforms * high)[:, None]).sum(-1)) & (pick < certain)
+    return ids.gather(-1, pick.clamp(max=ids.shape[-1] - 1)[:, None]).squeeze(-1), decided
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -143,26 +189,40 @@ class TransformersSampler:
         """One batch: prompt ids per row and a seed per row -> (response ids, raw log-probs) per row.
 
         A row ends at eos (kept), at the token completing a stop string (kept), or at max_new_tokens.
+        Rows with the same prompt share one prefill (its KV cache is copied to each), and a row that
+        ends leaves the decode batch. Both change the batch the model sees, so a row's logits can move
+        in the last float bits against decoding it alone, never its draws (its own generator).
         """
         device = self.model.device
-        ids, mask, positions = (t.to(device) for t in left_pad(prompts, self.pad_id))
+        distinct = {tuple(p): i for i, p in enumerate(dict.fromkeys(map(tuple, prompts)))}
+        ids, mask, positions = (t.to(device) for t in left_pad(list(distinct), self.pad_id))
         cache = DynamicCache(config=self.model.config)
-        generators = [torch.Generator().manual_seed(s) for s in seeds]  # CPU: same draws on any device
-        tokens, logprobs, done = [[] for _ in prompts], [[] for _ in prompts], [False] * len(prompts)
         logits = self._last_logits(ids, mask, positions, cache)
+        rows = torch.tensor([distinct[tuple(p)] for p in prompts], device=device)  # each row's prompt
+        cache.batch_select_indices(rows)
+        logits, mask, positions = logits[rows], mask[rows], positions[rows]
+        generators = [torch.Generator().manual_seed(s) for s in seeds]  # CPU: same draws on any device
+        stops = [StopChecker(self.tokenizer, config.stop) for _ in prompts]
+        tokens, logprobs = [[] for _ in prompts], [[] for _ in prompts]
+        active = list(range(len(prompts)))  # the row of each position in the decode batch
         for step in range(config.max_new_tokens):
-            uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(device)
+            uniforms = torch.cat([torch.rand(1, generator=generators[b]) for b in active]).to(device)
             chosen = choose_tokens(logits, uniforms, config.temperature, config.top_p)
             chosen_logprobs = torch.log_softmax(logits, -1).gather(-1, chosen[:, None]).squeeze(-1)
-            for b, (token, logprob) in enumerate(zip(chosen.tolist(), chosen_logprobs.tolist())):
-                if not done[b]:
-                    tokens[b].append(token)
-                    logprobs[b].append(logprob)
-                    done[b] = token in self.eos_ids or stop_reached(self.tokenizer, tokens[b], config.stop)
-            if all(done) or step + 1 == config.max_new_tokens:
+            going = []
+            for i, (b, token, logprob) in enumerate(zip(active, chosen.tolist(), chosen_logprobs.tolist())):
+                tokens[b].append(token)
+                logprobs[b].append(logprob)
+                if not (token in self.eos_ids or stops[b].add(token)):
+                    going.append(i)
+            if not going or step + 1 == config.max_new_tokens:
                 break
-            # finished rows keep decoding (their tokens are dropped) so the batch stays rectangular
-            mask = torch.cat([mask, mask.new_ones(len(prompts), 1)], -1)
+            if len(going) < len(active):
+                keep = torch.tensor(going, device=device)
+                cache.batch_select_indices(keep)
+                chosen, mask, positions = chosen[keep], mask[keep], positions[keep]
+                active = [active[i] for i in going]
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], -1)
             positions = positions[:, -1:] + 1
             logits = self._last_logits(chosen[:, None], mask, positions, cache)
         return tokens, logprobs
@@ -175,10 +235,15 @@ class TransformersSampler:
 
 
 def make_sampler(backend: str, model_path: str | None = None, *, device: str = "cpu", dtype=None,
-                 trust_remote_code: bool = False) -> Sampler:
-    """A sampler for a local policy (None = the shipped tiny policy). vllm picks its own CUDA device."""
+                 trust_remote_code: bool = False, policy: tuple | None = None) -> Sampler:
+    """A sampler for a local policy (None = the shipped tiny policy). vllm picks its own CUDA device.
+
+    `policy`: the (model, tokenizer) of `model_path` already loaded, which the transformers backend
+    samples with instead of loading a second copy (vLLM always loads its own).
+    """
     if backend == "transformers":
-        model, tokenizer = load_policy(model_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        model, tokenizer = policy or load_policy(model_path, device=device, dtype=dtype,
+                                                 trust_remote_code=trust_remote_code)
         return TransformersSampler(model, tokenizer, model_name(model_path))
     if backend == "vllm":
         from .vllm_backend import VllmSampler  # vllm is an optional GPU extra: import only when asked

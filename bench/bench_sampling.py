@@ -1,0 +1,162 @@
+"""tokencredit's sampler against Hugging Face `model.generate` on the same batch and settings.
+
+    python bench/bench_sampling.py [--quick] [--model PATH]
+
+One batch: demo prompts spread over the tasks x n samples, rendered as the sampler renders them,
+temperature 1, full vocabulary (top_p 1, no top-k), max_new_tokens, eos ends a row. tokencredit:
+`TransformersSampler.sample` (prompt rendering, token choice, raw log-probs, decoded responses).
+Hugging Face: `model.generate(do_sample=True, top_k=0)` on the left-padded rows with `output_logits`,
+then the same raw log-probs and decoded responses. Draws differ (each side's own RNG), so responses
+differ in length: the ratio is of seconds per generated token (eos included), medians of interleaved
+runs. Both the given model (default: SmolLM2-135M-Instruct, target <= 0.9x) and the shipped tiny
+policy are run; the model's ratio goes to bench/results/speed.json as `sampling_over_generate`.
+Also times the decoding helpers on one 2,048-token response: `token_spans` and stop-string checks
+against the prefix decodes they replaced.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from common import interleaved_times, update_figures, upsert_result, verdict
+
+SMOLLM2 = "smollm2-135m-instruct"  # the registry's name (`tokencredit models pull smollm2-135m-instruct`)
+TARGET = 0.9
+
+
+def demo_records(count: int):
+    from pipeline.annotate import AnnotateConfig, load_prompt_set
+
+    records, _ = load_prompt_set(AnnotateConfig(limit=None))
+    return records[:: max(1, len(records) // count)][:count]
+
+
+class GenerateRun:
+    """`model.generate` on the sampler's rows, returning what the sampler returns: response ids,
+    their raw log-probs and decoded text."""
+
+    def __init__(self, model, tokenizer, records, config):
+        from pipeline.sampling import TransformersSampler, left_pad, render_prompt
+
+        sampler = TransformersSampler(model, tokenizer, "bench", progress=False)
+        prompts = [render_prompt(tokenizer, r.prompt)[1] for r in records for _ in range(config.n)]
+        self.ids, self.mask, _ = left_pad(prompts, sampler.pad_id)
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.eos, self.pad = sorted(sampler.eos_ids), sampler.pad_id
+
+    @torch.inference_mode()
+    def __call__(self) -> list[tuple[list[int], list[float], str]]:
+        """Generate once; -> (response ids up to eos, their raw log-probs, decoded text) per row."""
+        torch.manual_seed(0)
+        out = self.model.generate(input_ids=self.ids, attention_mask=self.mask, do_sample=True, temperature=1.0,
+                                  top_p=1.0, top_k=0, max_new_tokens=self.config.max_new_tokens,
+                                  eos_token_id=self.eos, pad_token_id=self.pad, output_logits=True,
+                                  return_dict_in_generate=True)
+        new = out.sequences[:, self.ids.shape[1]:]
+        logprobs = torch.log_softmax(torch.stack(out.logits, 1).float(), -1).gather(-1, new[..., None]).squeeze(-1)
+        rows = []
+        for row, row_logprobs in zip(new.tolist(), logprobs.tolist()):
+            ends = [t for t, token in enumerate(row) if token in self.eos]
+            length = ends[0] + 1 if ends else len(row)
+            rows.append((row[:length], row_logprobs[:length],
+                         self.tokenizer.decode(row[:length], skip_special_tokens=True)))
+        return rows
+
+
+def compare(model_path, records, config, repeats: int) -> dict:
+    """Seconds per generated token of both sides on one model, and the ratio."""
+    from pipeline.models import load_policy
+    from pipeline.sampling import TransformersSampler
+
+    model, tokenizer = load_policy(model_path)
+    sampler = TransformersSampler(model, tokenizer, "bench", progress=False)
+    generate = GenerateRun(model, tokenizer, records, config)
+    counts = {"tokencredit": sum(len(s.token_ids) for s in sampler.sample(records, config)),
+              "generate": sum(len(ids) for ids, _, _ in generate())}
+    times = interleaved_times({"tokencredit": lambda: sampler.sample(records, config), "generate": generate},
+                              repeats=repeats, warmup=0)
+    per_token = {name: times[name] / counts[name] for name in times}
+    return {"seconds": times, "tokens": counts, "per_token": per_token,
+            "ratio": per_token["tokencredit"] / per_token["generate"]}
+
+
+def decoding_helpers(model_path, length: int = 2048) -> dict[str, float]:
+    """Seconds of `token_spans` and of stop checks over one `length`-token response, against the
+    prefix decodes they replaced (one run each: the old ones take seconds)."""
+    import time
+
+    from pipeline.detokenize import StopChecker
+    from pipeline.tables import token_spans
+    from pipeline.models import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    text = " ".join(r.prompt for r in demo_records(200))
+    ids = (tokenizer(text, add_special_tokens=False)["input_ids"] * 8)[:length]
+    stop = ["never in the text", "\n\n\n\n"]
+
+    def prefix_spans():
+        return [len(tokenizer.decode(ids[:t + 1], skip_special_tokens=True)) for t in range(len(ids))]
+
+    def prefix_stops():
+        return [any(s in tokenizer.decode(ids[:t + 1], skip_special_tokens=True) for s in stop)
+                for t in range(len(ids))]
+
+    def windowed_stops():
+        checker = StopChecker(tokenizer, stop)
+        return [checker.add(token) for token in ids]
+
+    seconds = {}
+    for name, fn in {"token_spans": lambda: token_spans(tokenizer, ids), "prefix_spans": prefix_spans,
+                     "stop_checks": windowed_stops, "prefix_stop_checks": prefix_stops}.items():
+        start = time.perf_counter()
+        fn()
+        seconds[name] = time.perf_counter() - start
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer prompts, tokens and repeats")
+    parser.add_argument("--model", default=SMOLLM2, help="local folder or pulled model name (default: %(default)s)")
+    args = parser.parse_args()
+
+    from pipeline.sampling import SamplingConfig
+
+    prompts, max_new, repeats = (4, 32, 2) if args.quick else (8, 96, 3)
+    config = SamplingConfig(n=4, max_new_tokens=max_new, temperature=1.0, top_p=1.0, batch_size=32)
+    records = demo_records(prompts)
+    name = Path(args.model).name
+    results = {name: compare(args.model, records, config, repeats),
+               "tiny policy": compare(None, records, config, repeats)}
+    for label, r in results.items():
+        print(f"{label}: tokencredit {r['seconds']['tokencredit']:.2f} s for {r['tokens']['tokencredit']} tokens, "
+              f"generate {r['seconds']['generate']:.2f} s for {r['tokens']['generate']} tokens: "
+              f"{r['ratio']:.2f}x per token")
+    helpers = decoding_helpers(args.model)
+    print("2,048-token response: " + ", ".join(f"{k} {v:.3f} s" for k, v in helpers.items()))
+    ratio = results[name]["ratio"]
+    figures = "; ".join(
+        f"{label}: {r['ratio']:.2f}x ({r['per_token']['tokencredit'] * 1e3:.1f} vs "
+        f"{r['per_token']['generate'] * 1e3:.1f} ms per token; {r['tokens']['tokencredit']} vs "
+        f"{r['tokens']['generate']} tokens)" for label, r in results.items())
+    figures += (f"; one 2,048-token response ({name} tokenizer): token_spans {helpers['token_spans']:.3f} s "
+                f"(prefix decodes {helpers['prefix_spans']:.2f} s), stop checks {helpers['stop_checks']:.3f} s "
+                f"(prefix decodes {helpers['prefix_stop_checks']:.2f} s)")
+    upsert_result(
+        "Sampling vs model.generate (bench_sampling.py)",
+        "`TransformersSampler.sample` over `model.generate(do_sample=True, top_k=0, output_logits=True)` plus the "
+        "same raw log-probs and decoded responses, same rows and settings; seconds per generated token (the "
+        "draws, hence lengths, differ), medians of interleaved runs. The machine was shared with other jobs; "
+        "interleaving puts their load on both sides alike.",
+        "quick" if args.quick else "full",
+        f"{prompts} demo prompts x {config.n} samples = {prompts * config.n} rows in one batch, max_new_tokens "
+        f"{max_new}, temperature 1, top_p 1; {repeats} reps, median",
+        figures, f"{name} <= {TARGET}x: {verdict(ratio <= TARGET)}")
+    if not args.quick:
+        update_figures({"model": name, "sampling_over_generate": round(ratio, 3)})
+
+
+if __name__ == "__main__":
+    main()
