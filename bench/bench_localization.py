@@ -80,9 +80,9 @@ def _cache_file(model: str, ablation: str, style: str) -> Path:
 def _item(tokenizer, case: Case, ablation: str, style: str, extra: tuple[str, str] | None = None):
     """(replay item, which sections point at the response) of a case, every reward replayed."""
     import verifiers
-    from pipeline.probe import response_ids
+    from pipeline.credit.probe import response_ids
     from pipeline.prompts import feedback_sections
-    from pipeline.replay import build_replay_item
+    from pipeline.credit.replay import build_replay_item
 
     sections, points = feedback_sections(verifiers.verify(case.record, case.response), case.record.prompt, style)
     mask = [True] * len(sections)
@@ -103,8 +103,8 @@ def replay_cases(model: str, cases: list[Case], ablation: str, style: str, place
     """case id -> replay record (scores, spans, log-probs, JS, pointing sections; the placebo pair on dev).
 
     A cached record is reused when the case and the exact model input are unchanged."""
-    from pipeline.models import load_policy, load_tokenizer
-    from pipeline.replay import replay
+    from pipeline.models.loading import load_policy, load_tokenizer
+    from pipeline.credit.replay import replay
     from pipeline.tables import token_spans
 
     tokenizer = load_tokenizer(None if model == "tiny" else model)
@@ -152,7 +152,7 @@ def _key(case: Case) -> str:
 
 def _placebo(policy, tokenizer, case: Case, ablation: str, style: str) -> dict:
     """Log-probs and JS with and without one extra, content-free feedback section: the noise level."""
-    from pipeline.replay import replay
+    from pipeline.credit.replay import replay
 
     item, _ = _item(tokenizer, case, ablation, style, extra=PLACEBO)
     (out,) = replay(policy, [item], js=True)
@@ -164,9 +164,9 @@ def _placebo(policy, tokenizer, case: Case, ablation: str, style: str) -> dict:
 
 
 def relevance_rows(row: dict, kind: str) -> torch.Tensor:
-    """[K, T] relevance of a cached replay, signs from the scores and pointing sections (as `pipeline.probe`)."""
-    from pipeline.relevance import relevance, signs
-    from pipeline.replay import ReplayOutput
+    """[K, T] relevance of a cached replay, signs from the scores and pointing sections (as `pipeline.credit.probe`)."""
+    from pipeline.credit.relevance import relevance, signs
+    from pipeline.credit.replay import ReplayOutput
 
     replayed = ReplayOutput(torch.tensor(row["logprob_all"]), torch.tensor(row["logprob_drop"]), torch.tensor(row["js"]))
     advantage = torch.tensor([1.0 if s >= 1.0 else -1.0 for s in row["scores"]])
@@ -175,8 +175,8 @@ def relevance_rows(row: dict, kind: str) -> torch.Tensor:
 
 def placebo_means(rows: list[dict], kind: str) -> list[float]:
     """Mean relevance of each dev case's placebo pair (both signs for the signed option)."""
-    from pipeline.relevance import relevance
-    from pipeline.replay import ReplayOutput
+    from pipeline.credit.relevance import relevance
+    from pipeline.credit.replay import ReplayOutput
 
     means = []
     for row in rows:
@@ -219,7 +219,7 @@ def edited_tokens(case: Case, row: dict, tokenizer) -> list[int]:
 
 
 def case_metrics(case: Case, row: dict, kind: str, floor: float, tokenizer) -> dict:
-    from pipeline.relevance import apply_floor
+    from pipeline.credit.relevance import apply_floor
 
     values, floored = apply_floor(relevance_rows(row, kind), floor)
     T = values.shape[1]
@@ -275,7 +275,7 @@ def run(models: list[str], quick: bool) -> list[dict]:
         cases = [c for i, c in enumerate(cases) if i % 8 == 0]
     table = []
     for model in models:
-        from pipeline.models import load_tokenizer
+        from pipeline.models.loading import load_tokenizer
 
         tokenizer = load_tokenizer(None if model == "tiny" else model)
         for ablation in ABLATIONS:
@@ -317,7 +317,7 @@ def main() -> None:
 
 
 def write_results_md(table: list[dict]) -> None:
-    from pipeline.credit import CreditConfig
+    from pipeline.credit.assign import CreditConfig
 
     default = CreditConfig()
     lines = []

@@ -47,8 +47,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer responses and repeats")
     args = parser.parse_args()
 
-    from pipeline.models import load_reward_model
-    from pipeline.p2t import attribute
+    from pipeline.models.loading import load_reward_model
+    from pipeline.credit.p2t import attribute
 
     _, rm_path, note = model_paths()
     model, tokenizer = load_reward_model(rm_path)

@@ -43,7 +43,7 @@ START_TIMEOUT_S = 300  # a temporary server on a busy 2-core machine can take mi
 def child(mode: str) -> None:
     """Annotate in this process; prints {"checksum"} as its last line."""
     from pipeline.annotate import AnnotateConfig, load_models, run_annotation
-    from pipeline.credit import CreditConfig
+    from pipeline.credit.assign import CreditConfig
 
     config = AnnotateConfig(limit=1, cpu_threads=1, credit=CreditConfig(kinds=("gdpo",)))
     load_models(config)

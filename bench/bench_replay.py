@@ -37,9 +37,9 @@ TARGET_MODEL_ANNOTATION = 1.10
 
 def replay_items(tokenizer, verified, records, gate: bool):
     """ReplayItems of the ok responses; gate=False replays every (response, reward) pair."""
-    from pipeline.advantages import group_has_variance
-    from pipeline.credit import reward_tensors
-    from pipeline.replay import build_replay_item
+    from pipeline.credit.advantages import group_has_variance
+    from pipeline.credit.assign import reward_tensors
+    from pipeline.credit.replay import build_replay_item
 
     ok = [v for v in verified if v.status == "ok"]
     rewards, mask, group = reward_tensors(ok)
@@ -84,7 +84,7 @@ def annotation_ratio(policy_path, rm_path, limit: int, repeats: int,
                      max_new_tokens: int = 96) -> tuple[dict[str, float], dict]:
     """Median seconds of run_annotation with and without MRTPO, and the MRTPO run's manifest stats."""
     from pipeline.annotate import AnnotateConfig, load_models, run_annotation
-    from pipeline.credit import CreditConfig
+    from pipeline.credit.assign import CreditConfig
     from pipeline.sampling import SamplingConfig
 
     base = AnnotateConfig(limit=limit, model=policy_path, reward_model=rm_path, cpu_threads=THREADS,
@@ -143,8 +143,8 @@ def main() -> None:
         return model_annotation_ratio(args.model, args.max_new_tokens, args.quick)
 
     from pipeline.annotate import AnnotateConfig, load_prompt_set, verify_samples
-    from pipeline.models import load_policy
-    from pipeline.replay import ReplayStats, replay_distances
+    from pipeline.models.loading import load_policy
+    from pipeline.credit.replay import ReplayStats, replay_distances
     from pipeline.sampling import SamplingConfig, TransformersSampler
 
     policy_path, rm_path, note = model_paths()

@@ -67,7 +67,7 @@ class GenerateRun:
 
 def compare(model_path, records, config, repeats: int) -> dict:
     """Seconds per generated token of both sides on one model, and the ratio."""
-    from pipeline.models import load_policy
+    from pipeline.models.loading import load_policy
     from pipeline.sampling import TransformersSampler
 
     model, tokenizer = load_policy(model_path)
@@ -89,7 +89,7 @@ def decoding_helpers(model_path, length: int = 2048) -> dict[str, float]:
 
     from pipeline.detokenize import StopChecker
     from pipeline.tables import token_spans
-    from pipeline.models import load_tokenizer
+    from pipeline.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
     text = " ".join(r.prompt for r in demo_records(200))

@@ -5,7 +5,7 @@
 
 From the shipped tiny policy (or `--model`), each (advantage kind, seed) run repeats: sample the train-split demo
 prompts with the current policy and annotate them (`run_annotation`, credit gdpo + that kind),
-then `S` steps of the offline clipped policy gradient (`pipeline.train`) on that run's chosen
+then `S` steps of the offline clipped policy gradient (`pipeline.train.trainer`) on that run's chosen
 advantage column, starting from the current policy. After every iteration the policy is scored on
 the held-out test-split prompts: mean verifier reward (mean over a response's rewards, then over
 responses) per task, sampled at temperature 1.0 with a fixed evaluation seed, so that every run
@@ -52,9 +52,9 @@ def evaluate(policy: str | None, records, n: int, seed: int, max_new_tokens: int
 def one_run(kind: str, seed: int, args, work: Path, test_records) -> list[dict]:
     """Curve of one (kind, seed): a row per iteration (steps done, reward per task)."""
     from pipeline.annotate import AnnotateConfig, run_annotation
-    from pipeline.credit import CreditConfig
+    from pipeline.credit.assign import CreditConfig
     from pipeline.sampling import SamplingConfig
-    from pipeline.train import TrainConfig, train
+    from pipeline.train.trainer import TrainConfig, train
 
     policy: str | None = args.model  # None: the shipped tiny policy
     rows = []
@@ -88,7 +88,7 @@ def merge_adapter(base: str | None, adapter: Path, out: Path) -> str:
     """The base policy with a LoRA adapter merged in, saved as a safetensors folder the sampler loads."""
     from peft import PeftModel
 
-    from pipeline.models import load_policy
+    from pipeline.models.loading import load_policy
 
     model, tokenizer = load_policy(base)
     merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()

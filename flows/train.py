@@ -7,7 +7,7 @@ from typing import Any
 from prefect import flow, task
 
 from pipeline.annotate import AnnotateConfig
-from pipeline.train import TrainConfig, train
+from pipeline.train.trainer import TrainConfig, train
 
 from .annotate import annotate_flow
 

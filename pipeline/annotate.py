@@ -26,7 +26,7 @@ from verifiers.plugins import PluginRef, tasks_of
 
 from .bounds import render_bounded
 from .config import AnnotateConfig
-from .credit import assign_credit
+from .credit.assign import assign_credit
 from .sampling import make_sampler
 from .tables import credits_table, responses_table
 from .writer import RunWriter
@@ -72,7 +72,7 @@ def prompt_fits(config: AnnotateConfig):
     one that runs past it, or that Jinja's sandbox refuses, stops the run (ValueError)."""
     from jinja2.exceptions import TemplateError
 
-    from .models import DEFAULT_POLICY, load_tokenizer, resolve_model_path
+    from .models.loading import DEFAULT_POLICY, load_tokenizer, resolve_model_path
 
     model_config = json.loads((resolve_model_path(config.model, DEFAULT_POLICY) / "config.json").read_text())
     context = model_config.get("max_position_embeddings")
@@ -121,7 +121,7 @@ def load_models(config: AnnotateConfig) -> Models:
 @functools.lru_cache(maxsize=2)
 def _load_models(backend: str, model: str | None, reward_model: str | None, device: str, p2t: bool) -> Models:
     """Load once per process (a Dask worker loads its own copy); sampling and replay share the policy."""
-    from .models import load_policy, load_reward_model
+    from .models.loading import load_policy, load_reward_model
 
     policy, tokenizer = load_policy(model, device=device)
     sampler = make_sampler(backend, model, device=device, policy=(policy, tokenizer))  # one copy of the weights

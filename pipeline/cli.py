@@ -87,7 +87,7 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=s.seed, help="sampling seed")
     p.add_argument("--beta", type=float, default=c.beta, help="MRTPO mixing coefficient")
     p.add_argument("--relevance", choices=RELEVANCES, default=c.relevance,
-                   help="MRTPO's per-token relevance from the replay (see pipeline/relevance.py)")
+                   help="MRTPO's per-token relevance from the replay (see pipeline/credit/relevance.py)")
     p.add_argument("--ablation", choices=ABLATIONS, default=c.ablation,
                    help="P_\\k removes feedback section k (drop) or fills it with neutral text (null)")
     p.add_argument("--feedback-style", choices=FEEDBACK_STYLES, default=c.feedback_style,
@@ -199,7 +199,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train import TrainConfig, train
+    from .train.trainer import TrainConfig, train
 
     config = TrainConfig(data=args.data, advantage=args.advantage, objective=args.objective, model=args.model,
                          out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
@@ -234,7 +234,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
-    from .registry import listing
+    from .models.registry import listing
 
     for row in listing():
         state = f"pulled: {row['folder']}" if row["pulled"] else f"not pulled (tokencredit models pull {row['name']})"
@@ -243,7 +243,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def cmd_models_pull(args: argparse.Namespace) -> int:
-    from .registry import pull
+    from .models.registry import pull
 
     pull(args.name)
     return 0

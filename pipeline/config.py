@@ -1,7 +1,7 @@
 """The settings that determine a dataset: sampling, GDPO, credit, and the annotate run that holds them.
 
 Plain dataclasses and option names with no heavy imports, so that the command line can show their
-defaults in `--help` without loading torch or transformers. (pipeline.advantages, relevance,
+defaults in `--help` without loading torch or transformers. (pipeline.credit.advantages, relevance,
 credit, sampling and annotate re-export the names they used to define.)
 """
 from __future__ import annotations

@@ -59,7 +59,7 @@ import verifiers
 from schemas.records import SqlSpec, TaskRecord
 
 from .query import connect
-from .train import read_training
+from .train.trainer import read_training
 
 HF_FEATURES = datasets.Features({
     "prompt": datasets.Value("string"),

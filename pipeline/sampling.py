@@ -23,7 +23,7 @@ from schemas.records import RecordError, Sample, TaskRecord
 
 from .config import SamplingConfig
 from .detokenize import StopChecker
-from .models import cache_keyword, load_policy, model_name
+from .models.loading import cache_keyword, load_policy, model_name
 from .progress import Progress
 from .prompts import sampling_prompt
 

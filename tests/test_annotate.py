@@ -3,7 +3,7 @@ import dataclasses
 
 import verifiers
 from pipeline.annotate import verify_samples
-from pipeline.credit import CreditConfig, assign_credit
+from pipeline.credit.assign import CreditConfig, assign_credit
 from pipeline.tables import responses_table
 from schemas.records import Sample
 

@@ -17,7 +17,7 @@ from jinja2.exceptions import TemplateError
 from pipeline.annotate import load_prompt_set
 from pipeline.bounds import render_bounded
 from pipeline.config import AnnotateConfig
-from pipeline.models import DEFAULT_POLICY, load_tokenizer
+from pipeline.models.loading import DEFAULT_POLICY, load_tokenizer
 from schemas.records import InstructionSpec, TaskRecord
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,7 +125,7 @@ def test_a_bad_template_stops_the_run_with_one_line(tmp_path, template, message)
 def test_a_user_error_inside_the_prefect_flow_is_one_line_without_traceback(tmp_path):
     """A reward model whose tokenizer is not the policy's is found where the shard loads its models,
     inside a Prefect task: the error is still one line, with no traceback from Prefect's log."""
-    from pipeline.models import DEFAULT_REWARD_MODEL
+    from pipeline.models.loading import DEFAULT_REWARD_MODEL
 
     rm = tmp_path / "reward-model"
     shutil.copytree(DEFAULT_REWARD_MODEL, rm)

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from pipeline.advantages import batch_statistics, gdpo, preset
+from pipeline.credit.advantages import batch_statistics, gdpo, preset
 from pipeline.annotate import AnnotateConfig, run_annotation
-from pipeline.credit import CreditConfig
+from pipeline.credit.assign import CreditConfig
 from pipeline.query import connect
 from pipeline.sampling import SamplingConfig
 

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from pipeline.detokenize import StopChecker, stop_reached, truncate_at_stop
-from pipeline.models import load_tokenizer
-from pipeline.registry import is_pulled
+from pipeline.models.loading import load_tokenizer
+from pipeline.models.registry import is_pulled
 from pipeline.tables import token_spans
 from tests.test_models import tiny_tokenizer
 

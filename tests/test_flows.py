@@ -15,7 +15,7 @@ import pytest
 from flows.annotate import run_annotate_flow
 from pipeline.annotate import AnnotateConfig, run_annotation
 from pipeline.cli import main
-from pipeline.credit import CreditConfig
+from pipeline.credit.assign import CreditConfig
 from pipeline.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
@@ -108,7 +108,7 @@ def test_bad_records_are_rejected_and_the_rest_annotated(prefect_harness, tmp_pa
 
 def test_pipeline_flow_annotates_then_trains_from_that_run(prefect_harness, tmp_path):
     from flows.train import pipeline_flow
-    from pipeline.train import TrainConfig
+    from pipeline.train.trainer import TrainConfig
 
     config = TrainConfig(data=str(tmp_path / "run"), out=str(tmp_path / "ckpt"), advantage="mrtpo", steps=2,
                          batch_size=4, save_every=2)

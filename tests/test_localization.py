@@ -11,9 +11,9 @@ import re
 import pytest
 
 import verifiers
-from pipeline.credit import CreditConfig
-from pipeline.models import load_policy
-from pipeline.probe import replay_one
+from pipeline.credit.assign import CreditConfig
+from pipeline.models.loading import load_policy
+from pipeline.credit.probe import replay_one
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
-from pipeline.models import DEFAULT_POLICY, DEFAULT_REWARD_MODEL, load_policy, load_reward_model, resolve_model_path
+from pipeline.models.loading import DEFAULT_POLICY, DEFAULT_REWARD_MODEL, load_policy, load_reward_model, resolve_model_path
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 

@@ -153,7 +153,7 @@ def test_the_source_hash_is_part_of_the_dataset_identity_and_a_changed_source_is
 @pytest.mark.slow
 def test_a_file_plugin_runs_in_dask_workers_and_writes_what_the_threads_runner_writes(prefect_harness, tmp_path):
     from flows.annotate import run_annotate_flow
-    from pipeline.credit import CreditConfig
+    from pipeline.credit.assign import CreditConfig
     from pipeline.sampling import SamplingConfig
 
     (tmp_path / "haiku.py").write_text(HAIKU)

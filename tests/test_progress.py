@@ -9,7 +9,7 @@ import verifiers
 from pipeline.annotate import annotate_shard, load_models
 from pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
 from pipeline.progress import Progress
-from pipeline.replay import ReplayItem, ReplayStats, replay_distances
+from pipeline.credit.replay import ReplayItem, ReplayStats, replay_distances
 
 LINE = re.compile(r"^(sampling|replay|p2t): ([\d,]+)/([\d,]+) (responses|tokens)(, ([\d,]+) tokens)?, "
                   r"([\d,]+) tokens/s, \d+ s$")

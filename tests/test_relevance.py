@@ -3,10 +3,10 @@ pointing sections of `feedback_sections`, and the MRTPO invariants under every o
 import pytest
 import torch
 
-from pipeline.mrtpo import mrtpo_advantages
+from pipeline.credit.mrtpo import mrtpo_advantages
 from pipeline.prompts import feedback_sections, feedback_text
-from pipeline.relevance import RELEVANCES, apply_floor, relevance, signs
-from pipeline.replay import ReplayOutput
+from pipeline.credit.relevance import RELEVANCES, apply_floor, relevance, signs
+from pipeline.credit.replay import ReplayOutput
 from schemas.records import RewardScore
 
 

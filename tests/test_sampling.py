@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy import stats
 
-from pipeline.models import load_policy
+from pipeline.models.loading import load_policy
 from pipeline.prompts import sampling_prompt
 from pipeline.sampling import SamplingConfig, TransformersSampler, choose_tokens, make_sampler
 from schemas.records import RecordError, SqlSpec, TaskRecord

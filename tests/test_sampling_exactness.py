@@ -17,9 +17,9 @@ import torch
 from transformers import DynamicCache
 
 from pipeline.annotate import AnnotateConfig, annotate_shard, load_models, load_prompt_set, prepare_run
-from pipeline.credit import CreditConfig
-from pipeline.models import load_policy
-from pipeline.registry import is_pulled
+from pipeline.credit.assign import CreditConfig
+from pipeline.models.loading import load_policy
+from pipeline.models.registry import is_pulled
 from pipeline.sampling import TOP_K, SamplingConfig, TransformersSampler, _choose_in_top_k, choose_tokens, left_pad
 
 SMOLLM2 = "smollm2-135m-instruct"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import verifiers
 from pipeline.annotate import verify_samples
-from pipeline.credit import CreditConfig, assign_credit
-from pipeline.models import load_tokenizer
+from pipeline.credit.assign import CreditConfig, assign_credit
+from pipeline.models.loading import load_tokenizer
 from pipeline.tables import credits_table, responses_table
 from schemas.records import Constraint, InstructionSpec, Sample, TaskRecord
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from pipeline.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss, token_weighted_sft_loss
-from pipeline.train import (
+from pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss, token_weighted_sft_loss
+from pipeline.train.trainer import (
     Example,
     TrainConfig,
     batch_indices,

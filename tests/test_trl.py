@@ -9,10 +9,10 @@ import torch
 trl = pytest.importorskip("trl")
 
 import verifiers  # noqa: E402
-from pipeline.advantages import gdpo, preset  # noqa: E402
-from pipeline.credit import CreditConfig  # noqa: E402
+from pipeline.credit.advantages import gdpo, preset  # noqa: E402
+from pipeline.credit.assign import CreditConfig  # noqa: E402
 from pipeline.integrations.trl import MRTPOTrainer, VerifierRewards, prompt_dataset  # noqa: E402
-from pipeline.models import load_policy  # noqa: E402
+from pipeline.models.loading import load_policy  # noqa: E402
 
 G = 4  # completions per prompt
 LR = 0.01  # plain SGD: a first-order step, where each token follows its own advantage
@@ -129,7 +129,7 @@ def test_token_weighted_sft_trainer_reads_the_training_view(tmp_path):
     from transformers import LlamaForCausalLM, TrainingArguments
 
     from pipeline.integrations.trl import TokenWeightedSFTTrainer, sft_dataset, weighted_collator
-    from pipeline.losses import token_weighted_sft_loss
+    from pipeline.train.losses import token_weighted_sft_loss
     from tests.test_train import PAD, response_rows, tiny_policy, write_run
 
     run = write_run(tmp_path / "run", response_rows())
@@ -155,8 +155,8 @@ def test_token_weighted_sft_trainer_reads_the_training_view(tmp_path):
 
 
 def test_p2t_and_mixes_reach_the_loss(scored, records, tmp_path):
-    from pipeline.models import load_reward_model
-    from pipeline.p2t import attribute, token_rewards
+    from pipeline.models.loading import load_reward_model
+    from pipeline.credit.p2t import attribute, token_rewards
 
     base, _, inputs, output, _ = scored
     reward_model, _ = load_reward_model()

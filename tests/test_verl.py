@@ -21,10 +21,10 @@ from verl.workers.reward_manager.naive import NaiveRewardManager  # noqa: E402
 
 import pipeline  # noqa: E402
 from pipeline.annotate import AnnotateConfig, run_annotation  # noqa: E402
-from pipeline.credit import CreditConfig  # noqa: E402
+from pipeline.credit.assign import CreditConfig  # noqa: E402
 from pipeline.export import export_verl  # noqa: E402
 from pipeline.integrations.verl import SLOTS, compute_mrtpo_advantage, compute_score  # noqa: E402
-from pipeline.models import load_policy  # noqa: E402
+from pipeline.models.loading import load_policy  # noqa: E402
 from pipeline.sampling import SamplingConfig  # noqa: E402
 
 TINY_POLICY = Path(pipeline.__file__).parent / "models" / "tiny-policy"

@@ -10,7 +10,7 @@ current policy. Only the advantages change: TRL's generation, clipping, KL and l
                            train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer)
 
 Each step: TRL samples and scores (our reward functions verify every completion once, keeping each
-reward's feedback); then `pipeline.credit.assign_credit` computes, per prompt group, GDPO's A[i,k]
+reward's feedback); then `pipeline.credit.assign.assign_credit` computes, per prompt group, GDPO's A[i,k]
 (TRL's options: `preset("trl")`) and MRTPO's per-token A[i,k,t] from the policy's leave-one-out
 replay; GDPO's batch step is taken over the step's batch (as TRL does) and the (B, T) advantages go
 to TRL's `_compute_loss`. With beta = 0 they equal TRL's own `normalize_then_sum` GDPO advantages.
@@ -32,13 +32,13 @@ from trl import GRPOConfig, GRPOTrainer
 import verifiers
 from schemas.records import Sample, TaskRecord, VerifiedSample
 
-from ..advantages import batch_statistics, preset
-from ..credit import CreditConfig, assign_credit
-from ..losses import token_weighted_sft_loss
-from ..mrtpo import smoothstep_beta
-from ..p2t import p2t_advantages
+from ..credit.advantages import batch_statistics, preset
+from ..credit.assign import CreditConfig, assign_credit
+from ..train.losses import token_weighted_sft_loss
+from ..credit.mrtpo import smoothstep_beta
+from ..credit.p2t import p2t_advantages
 from ..sampling import render_prompt
-from ..train import Example, collate, load_examples, parse_advantage
+from ..train.trainer import Example, collate, load_examples, parse_advantage
 
 __all__ = ["MRTPOTrainer", "TokenWeightedSFTTrainer", "prompt_dataset", "sft_dataset", "verifier_rewards",
            "weighted_collator"]

@@ -40,8 +40,8 @@ from verl.trainer.ppo.core_algos import register_adv_est
 import verifiers
 from schemas.records import TASKS, RewardScore, Sample, VerifiedSample
 
-from ..advantages import batch_statistics, preset
-from ..credit import CreditConfig, assign_credit
+from ..credit.advantages import batch_statistics, preset
+from ..credit.assign import CreditConfig, assign_credit
 from ..export import record_from_json
 
 DATA_SOURCES = tuple(f"tokencredit/{task}" for task in TASKS)
@@ -76,7 +76,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None 
 
 @functools.lru_cache(maxsize=2)
 def _replay_model(path: str):
-    from ..models import load_policy
+    from ..models.loading import load_policy
 
     model, tokenizer = load_policy(path, device="cuda" if torch.cuda.is_available() else "cpu")
     return model.eval(), tokenizer

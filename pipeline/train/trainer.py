@@ -42,8 +42,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
-from .models import load_policy
-from .query import connect
+from ..models.loading import load_policy
+from ..query import connect
 
 ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t")
 OBJECTIVES = ("pg", "sft")

@@ -34,7 +34,7 @@ import verifiers.sql
 import verifiers.tools
 from schemas.records import RecordError, TaskRecord
 
-from .prompts import feedback_text, replay_prompt, sampling_prompt
+from ..prompts import feedback_text, replay_prompt, sampling_prompt
 
 
 

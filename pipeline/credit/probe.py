@@ -18,10 +18,10 @@ import torch
 import verifiers
 from schemas.records import TaskRecord
 
-from .prompts import feedback_sections
+from ..prompts import feedback_sections
 from .relevance import apply_floor, relevance, signs
 from .replay import ReplayOutput, build_replay_item, replay
-from .tables import token_spans
+from ..tables import token_spans
 
 
 @dataclass

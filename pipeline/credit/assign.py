@@ -17,11 +17,11 @@ import torch
 from schemas.records import AnnotatedResponse, TaskRecord, TokenCredit, VerifiedSample
 
 from .advantages import condition_on, gdpo, grpo, sum_rewards
-from .config import CREDIT_KINDS, CreditConfig  # noqa: F401 - CREDIT_KINDS re-exported
+from ..config import CREDIT_KINDS, CreditConfig  # noqa: F401 - CREDIT_KINDS re-exported
 from .mrtpo import mrtpo_advantages
 from .p2t import P2TStats, attribute, token_rewards
-from .progress import Progress
-from .prompts import feedback_sections
+from ..progress import Progress
+from ..prompts import feedback_sections
 from .relevance import apply_floor, relevance, signs
 from .replay import build_replay_item, replay
 

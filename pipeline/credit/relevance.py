@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .config import DEFAULT_FLOORS, RELEVANCES  # noqa: F401 - the option names and floors, defined without torch
+from ..config import DEFAULT_FLOORS, RELEVANCES  # noqa: F401 - the option names and floors, defined without torch
 from .replay import ReplayOutput
 
 

@@ -23,8 +23,8 @@ import torch
 from transformers import DynamicCache
 
 from .divergence import js_divergence
-from .models import cache_keyword
-from .prompts import prompt_frame, replay_prompt_ids
+from ..models.loading import cache_keyword
+from ..prompts import prompt_frame, replay_prompt_ids
 
 
 @dataclass

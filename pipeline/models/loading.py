@@ -1,6 +1,6 @@
 """Load the policy and the reward model from local folders only: tokencredit never downloads.
 
-A model argument is a registry name (`pipeline.registry`, e.g. `smollm2-135m-instruct`, once pulled), a
+A model argument is a registry name (`pipeline.models.registry`, e.g. `smollm2-135m-instruct`, once pulled), a
 folder (`config.json`, `*.safetensors`, tokenizer files) or a Hugging Face repo id already in the local cache. `None` means the tiny models shipped inside the package.
 Only safetensors weights are accepted (a pickled `.bin` checkpoint can run code when loaded), and remote
 code runs only when the caller asks for it.
