@@ -26,6 +26,7 @@ import pstats
 import shutil
 import tempfile
 
+import pyarrow.parquet as pq
 import torch
 
 from common import THREADS, interleaved_times, model_paths, update_figures, upsert_result, verdict
@@ -98,6 +99,8 @@ def annotation_ratio(policy_path, rm_path, limit: int, repeats: int,
         out = tempfile.mkdtemp(prefix="bench_replay_", dir="/tmp")
         try:
             manifests[name] = run_annotation(configs[name], out, progress=False)
+            token_ids = pq.read_table(f"{out}/responses", columns=["token_ids"]).column("token_ids")
+            manifests[name]["sampled_tokens"] = sum(len(t) for t in token_ids.to_pylist())
         finally:
             shutil.rmtree(out, ignore_errors=True)
 
@@ -113,6 +116,16 @@ def model_annotation_ratio(model_path: str, max_new_tokens: int, quick: bool) ->
     times, manifest = annotation_ratio(model_path, None, limit, repeats, max_new_tokens)
     ratio = times["gdpo+mrtpo"] / times["gdpo"]
     stats, name = manifest.get("stats", {}), Path(model_path).name
+    # Where the ratio comes from: the replay forwards every replayed response again after P_all and after
+    # each P_\k, as prefill, while GDPO's cost is decoding each sampled token once.
+    sampled, replayed = manifest["sampled_tokens"], stats.get("tokens_replayed", 0)
+    replay_s = times["gdpo+mrtpo"] - times["gdpo"]
+    per_sampled = times["gdpo"] / max(sampled, 1) * 1e3
+    per_replayed = replay_s / max(replayed, 1) * 1e3
+    cost = (f"sampled tokens {sampled} at {per_sampled:.1f} ms each (GDPO annotation); replayed response tokens "
+            f"{replayed} (over pairs) at {per_replayed:.1f} ms each; 1.10x would need "
+            f"{0.1 * times['gdpo'] / max(replayed, 1) * 1e3:.1f} ms per replayed token")
+    print(cost)
     print(f"{name}: annotation gdpo+mrtpo {times['gdpo+mrtpo']:.1f} s, gdpo {times['gdpo']:.1f} s: {ratio:.2f}x "
           f"(target <= {TARGET_MODEL_ANNOTATION}x: {verdict(ratio <= TARGET_MODEL_ANNOTATION)}); "
           f"{manifest['totals']['responses']} responses, replays done {stats.get('replays_done')}, "
@@ -126,7 +139,7 @@ def model_annotation_ratio(model_path: str, max_new_tokens: int, quick: bool) ->
         f"{name}; {3 * limit} demo prompts x 4 samples, max_new_tokens {max_new_tokens} "
         f"({manifest['totals']['credits']} credit rows); {repeats} reps, median",
         f"{ratio:.2f}x ({times['gdpo+mrtpo']:.1f} s vs {times['gdpo']:.1f} s; replays done "
-        f"{stats.get('replays_done')}, skipped {stats.get('replays_skipped')})",
+        f"{stats.get('replays_done')}, skipped {stats.get('replays_skipped')}); {cost}",
         f"<= {TARGET_MODEL_ANNOTATION}x: {verdict(ratio <= TARGET_MODEL_ANNOTATION)}")
     if not quick:
         update_figures({"model": name, "mrtpo_over_gdpo": round(ratio, 3)})
