@@ -61,12 +61,14 @@ def test_killed_run_resumes_without_duplicates_or_gaps(prefect_harness, tmp_path
     args = ["annotate", "--out", str(out), "--limit", "3", "--shard-size", "1", "--n", "3",
             "--max-new-tokens", "40", "--seed", "7", "--run-id", "kill-test"]
     env = {**os.environ, "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env,
+    # its own process group: the kill takes the run and its temporary Prefect server down together, as a
+    # crash of the job would (killing the CLI alone leaves that server running after the test)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while len(list((out / "_shards").glob("*.json"))) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     written = len(list((out / "_shards").glob("*.json")))
     assert 2 <= written < 9, f"the kill should land mid-run ({written} of 9 shards written)"
