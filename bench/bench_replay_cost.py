@@ -23,9 +23,14 @@ import torch
 
 import json
 
-from common import gib, machine, peak_extra_bytes, run_child, update_figures, upsert_result, verdict
+from common import gib, machine, median_time, peak_extra_bytes, run_child, update_figures, upsert_result, verdict
 
 TARGET_FRACTION, TARGET_PEAK = 0.8, 2 * 2**30
+
+
+def best_seconds(fn, repeats: int) -> float:
+    """Fastest of `repeats` timed calls after one warm-up call."""
+    return min(median_time(fn, repeats=repeats, warmup=1)[1])
 
 
 def matmul_roofline(size: int = 2048, repeats: int = 10) -> float:
@@ -33,11 +38,7 @@ def matmul_roofline(size: int = 2048, repeats: int = 10) -> float:
     best = 0.0
     for n in (size // 2, size):
         a, b = torch.randn(n, n), torch.randn(n, n)
-        a @ b
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ b
-            best = max(best, 2 * n**3 / (time.perf_counter() - start))
+        best = max(best, 2 * n**3 / best_seconds(lambda: a @ b, repeats))
     return best
 
 
@@ -51,17 +52,9 @@ def model_gemm_rate(model, rows: int = 2048, repeats: int = 5) -> float:
     flops = seconds = 0.0
     for (out_features, in_features), count in shapes.items():
         x, w = torch.randn(rows, in_features), torch.randn(out_features, in_features)
-        x @ w.T
-        best = min(_timed(lambda: x @ w.T) for _ in range(repeats))
         flops += count * 2 * rows * in_features * out_features
-        seconds += count * best
+        seconds += count * best_seconds(lambda: x @ w.T, repeats)
     return flops / seconds
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def replay_flops(model, items) -> float:
