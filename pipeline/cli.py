@@ -318,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="run directory written by annotate")
     p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t or a mix like mrtpo:0.5,gdpo:0.5")
     p.add_argument("--objective", choices=["pg", "sft"], default="pg", help="policy gradient or weighted SFT")
-    p.add_argument("--model", default=None, help="local policy folder (default: the shipped tiny policy)")
+    p.add_argument("--model", default=None, help="registry name or local policy folder (default: the model the "
+                                                  "run was sampled with, from its manifest)")
     p.add_argument("--out", required=True, help="checkpoint folder")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=16, help="responses per step")

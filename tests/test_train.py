@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from pipeline.models.loading import DEFAULT_POLICY
 from pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss, token_weighted_sft_loss
 from pipeline.train.trainer import (
     Example,
@@ -73,13 +74,14 @@ def response_rows(spec=RESPONSES_SPEC, p2t=False):
     return rows
 
 
-def write_run(folder, rows):
-    """A run directory written by the real RunWriter (an empty credits table: the trainer does not read it).
+def write_run(folder, rows, model=None):
+    """A run directory written by the real RunWriter (an empty credits table: the trainer does not read it),
+    sampled with `model` as its manifest says.
 
     Its GDPO batch step is "none" (c = 1, m = 0), so the views' advantages are the rows' sums as given.
     """
     writer = RunWriter(str(folder))
-    writer.start("run", {"credit": {"gdpo": {"batch": "none"}}}, "synthetic", "test")
+    writer.start("run", {"model": model, "credit": {"gdpo": {"batch": "none"}}}, "synthetic", "test")
     writer.write_shard(0, {"responses": pa.Table.from_pylist(rows, schema=RESPONSES),
                            "credits": CREDITS.empty_table()}, stats={})
     writer.finish(1, {})
@@ -395,3 +397,16 @@ def test_lora_from_the_cli_trains_adapters_only(run_dir, policy_dir, tmp_path):
     assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # B starts at 0: it trained
     kl = [float(r["kl"]) for r in read_metrics(out)]
     assert kl[0] == pytest.approx(0.0, abs=1e-7) and kl[1] > 0  # reference: the base model, adapters off
+
+
+def test_train_defaults_to_the_runs_model_and_refuses_another_tokenizer(policy_dir, tmp_path):
+    """Without --model the trainer loads the policy the manifest records; a model whose tokenizer does not
+    produce the run's tokens is a one-line error naming both models."""
+    run = write_run(tmp_path / "run", response_rows(), model=str(policy_dir))
+    final = train(TrainConfig(data=run, out=str(tmp_path / "out"), advantage="gdpo", steps=1, batch_size=2))
+    assert load_file(final / "model.safetensors")["model.embed_tokens.weight"].shape[0] == VOCAB
+    shipped = str(DEFAULT_POLICY)
+    with pytest.raises(ValueError, match=f"sampled with {policy_dir}, but the model to train is {shipped}: "
+                                         "response 'r0' decodes to other text") as error:
+        train(TrainConfig(data=run, out=str(tmp_path / "x"), advantage="gdpo", steps=1, model=shipped))
+    assert "\n" not in str(error.value)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from .registry import registered_path
+from .registry import METADATA, check_end_of_turn, registered_path
 
 DEFAULT_POLICY = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-policy"))
 DEFAULT_REWARD_MODEL = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-rm"))
@@ -61,6 +61,8 @@ def load_tokenizer(path: str | Path | None = None, *, default: Path = DEFAULT_PO
     """The model's tokenizer, with a pad token (eos when it has none) and left padding for generation."""
     folder = resolve_model_path(path, default)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    if (folder / METADATA).is_file():  # a registry model: its end of turn was set when it was converted
+        check_end_of_turn(folder, tokenizer)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer of {str(folder)!r} has neither a pad nor an eos token")

