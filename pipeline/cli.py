@@ -201,7 +201,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from .train.trainer import TrainConfig, train
 
-    config = TrainConfig(data=args.data, advantage=args.advantage, objective=args.objective, model=args.model,
+    advantage = None if args.objective == "rs" else args.advantage  # rs weighs passing responses 1
+    config = TrainConfig(data=args.data, advantage=advantage, objective=args.objective, model=args.model,
                          out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                          seed=args.seed, device=args.device, lora=args.lora, grad_accum=args.grad_accum,
                          kl_coef=args.kl_coef, bf16=args.bf16, save_every=args.save_every,
@@ -317,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("train", "train a policy from a run's training view")
     p.add_argument("--data", required=True, help="run directory written by annotate")
     p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t or a mix like mrtpo:0.5,gdpo:0.5")
-    p.add_argument("--objective", choices=["pg", "sft"], default="pg", help="policy gradient or weighted SFT")
+    p.add_argument("--objective", choices=["pg", "sft", "rs"], default="pg",
+                   help="policy gradient, weighted SFT, or rejection sampling (SFT on responses passing every reward)")
     p.add_argument("--model", default=None, help="registry name or local policy folder (default: the model the "
                                                   "run was sampled with, from its manifest)")
     p.add_argument("--out", required=True, help="checkpoint folder")

@@ -57,6 +57,7 @@ CREATE OR REPLACE VIEW training AS
         adv_mrtpo,
         adv_p2t,
         list_transform(coalesce(adv_mrtpo, list_transform(token_ids, lambda t: adv_gdpo)),
-                       lambda a: greatest(a, 0.0)::FLOAT) AS sft_weight
+                       lambda a: greatest(a, 0.0)::FLOAT) AS sft_weight,
+        coalesce(list_min(rewards) >= 1.0, false) AS passed_all
     FROM responses
     WHERE status = 'ok';

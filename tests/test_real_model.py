@@ -151,3 +151,17 @@ def test_tokenizer_and_config_that_disagree_on_eos_are_refused(tmp_path, monkeyp
     (folder / registry.METADATA).write_text(json.dumps({**metadata, "converter": 1}))
     with pytest.raises(FileNotFoundError, match=r"older tokencredit.*pull smollm2-135m-instruct` again"):
         load_tokenizer(NAME)
+
+
+def test_trls_generation_stops_and_masks_at_the_end_of_turn(smollm2, tmp_path):
+    """TRL's GRPOTrainer takes its stop ids from the tokenizer and the generation config: only <|im_end|>."""
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+
+    model, tokenizer = smollm2
+    args = trl.GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                          max_completion_length=8, max_steps=1, report_to="none", use_cpu=True, bf16=False)
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+                              args=args, train_dataset=Dataset.from_list([{"prompt": "hi"}] * 2),
+                              processing_class=tokenizer)
+    assert trainer.eos_token_ids == [2]

@@ -410,3 +410,14 @@ def test_train_defaults_to_the_runs_model_and_refuses_another_tokenizer(policy_d
                                          "response 'r0' decodes to other text") as error:
         train(TrainConfig(data=run, out=str(tmp_path / "x"), advantage="gdpo", steps=1, model=shipped))
     assert "\n" not in str(error.value)
+
+
+def test_rejection_sampling_keeps_the_responses_that_pass_every_reward_with_weight_one(run_dir, policy_dir, tmp_path):
+    examples = load_examples(run_dir, None, "rs")
+    assert [e.response_id for e in examples] == ["r0", "r2", "r4"]  # rewards [1, 1]; odd rows fail one
+    assert all(e.credit == [1.0] * len(e.token_ids) for e in examples)
+    with pytest.raises(ValueError, match="objective 'rs' weighs every token"):
+        TrainConfig(data=run_dir, out=str(tmp_path), objective="rs", advantage="gdpo")
+    final = train(TrainConfig(data=run_dir, out=str(tmp_path / "rs"), objective="rs", advantage=None,
+                              model=str(policy_dir), steps=1, batch_size=3))
+    assert (final / "model.safetensors").is_file()

@@ -4,7 +4,8 @@
 
 Objectives: `pg`, the clipped offline policy gradient on per-token advantages (any kind of the
 view, or a mix such as "mrtpo:0.5,gdpo:0.5"), and `sft`, token-weighted SFT whose weights are
-the view's `sft_weight` (advantage=None) or the positive part of the chosen advantage. Either
+the view's `sft_weight` (advantage=None) or the positive part of the chosen advantage, and `rs`,
+rejection sampling: SFT with weight 1 on the responses that pass every reward (`passed_all`). Each
 may add `kl_coef` x KL to the frozen initial policy (`kl_penalty`); `grad_accum` micro-batches of
 `batch_size` make one optimizer step (the same gradient as one batch of their union); `bf16`
 runs the forwards under bf16 autocast (CUDA; CPU works too, slowly); `lora` trains adapters.
@@ -47,7 +48,7 @@ from ..query import connect
 from ..writer import run_files
 
 ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t")
-OBJECTIVES = ("pg", "sft")
+OBJECTIVES = ("pg", "sft", "rs")
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "train_config.json"
 METRICS = ("step", "loss", "kl", "mean_advantage", "tokens")
@@ -61,7 +62,7 @@ class TrainConfig:
     data: str  # run directory written by annotate
     out: str  # checkpoint folder
     advantage: str | None = "mrtpo"  # gdpo | mrtpo | p2t | "mrtpo:0.5,gdpo:0.5"; None: sft_weight (sft only)
-    objective: str = "pg"  # pg | sft
+    objective: str = "pg"  # pg | sft | rs (rejection sampling: SFT on the responses that pass every reward)
     model: str | None = None  # registry name or local policy folder; None = the model the run was sampled with
     steps: int = 50
     batch_size: int = 16
@@ -81,6 +82,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.objective: {self.objective!r} is not one of {OBJECTIVES}")
         if self.advantage is None and self.objective == "pg":
             raise ValueError("TrainConfig.advantage: objective 'pg' needs an advantage kind")
+        if self.advantage is not None and self.objective == "rs":
+            raise ValueError("TrainConfig.advantage: objective 'rs' weighs every token of a passing response 1; "
+                             "pass advantage=None")
         if self.advantage is not None:
             parse_advantage(self.advantage)
         if self.kl_coef < 0:
@@ -117,7 +121,7 @@ def read_training(data: str | Path, advantage: str | None, allow_incomplete: boo
     """
     mix = parse_advantage(advantage) if advantage is not None else {}
     columns = ", ".join(["response_id", "group_id", "task", "prompt", "response", "prompt_token_ids",
-                         "token_ids", "sample_logprobs", "sft_weight", *(f"adv_{k}" for k in mix)])
+                         "token_ids", "sample_logprobs", "sft_weight", "passed_all", *(f"adv_{k}" for k in mix)])
     try:
         rows = connect(data, allow_incomplete=allow_incomplete).sql(
             f"SELECT {columns} FROM training ORDER BY response_id").to_arrow_table().to_pylist()
@@ -170,12 +174,14 @@ def load_examples(data: str | Path, advantage: str | None, objective: str,
                 raise ValueError(f"run dir {data}: response {row['response_id']!r}: field 'sample_logprobs' "
                                  f"is NULL; objective 'pg' needs the sampling log-probabilities")
             _check_aligned(row, data, "sample_logprobs")
+        elif objective == "rs":
+            credit = [float(row["passed_all"])] * len(row["token_ids"])
         else:
             credit = row["sft_weight"] if advantage is None else [max(a, 0.0) for a in row["advantages"]]
         if not row["prompt_token_ids"]:
             raise ValueError(f"run dir {data}: response {row['response_id']!r}: field 'prompt_token_ids' is "
                              f"empty; the first response token needs a prompt to be predicted from")
-        if not row["token_ids"] or (objective == "sft" and not any(credit)):
+        if not row["token_ids"] or (objective != "pg" and not any(credit)):
             continue
         examples.append(Example(row["response_id"], row["prompt_token_ids"], row["token_ids"],
                                 row["sample_logprobs"] or [0.0] * len(credit), credit))
@@ -447,7 +453,8 @@ def train(config: TrainConfig) -> Path:
             indices = batch_indices(len(examples), config.batch_size * config.grad_accum, config.seed, step)
             micro = [collate([examples[i] for i in indices[m: m + config.batch_size]], pad_id)
                      for m in range(0, len(indices), config.batch_size)]
-            row = train_step(model, [{k: v.to(device) for k, v in b.items()} for b in micro], config.objective,
+            objective = "sft" if config.objective == "rs" else config.objective  # rs: SFT on its 0/1 weights
+            row = train_step(model, [{k: v.to(device) for k, v in b.items()} for b in micro], objective,
                              optimizer, config.clip_eps, reference=reference, kl_coef=config.kl_coef, bf16=config.bf16)
             log.writerow({"step": step + 1, **row})
             f.flush()
