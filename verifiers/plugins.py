@@ -137,7 +137,9 @@ def _import_file(path: str):
 
 
 def source_hash(fn: Any, target: str) -> str:
-    """sha256 of the file that defines `fn` (a function, class or callable object)."""
+    """sha256 of the file that defines `fn` (a function, class or callable object; of a wrapper, the
+    file of what it wraps: `__wrapped__`, as an adapted TRL reward function has)."""
+    fn = inspect.unwrap(fn)
     owner = fn if inspect.isfunction(fn) or inspect.isclass(fn) or inspect.ismethod(fn) else type(fn)
     try:
         path = inspect.getsourcefile(owner) or inspect.getfile(sys.modules[owner.__module__])
