@@ -28,9 +28,7 @@ _BY_TASK = {"sql": sql, "instructions": instructions, "tools": tools}
 
 def verify(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef] = ()) -> list[RewardScore]:
     """The record's built-in rewards (if its task has a verifier), then those of each plugin that applies."""
-    applying = [ref for ref in plugin_refs if plugins.applies(ref, record)]
-    if record.task not in _BY_TASK and not applying:
-        raise RecordError(record.id, "task", f"no verifier for task {record.task!r}")
+    applying = _applying(record, plugin_refs)
     scores = _BY_TASK[record.task].verify(record, response) if record.task in _BY_TASK else []
     for ref in applying:
         scores += plugins.score(ref, record, response)
@@ -46,15 +44,20 @@ def verify(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef] =
 def reward_names(record: TaskRecord, plugin_refs: Sequence[PluginRef] = ()) -> list[str]:
     """The names `verify` gives the record's rewards. A plugin must give the same names to every response
     of a record, so its names are those it gives the record's reference response (or an empty one)."""
-    applying = [ref for ref in plugin_refs if plugins.applies(ref, record)]
-    if record.task not in _BY_TASK and not applying:
-        raise RecordError(record.id, "task", f"no verifier for task {record.task!r} (a plugin task needs its "
-                          "verifier: --verifier TASK=module:function)")
+    applying = _applying(record, plugin_refs)
     names = _BY_TASK[record.task].reward_names(record) if record.task in _BY_TASK else []
     probe = record.reference_response or ""
     for ref in applying:
         names += [s.name for s in plugins.score(ref, record, probe)]
     return names
+
+
+def _applying(record: TaskRecord, plugin_refs: Sequence[PluginRef]) -> list[PluginRef]:
+    applying = [ref for ref in plugin_refs if plugins.applies(ref, record)]
+    if record.task not in _BY_TASK and not applying:
+        raise RecordError(record.id, "task", f"no verifier for task {record.task!r} (a plugin task needs its "
+                          "verifier: --verifier TASK=module:function)")
+    return applying
 
 
 def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, str]]:

@@ -145,7 +145,10 @@ def source_hash(fn: Any, target: str) -> str:
         path = inspect.getsourcefile(owner) or inspect.getfile(sys.modules[owner.__module__])
     except (TypeError, KeyError, AttributeError):
         raise PluginError(f"verifier {target!r}: no Python source file to hash") from None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as error:  # moved or deleted since it was imported
+        raise PluginError(f"verifier {target!r}: cannot read its source file {path} ({error.strerror})") from None
 
 
 # ---------------------------------------------------------------- running

@@ -12,7 +12,9 @@ and, for the replay, the local policy folder to replay with (without it, beta is
     +algorithm.mrtpo_replay_model=/path/to/policy     # +algorithm.mrtpo_beta=0.5 is the default
 
 The dataset is tokencredit's verl export (`tokencredit export RUN --format verl`, or any Parquet
-with `data_source` "tokencredit/<task>" and the task record as JSON in `extra_info.record`).
+with `data_source` "tokencredit/<task>" and the task record as JSON in `extra_info.record`). A
+plugin task's rows name its verifiers in `extra_info.verifiers` (from the run's manifest), which
+every verl process imports by their target, as annotate's Dask workers do.
 
 `compute_score` verifies one response and returns verl's dict form: "score" (the mean of the
 rewards, verl's scalar reward) plus one key per reward slot ("tc_reward_0", ...: 0 where the record
@@ -38,34 +40,44 @@ import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
 import verifiers
-from schemas.records import TASKS, RewardScore, Sample, VerifiedSample
+from schemas.records import TASKS, RewardScore, Sample, TaskRecord, VerifiedSample
+from verifiers import plugins
 
 from ..credit.advantages import batch_statistics, preset
 from ..credit.assign import CreditConfig, assign_credit
-from ..export import record_from_json
+from ..export import record_from_json, refs_from_json
 
-DATA_SOURCES = tuple(f"tokencredit/{task}" for task in TASKS)
+SOURCE_PREFIX = "tokencredit/"
+DATA_SOURCES = tuple(f"{SOURCE_PREFIX}{task}" for task in TASKS)  # and tokencredit/<plugin task>
 MAX_REWARDS = 8  # reward slots per response (the demo's instruction prompts carry up to 6 constraints)
 SLOTS = tuple(f"tc_reward_{k}" for k in range(MAX_REWARDS))
 
 
 @functools.lru_cache(maxsize=4096)
-def _record(line: str):
-    return record_from_json(json.loads(line))
+def _row(record: str, refs: str | None) -> tuple[TaskRecord, tuple[plugins.PluginRef, ...]]:
+    verifier_refs = refs_from_json(refs)
+    return record_from_json(json.loads(record), plugins.tasks_of(verifier_refs)), verifier_refs
+
+
+def row_record(extra_info: dict) -> tuple[TaskRecord, tuple[plugins.PluginRef, ...]]:
+    """The task record and plugin verifiers of an exported row's `extra_info`."""
+    return _row(extra_info["record"], extra_info.get("verifiers"))
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str | None = None,
                   extra_info: dict | None = None, **_: Any) -> dict[str, Any]:
     """verl's reward function: tokencredit's verifiers on one response (module docstring)."""
-    if data_source not in DATA_SOURCES:
-        raise ValueError(f"compute_score: data_source {data_source!r} is not tokencredit's; expected one of "
-                         f"{', '.join(DATA_SOURCES)} (tokencredit export RUN --format verl writes them)")
+    if not data_source.startswith(SOURCE_PREFIX):
+        raise ValueError(f"compute_score: data_source {data_source!r} is not tokencredit's; expected "
+                         f"{SOURCE_PREFIX}<task>, such as {', '.join(DATA_SOURCES)} "
+                         "(tokencredit export RUN --format verl writes them)")
     if not extra_info or "record" not in extra_info:
         raise ValueError(f"compute_score: extra_info of a {data_source!r} row needs 'record' (the task record "
                          f"as JSON), as the verl export writes it")
-    scores = verifiers.verify(_record(extra_info["record"]), solution_str)
+    record, refs = row_record(extra_info)
+    scores = verifiers.verify(record, solution_str, refs)
     if len(scores) > MAX_REWARDS:
-        raise ValueError(f"compute_score: record {_record(extra_info['record']).id!r} has {len(scores)} rewards; "
+        raise ValueError(f"compute_score: record {record.id!r} has {len(scores)} rewards; "
                          f"at most {MAX_REWARDS} fit verl's fixed reward keys")
     values = [s.score for s in scores]
     return {"score": sum(values) / len(values), **{slot: (values[k] if k < len(values) else 0.0)
@@ -93,7 +105,7 @@ def _verified(non_tensor_batch: dict, batch, response_mask: torch.Tensor, index)
         rewards = [RewardScore(n, float(non_tensor_batch[SLOTS[k]][i]), f, o)
                    for k, (n, f, o) in enumerate(zip(names, feedback, observed))]
         group = str(index[i])
-        records[group] = _record(non_tensor_batch["extra_info"][i]["record"])
+        records[group] = row_record(non_tensor_batch["extra_info"][i])[0]
         prompt = prompts[i][attention[i, : prompts.shape[1]].bool()].tolist()
         tokens = batch["responses"][i][response_mask[i].bool()].tolist()
         sample = Sample(response_id=str(i), group_id=group, task=records[group].task, prompt="", prompt_token_ids=prompt,
