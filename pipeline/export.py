@@ -5,21 +5,26 @@ batch step over the whole run) and choose the advantage by name, as the trainer 
 "mrtpo", "p2t" or a mix such as "mrtpo:0.5,gdpo:0.5" (coefficient-weighted sum per token). Every
 per-token list has one value per response token, aligned with the token ids.
 
-**export_hf(out_dir, dest)**: a Hub-style dataset folder (`dest/data/train-00000-of-00001.parquet`
-and a `README.md` card), one row per response:
+**export_hf(out_dir, dest)**: a `datasets` folder written by `save_to_disk`, with the same rows as one
+Parquet file beside it (`dest/train.parquet`) and a `README.md` card, one row per response:
 
     prompt                str          the prompt text the response was sampled for (chat-rendered)
     completion            str          the response text
     prompt_token_ids      list[int32]  the prompt as the policy saw it
     completion_token_ids  list[int32]  the response tokens (T of them)
+    completion_tokens     list[str]    each token's text, T values (null for a run without credits rows)
     sample_logprobs       list[float]  log-prob of each response token under the sampling policy
     weights               list[float]  per-token SFT weight (the view's sft_weight), T values
-    advantages            list[float]  per-token advantage of the chosen kind, T values
+    advantages            list[float]  per-token final advantage of the chosen kind (GDPO's batch step over
+                                       the whole run applied, as the `training` view has it), T values
+    reward_names          list[str]    the rewards, in the verifier's order
+    rewards               list[float]  the verifier's score of each
     response_id, group_id, task  str
 
     import datasets
-    ds = datasets.load_dataset(dest, split="train")
-    row = ds[0]   # row["completion_token_ids"], row["weights"], row["advantages"] align
+    ds = datasets.load_from_disk(dest)
+    same = datasets.load_dataset("parquet", data_files=f"{dest}/train.parquet", split="train")
+    row = ds[0]   # row["completion_tokens"], row["advantages"], row["weights"] align with row["completion_token_ids"]
 
 **export_verl(out_dir, dest_file)**: one Parquet file in the layout of verl's RL datasets (as its
 examples/data_preprocess scripts write it), one row per prompt with its n sampled responses:
@@ -70,25 +75,28 @@ HF_FEATURES = datasets.Features({
     "completion": datasets.Value("string"),
     "prompt_token_ids": datasets.Sequence(datasets.Value("int32")),
     "completion_token_ids": datasets.Sequence(datasets.Value("int32")),
+    "completion_tokens": datasets.Sequence(datasets.Value("string")),
     "sample_logprobs": datasets.Sequence(datasets.Value("float32")),
     "weights": datasets.Sequence(datasets.Value("float32")),
     "advantages": datasets.Sequence(datasets.Value("float32")),
+    "reward_names": datasets.Sequence(datasets.Value("string")),
+    "rewards": datasets.Sequence(datasets.Value("float32")),
     "response_id": datasets.Value("string"),
     "group_id": datasets.Value("string"),
     "task": datasets.Value("string"),
 })
 
-HF_CARD = """---
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/train-*.parquet
----
-# tokencredit export
+HF_CARD = """# tokencredit export
 
-Responses of the tokencredit run `{run}` with per-token advantages (`{advantage}`), SFT weights and
-sampling log-probs, aligned with `completion_token_ids`. Load with `datasets.load_dataset(<this folder>)`.
+Responses of the tokencredit run `{run}` with per-token advantages (`{advantage}`), SFT weights, token
+texts and sampling log-probs aligned with `completion_token_ids`, and each response's rewards by name.
+Load with `datasets.load_from_disk(<this folder>)`, or the Parquet copy with
+`datasets.load_dataset("parquet", data_files="<this folder>/train.parquet", split="train")`.
+"""
+
+TOKEN_TEXTS_SQL = """
+SELECT response_id, list(token_text ORDER BY position) AS texts
+FROM (SELECT DISTINCT response_id, position, token_text FROM credits) GROUP BY response_id
 """
 
 VERL_SCHEMA = pa.schema([
@@ -111,23 +119,30 @@ VERL_SCHEMA = pa.schema([
 
 def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo",
               allow_incomplete: bool = False) -> Path:
-    """Write the run as a Hub-style dataset folder at `dest` (layout in the module docstring)."""
+    """Write the run as a `save_to_disk` folder at `dest`, plus `dest/train.parquet` (module docstring)."""
     rows = read_training(out_dir, advantage, allow_incomplete)
+    db = connect(out_dir, allow_incomplete=allow_incomplete)
+    scores = {rid: (names, values) for rid, names, values in db.execute(
+        "SELECT response_id, reward_names, rewards FROM responses WHERE status = 'ok'").fetchall()}
+    texts = dict(db.execute(TOKEN_TEXTS_SQL).fetchall())
     ds = datasets.Dataset.from_dict({
         "prompt": [r["prompt"] for r in rows],
         "completion": [r["response"] for r in rows],
         "prompt_token_ids": [r["prompt_token_ids"] for r in rows],
         "completion_token_ids": [r["token_ids"] for r in rows],
+        "completion_tokens": [texts.get(r["response_id"]) for r in rows],
         "sample_logprobs": [r["sample_logprobs"] for r in rows],
         "weights": [r["sft_weight"] for r in rows],
         "advantages": [r["advantages"] for r in rows],
+        "reward_names": [scores[r["response_id"]][0] for r in rows],
+        "rewards": [scores[r["response_id"]][1] for r in rows],
         "response_id": [r["response_id"] for r in rows],
         "group_id": [r["group_id"] for r in rows],
         "task": [r["task"] for r in rows],
     }, features=HF_FEATURES)
     dest = Path(dest)
-    (dest / "data").mkdir(parents=True, exist_ok=True)
-    ds.to_parquet(str(dest / "data" / "train-00000-of-00001.parquet"))
+    ds.save_to_disk(str(dest))
+    ds.to_parquet(str(dest / "train.parquet"))
     (dest / "README.md").write_text(HF_CARD.format(run=Path(out_dir).name, advantage=advantage))
     return dest
 
