@@ -204,3 +204,15 @@ def test_a_plugin_runs_export_names_a_missing_verifier(plugin_run, tmp_path):
     edited.write_text('{"id": "h1", "task": "haiku", "topic": "sea"}\n')
     with pytest.raises(ValueError, match=r"record 'h1', which the prompt set .* lacks: it was rejected there \(.*prompt"):
         export_verl(plugin_run / "run", tmp_path / "verl.parquet", advantage="gdpo", prompts=str(edited))
+
+
+def test_mrtpo_on_the_v1_trainers_batch_says_to_set_use_v1_false(rewarded):
+    """verl 0.9.1's v1 trainer (trainer_base._compute_advantage) builds its advantage batch from uid,
+    response_mask and rm_scores only; mrtpo cannot replay from that and says what to change."""
+    data, _ = rewarded
+    v1 = DataProto.from_dict(tensors={"response_mask": data.batch["response_mask"],
+                                      "token_level_scores": data.batch["token_level_rewards"],
+                                      "token_level_rewards": data.batch["token_level_rewards"]},
+                             non_tensors={"uid": data.non_tensor_batch["uid"]})
+    with pytest.raises(ValueError, match=r"v1 trainer .*set trainer.use_v1=false"):
+        ray_trainer.compute_advantage(v1, adv_estimator="mrtpo", num_repeat=4, config={})

@@ -23,7 +23,9 @@ the batch's non-tensor data. The `mrtpo` estimator reads them there: GDPO with v
 (`preset("verl")`: sample std per group, then `masked_whiten` over the tokens), and MRTPO's per-token
 reallocation from the leave-one-out replay of each response's feedback.
 
-Limits: verl 0.9.1 hands the batch's non-tensor data only to its own `gdpo` estimator
+Limits: `mrtpo` needs verl's legacy trainer, `trainer.use_v1=false`: the v1 trainer (verl 0.9.1's
+default) hands its advantage step only uid, masks and scores, so `mrtpo` stops there saying so
+(`V1_BATCH`). verl 0.9.1 hands the batch's non-tensor data only to its own `gdpo` estimator
 (trainer/ppo/ray_trainer.py, `compute_advantage`, line 261); importing this module wraps
 `compute_advantage` so that `mrtpo` receives it too, and changes nothing for other estimators.
 The replay runs in the trainer's driver process with the model at `mrtpo_replay_model` (loaded once),
@@ -51,6 +53,11 @@ SOURCE_PREFIX = "tokencredit/"
 DATA_SOURCES = tuple(f"{SOURCE_PREFIX}{task}" for task in TASKS)  # and tokencredit/<plugin task>
 MAX_REWARDS = 8  # reward slots per response (the demo's instruction prompts carry up to 6 constraints)
 SLOTS = tuple(f"tc_reward_{k}" for k in range(MAX_REWARDS))
+# verl 0.9.1's v1 trainer reads only these fields from its TransferQueue for the advantage step
+# (trainer/ppo/v1/trainer_base.py, `_compute_advantage`): no token ids, records or feedback to replay
+V1_BATCH = ("adv_estimator=mrtpo cannot run under verl's v1 trainer (trainer.use_v1=true, verl 0.9.1's default): "
+            "its advantage step gets only uid, masks, scores and log-probs, not the responses, task records and "
+            "feedback the replay needs; set trainer.use_v1=false")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -123,10 +130,13 @@ def compute_mrtpo_advantage(token_level_rewards: torch.Tensor, response_mask: to
     config (verl's `algorithm` section): `mrtpo_beta` (default 0.5) and `mrtpo_replay_model` (a local
     policy folder; without it beta is 0 and the result is verl's GDPO).
     """
+    if batch is not None and "responses" not in batch.keys():
+        raise ValueError(V1_BATCH)
     if non_tensor_batch is None or batch is None or "feedback" not in non_tensor_batch:
         raise ValueError("adv_estimator=mrtpo needs each response's reward scores and feedback: set "
                          "reward.custom_reward_function.path=pkg://pipeline.integrations.verl, and import "
-                         "pipeline.integrations.verl in the trainer process (its verl.plugins entry point does)")
+                         "pipeline.integrations.verl in the trainer process (its verl.plugins entry point does); "
+                         "with verl's v1 trainer (trainer.use_v1=true, the default) also set trainer.use_v1=false")
     config = config or {}
     replay_model = config.get("mrtpo_replay_model", None)
     beta = float(config.get("mrtpo_beta", 0.5)) if replay_model else 0.0
@@ -171,6 +181,11 @@ def _pass_batch_to_mrtpo() -> None:
 
     compute_advantage.tokencredit = True
     ray_trainer.compute_advantage = compute_advantage
+    try:  # the v1 trainer's module holds its own reference when it was imported first
+        from verl.trainer.ppo.v1 import utils as v1_utils
+    except ImportError:  # its TransferQueue is not installed: the v1 trainer cannot run here anyway
+        return
+    v1_utils.compute_advantage = compute_advantage
 
 
 _pass_batch_to_mrtpo()
