@@ -161,7 +161,8 @@ def plugin_run(tmp_path_factory):
     prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku about the sea.", "topic": "sea"}\n'
                        '{"id": "h2", "task": "haiku", "prompt": "Write a haiku about snow.", "topic": "snow"}\n')
     config = AnnotateConfig(prompts=str(prompts), verifiers=plugins.resolve([f"haiku={root / 'haiku.py'}:haiku"]),
-                            sampling=SamplingConfig(n=4, max_new_tokens=24, seed=3), credit=CreditConfig(kinds=("gdpo",)))
+                            sampling=SamplingConfig(n=4, max_new_tokens=24, seed=3),
+                            credit=CreditConfig(kinds=("gdpo",)))
     run_annotation(config, str(root / "run"), progress=False)
     return root
 
@@ -202,7 +203,7 @@ def test_a_plugin_runs_export_names_a_missing_verifier(plugin_run, tmp_path):
         (plugin_run / "moved.py").rename(plugin_run / "haiku.py")
     edited = tmp_path / "haiku.jsonl"
     edited.write_text('{"id": "h1", "task": "haiku", "topic": "sea"}\n')
-    with pytest.raises(ValueError, match=r"record 'h1', which the prompt set .* lacks: it was rejected there \(.*prompt"):
+    with pytest.raises(ValueError, match=r"record 'h1', which the prompt set .* lacks: it was rejected there \("):
         export_verl(plugin_run / "run", tmp_path / "verl.parquet", advantage="gdpo", prompts=str(edited))
 
 

@@ -17,8 +17,8 @@ expected (the feedback that MRTPO's replay needs), so the adapter asks for that 
     MRTPOTrainer(..., records=records, verifiers=["poem=my_rewards:brevity"])
 
 A TRL function may score outside [0, 1]: `bounds=(low, high)` maps `low` to 0 and `high` to 1
-linearly, clipped (`(80, 0)` for "shorter is better" on a length). The source hash in the run's identity is that of the file
-defining the TRL function (`__wrapped__`).
+linearly, clipped (`(80, 0)` for "shorter is better" on a length). The source hash in the run's
+identity is that of the file defining the TRL function (`__wrapped__`).
 """
 from __future__ import annotations
 
