@@ -19,7 +19,8 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm.auto import tqdm
 
-from pipeline.annotate import AnnotateConfig, annotate_shard, code_version, finish_run, load_models, prepare_run
+from pipeline.annotate import (AnnotateConfig, annotate_shard, code_version, finish_run, load_models, prepare_run,
+                               shard_bar)
 from pipeline.writer import RunWriter
 from schemas.records import TaskRecord
 
@@ -76,7 +77,7 @@ def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
         futures = [annotate_shard_task.submit(shard_records, s, config, out, run_id)
                    for s, shard_records in enumerate(shards)]
         responses = 0
-        with tqdm(total=len(futures), desc="shards", unit="shard", disable=not progress) as bar:
+        with tqdm(total=len(futures), desc="shards", unit="shard", disable=not shard_bar(progress)) as bar:
             for future in as_completed(futures):
                 entry = future.result()
                 responses += entry["responses"]["rows"]

@@ -172,14 +172,31 @@ def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) ->
     writer.write_file("rejected.jsonl", "".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rejected).encode())
 
 
-def check_inputs(config: AnnotateConfig, out: str) -> None:
+def check_inputs(config: AnnotateConfig, out: str) -> list[verifiers.Rejected]:
     """Raise the user errors a run would hit before any model loads (or Prefect starts): no prompt
     file or model folder, a chat template that the sandbox refuses or that hangs, a task with no
-    record, another config or a live writer in `out`."""
-    load_prompt_set(config)
+    record, another config or a live writer in `out`. Returns the rejected records."""
+    _, rejected = load_prompt_set(config)
     writer = RunWriter(out)
     writer.check_config(config.digest())
     writer.check_unlocked()
+    return rejected
+
+
+def rejection_lines(rejected: Sequence[verifiers.Rejected], shown: int = 3) -> list[str]:
+    """The first `shown` rejections as 'file line N, field F: reason' lines, and how many more."""
+    lines = []
+    for r in rejected[:shown]:
+        where = f"{Path(r.path).name} line {r.line_no}" if r.line_no is not None else f"record {r.record_id!r}"
+        lines.append(f"  {where}" + (f", field {r.field!r}" if r.field else "") + f": {_reason(r)}")
+    if len(rejected) > shown:
+        lines.append(f"  ... and {len(rejected) - shown} more")
+    return lines
+
+
+def _reason(r: verifiers.Rejected) -> str:
+    prefix = f"record {r.record_id!r}: field {r.field!r}: "  # RecordError's own wording, said once above
+    return r.reason[len(prefix):] if r.reason.startswith(prefix) else r.reason
 
 
 def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
@@ -221,6 +238,12 @@ def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Re
     return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift}})
 
 
+def shard_bar(progress: bool) -> bool:
+    """A shards bar only on a terminal: elsewhere tqdm writes each refresh as one more line, the final
+    one twice, beside the sampling and replay progress lines that already say how far a shard is."""
+    return progress and sys.stderr.isatty()
+
+
 def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
                    progress: bool = True) -> dict[str, Any]:
     """Annotate every shard not yet written under `out`, in this process; returns the manifest."""
@@ -228,7 +251,7 @@ def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
     try:
         todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
         models = load_models(config) if todo else None
-        for s in tqdm(todo, desc="shards", unit="shard", disable=not progress):
+        for s in tqdm(todo, desc="shards", unit="shard", disable=not shard_bar(progress)):
             tables, stats = annotate_shard(shards[s], s, config, models)
             writer.write_shard(s, tables, stats, code_version=code_version())
         return finish_run(writer, len(shards), rejected)

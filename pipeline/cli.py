@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 
-from .config import CREDIT_KINDS, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig
+from .config import AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig
 from .prompts import ABLATIONS, FEEDBACK_STYLES
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
@@ -72,7 +72,8 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", default=None, help="comma list of tasks to annotate (default: all; a task with "
                    "no record in the prompt set is an error)")
     p.add_argument("--split", choices=["train", "test"], default=None, help="only records of this split")
-    p.add_argument("--limit", type=int, default=d.limit, help="prompts per task (0 = all)")
+    p.add_argument("--limit", type=int, default=None, help=f"prompts per task (0 = all; default: {DEMO_LIMIT} of the "
+                   "demo set, every record of your own prompt file)")
     p.add_argument("--credit", type=_kinds, default=",".join(c.kinds), help="comma list of " + ",".join(CREDIT_KINDS))
     p.add_argument("--backend", choices=["transformers", "vllm"], default=d.backend, help="sampling backend")
     p.add_argument("--model", default=None, help="registry name (tokencredit models list) or local policy "
@@ -117,7 +118,8 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
         prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
         columns=args.columns, verifiers=resolve(args.verifier),
         tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None,
-        split=args.split, limit=args.limit or None, backend=args.backend, model=args.model,
+        split=args.split, limit=AUTO_LIMIT if args.limit is None else (args.limit or None), backend=args.backend,
+        model=args.model,
         reward_model=args.reward_model, device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed),
@@ -164,11 +166,14 @@ def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    from .annotate import check_inputs
+    from .annotate import check_inputs, rejection_lines
     from .query import SUMMARY_SQL, run_query
 
     config = annotate_config(args)
-    check_inputs(config, args.out)
+    rejected = check_inputs(config, args.out)
+    if rejected:  # before the run starts (Prefect's server alone takes 20 s), not only after it
+        print("\n".join([f"{len(rejected)} prompt records rejected (all of them will be in {args.out}/rejected.jsonl):",
+                         *rejection_lines(rejected)]), file=sys.stderr, flush=True)
     if args.runner == "none":
         from .annotate import run_annotation
 
@@ -206,6 +211,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                          out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                          seed=args.seed, device=args.device, lora=args.lora, grad_accum=args.grad_accum,
                          kl_coef=args.kl_coef, bf16=args.bf16, save_every=args.save_every,
+                         save_optimizer=args.save_optimizer,
                          allow_incomplete=args.allow_incomplete)
     print(f"final checkpoint: {train(config)}")
     return 0
@@ -333,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')")
     p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
+    p.add_argument("--save-optimizer", action="store_true", help="also save AdamW's moments in each checkpoint "
+                   "(twice the weights' size), so that a resume continues exactly")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_train)
 

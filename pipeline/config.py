@@ -130,6 +130,10 @@ class CreditConfig:
         return DEFAULT_FLOORS[self.relevance] if self.relevance_floor is None else self.relevance_floor
 
 
+DEMO_LIMIT = 16  # prompts per task of the demo set unless a limit is given
+AUTO_LIMIT = "auto"
+
+
 @dataclass(frozen=True)
 class AnnotateConfig:
     """Everything that determines the dataset (hashed into the run's identity)."""
@@ -142,7 +146,7 @@ class AnnotateConfig:
     verifiers: tuple[PluginRef, ...] = ()  # plugin verifiers, source hashes included
     tasks: tuple[str, ...] | None = None  # None = every task of the prompt set
     split: str | None = None  # None = all records
-    limit: int | None = 16  # prompts per task; None = all
+    limit: int | str | None = "auto"  # prompts per task; None = all; "auto": DEMO_LIMIT of the demo set, else all
     backend: str = "transformers"
     model: str | None = None  # None = the shipped tiny policy
     reward_model: str | None = None  # None = the shipped tiny reward model
@@ -153,6 +157,13 @@ class AnnotateConfig:
     cpu_threads: int = 2
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
+
+    def __post_init__(self) -> None:
+        if self.limit == AUTO_LIMIT:  # a user's own prompt file is read whole; the demo's first prompts suffice
+            object.__setattr__(self, "limit", DEMO_LIMIT if self.prompts == "demo" else None)
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise ValueError(f"AnnotateConfig.limit: expected a positive number of prompts per task, None (all) "
+                             f"or {AUTO_LIMIT!r}, got {self.limit!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

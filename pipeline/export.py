@@ -5,21 +5,26 @@ batch step over the whole run) and choose the advantage by name, as the trainer 
 "mrtpo", "p2t" or a mix such as "mrtpo:0.5,gdpo:0.5" (coefficient-weighted sum per token). Every
 per-token list has one value per response token, aligned with the token ids.
 
-**export_hf(out_dir, dest)**: a Hub-style dataset folder (`dest/data/train-00000-of-00001.parquet`
-and a `README.md` card), one row per response:
+**export_hf(out_dir, dest)**: a `datasets` folder written by `save_to_disk`, with the same rows as one
+Parquet file beside it (`dest/train.parquet`) and a `README.md` card, one row per response:
 
     prompt                str          the prompt text the response was sampled for (chat-rendered)
     completion            str          the response text
     prompt_token_ids      list[int32]  the prompt as the policy saw it
     completion_token_ids  list[int32]  the response tokens (T of them)
+    completion_tokens     list[str]    each token's text, T values (null for a run without credits rows)
     sample_logprobs       list[float]  log-prob of each response token under the sampling policy
     weights               list[float]  per-token SFT weight (the view's sft_weight), T values
-    advantages            list[float]  per-token advantage of the chosen kind, T values
+    advantages            list[float]  per-token final advantage of the chosen kind (GDPO's batch step over
+                                       the whole run applied, as the `training` view has it), T values
+    reward_names          list[str]    the rewards, in the verifier's order
+    rewards               list[float]  the verifier's score of each
     response_id, group_id, task  str
 
     import datasets
-    ds = datasets.load_dataset(dest, split="train")
-    row = ds[0]   # row["completion_token_ids"], row["weights"], row["advantages"] align
+    ds = datasets.load_from_disk(dest)
+    same = datasets.load_dataset("parquet", data_files=f"{dest}/train.parquet", split="train")
+    row = ds[0]   # row["completion_tokens"], row["advantages"], row["weights"] align with row["completion_token_ids"]
 
 **export_verl(out_dir, dest_file)**: one Parquet file in the layout of verl's RL datasets (as its
 examples/data_preprocess scripts write it), one row per prompt with its n sampled responses:
@@ -27,11 +32,13 @@ examples/data_preprocess scripts write it), one row per prompt with its n sample
     data_source       str    "tokencredit/<task>", which `pipeline.integrations.verl.compute_score` scores
     prompt            list of {"role": "user", "content": <the raw task prompt>}: verl applies the
                       chat template itself
-    ability           str    the task (sql, instructions, tools)
+    ability           str    the task (sql, instructions, tools, or a plugin verifier's task)
     reward_model      {"style": "rule", "ground_truth": str}: the reference SQL, or the JSON of the
-                      reference tool calls or of the instruction constraints
+                      reference tool calls or of the instruction constraints (of a plugin task: the
+                      JSON of the record's own fields)
     extra_info        {"index": row number, "group_id": the task record id,
-                       "record": the task record as one JSON line (what compute_score verifies against)}
+                       "record": the task record as one JSON line (what compute_score verifies against),
+                       "verifiers": JSON list of the run's plugin verifiers for it (target, task, source_sha256)}
     prompt_token_ids       list[int32]         the prompt tokens as sampled
     response_ids           list[str]           the n responses (ids, then per-response lists below)
     responses              list[str]
@@ -56,7 +63,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import verifiers
-from schemas.records import SqlSpec, TaskRecord
+from schemas.records import PluginSpec, SqlSpec, TaskRecord
+from verifiers import plugins
+from verifiers.plugins import PluginRef
 
 from .query import connect
 from .train.trainer import read_training
@@ -66,25 +75,28 @@ HF_FEATURES = datasets.Features({
     "completion": datasets.Value("string"),
     "prompt_token_ids": datasets.Sequence(datasets.Value("int32")),
     "completion_token_ids": datasets.Sequence(datasets.Value("int32")),
+    "completion_tokens": datasets.Sequence(datasets.Value("string")),
     "sample_logprobs": datasets.Sequence(datasets.Value("float32")),
     "weights": datasets.Sequence(datasets.Value("float32")),
     "advantages": datasets.Sequence(datasets.Value("float32")),
+    "reward_names": datasets.Sequence(datasets.Value("string")),
+    "rewards": datasets.Sequence(datasets.Value("float32")),
     "response_id": datasets.Value("string"),
     "group_id": datasets.Value("string"),
     "task": datasets.Value("string"),
 })
 
-HF_CARD = """---
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/train-*.parquet
----
-# tokencredit export
+HF_CARD = """# tokencredit export
 
-Responses of the tokencredit run `{run}` with per-token advantages (`{advantage}`), SFT weights and
-sampling log-probs, aligned with `completion_token_ids`. Load with `datasets.load_dataset(<this folder>)`.
+Responses of the tokencredit run `{run}` with per-token advantages (`{advantage}`), SFT weights, token
+texts and sampling log-probs aligned with `completion_token_ids`, and each response's rewards by name.
+Load with `datasets.load_from_disk(<this folder>)`, or the Parquet copy with
+`datasets.load_dataset("parquet", data_files="<this folder>/train.parquet", split="train")`.
+"""
+
+TOKEN_TEXTS_SQL = """
+SELECT response_id, list(token_text ORDER BY position) AS texts
+FROM (SELECT DISTINCT response_id, position, token_text FROM credits) GROUP BY response_id
 """
 
 VERL_SCHEMA = pa.schema([
@@ -93,7 +105,7 @@ VERL_SCHEMA = pa.schema([
     pa.field("ability", pa.string()),
     pa.field("reward_model", pa.struct([pa.field("style", pa.string()), pa.field("ground_truth", pa.string())])),
     pa.field("extra_info", pa.struct([pa.field("index", pa.int64()), pa.field("group_id", pa.string()),
-                                      pa.field("record", pa.string())])),
+                                      pa.field("record", pa.string()), pa.field("verifiers", pa.string())])),
     pa.field("prompt_token_ids", pa.list_(pa.int32())),
     pa.field("response_ids", pa.list_(pa.string())),
     pa.field("responses", pa.list_(pa.string())),
@@ -107,30 +119,40 @@ VERL_SCHEMA = pa.schema([
 
 def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo",
               allow_incomplete: bool = False) -> Path:
-    """Write the run as a Hub-style dataset folder at `dest` (layout in the module docstring)."""
+    """Write the run as a `save_to_disk` folder at `dest`, plus `dest/train.parquet` (module docstring)."""
     rows = read_training(out_dir, advantage, allow_incomplete)
+    db = connect(out_dir, allow_incomplete=allow_incomplete)
+    scores = {rid: (names, values) for rid, names, values in db.execute(
+        "SELECT response_id, reward_names, rewards FROM responses WHERE status = 'ok'").fetchall()}
+    texts = dict(db.execute(TOKEN_TEXTS_SQL).fetchall())
     ds = datasets.Dataset.from_dict({
         "prompt": [r["prompt"] for r in rows],
         "completion": [r["response"] for r in rows],
         "prompt_token_ids": [r["prompt_token_ids"] for r in rows],
         "completion_token_ids": [r["token_ids"] for r in rows],
+        "completion_tokens": [texts.get(r["response_id"]) for r in rows],
         "sample_logprobs": [r["sample_logprobs"] for r in rows],
         "weights": [r["sft_weight"] for r in rows],
         "advantages": [r["advantages"] for r in rows],
+        "reward_names": [scores[r["response_id"]][0] for r in rows],
+        "rewards": [scores[r["response_id"]][1] for r in rows],
         "response_id": [r["response_id"] for r in rows],
         "group_id": [r["group_id"] for r in rows],
         "task": [r["task"] for r in rows],
     }, features=HF_FEATURES)
     dest = Path(dest)
-    (dest / "data").mkdir(parents=True, exist_ok=True)
-    ds.to_parquet(str(dest / "data" / "train-00000-of-00001.parquet"))
+    ds.save_to_disk(str(dest))
+    ds.to_parquet(str(dest / "train.parquet"))
     (dest / "README.md").write_text(HF_CARD.format(run=Path(out_dir).name, advantage=advantage))
     return dest
 
 
 def record_json(record: TaskRecord) -> dict:
     """A task record as its JSONL object (`verifiers.parse_record` reads it back): an SQL record's `db` is the
-    file name and `databases` the folder it resolves in, since records may not name paths outside it."""
+    file name and `databases` the folder it resolves in, since records may not name paths outside it; a
+    plugin task's record is its own line."""
+    if isinstance(record.spec, PluginSpec):
+        return json.loads(json.dumps(record.spec.fields))
     spec = dataclasses.asdict(record.spec)
     if isinstance(record.spec, SqlSpec):
         db = Path(spec.pop("db_path"))
@@ -140,30 +162,62 @@ def record_json(record: TaskRecord) -> dict:
     return json.loads(json.dumps(line))  # tuples -> lists, as JSON has them
 
 
-def record_from_json(obj: dict) -> TaskRecord:
-    """The task record of a `record_json` object."""
+def record_from_json(obj: dict, plugin_tasks: tuple[str, ...] = ()) -> TaskRecord:
+    """The task record of a `record_json` object; `plugin_tasks`: the tasks the run's plugins verify."""
     obj = dict(obj)
-    return verifiers.parse_record(obj, 0, Path("."), databases=obj.pop("databases", None))
+    return verifiers.parse_record(obj, 0, Path("."), databases=obj.pop("databases", None),
+                                  plugin_tasks=plugin_tasks)
 
 
 def ground_truth(record: TaskRecord) -> str:
-    """What the verifier compares against: the reference SQL, or the JSON of the reference calls / constraints."""
+    """What the verifier compares against: the reference SQL, or the JSON of the reference calls / constraints
+    (of a plugin task's record, its fields besides id, task and prompt)."""
     spec = record_json(record)
     if record.task == "sql":
         return spec["reference_sql"]
+    if isinstance(record.spec, PluginSpec):
+        return json.dumps({k: v for k, v in spec.items() if k not in ("id", "task", "prompt")}, sort_keys=True)
     return json.dumps(spec["reference_calls" if record.task == "tools" else "constraints"], sort_keys=True)
 
 
-def run_records(out_dir: str | Path, prompts: str | None = None) -> dict[str, TaskRecord]:
-    """The task records of a run, by id: from `prompts`, else from the prompt set its manifest names."""
-    if prompts is None:
-        manifest_path = Path(out_dir) / "manifest.json"
-        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-        prompts = (manifest.get("config") or {}).get("prompts")
-        if prompts is None:
-            raise ValueError(f"run dir {out_dir}: its manifest names no prompt set; pass prompts=")
-    records, _ = verifiers.load_tasks(prompts)
-    return {r.id: r for r in records}
+def refs_json(refs: tuple[PluginRef, ...]) -> str:
+    return json.dumps([dataclasses.asdict(ref) for ref in refs])
+
+
+def refs_from_json(text: str | None) -> tuple[PluginRef, ...]:
+    return tuple(PluginRef(**ref) for ref in json.loads(text or "[]"))
+
+
+def _manifest_config(out_dir: str | Path) -> dict:
+    path = Path(out_dir) / "manifest.json"
+    return (json.loads(path.read_text()) if path.is_file() else {}).get("config") or {}
+
+
+def run_records(out_dir: str | Path, prompts: str | None = None
+                ) -> tuple[dict[str, TaskRecord], list[verifiers.Rejected], tuple[PluginRef, ...]]:
+    """The task records of a run by id, the rejected ones and the run's plugin verifiers (each
+    importable with its recorded source, else PluginError): records from `prompts`, else from the
+    prompt set its manifest names, read as the run read them (format, databases, semantics, columns)."""
+    config = _manifest_config(out_dir)
+    refs = tuple(PluginRef(**ref) for ref in config.get("verifiers") or ())
+    for ref in refs:
+        plugins.load(ref)
+    if prompts is None and config.get("prompts") is None:
+        raise ValueError(f"run dir {out_dir}: its manifest names no prompt set; pass prompts=")
+    options = ({} if prompts is not None else
+               {"format": config.get("format", "native"), "databases": config.get("databases"),
+                "semantics": config.get("semantics"), "columns": dict(config.get("columns") or ())})
+    records, rejected = verifiers.load_tasks(prompts or config["prompts"], plugin_tasks=plugins.tasks_of(refs),
+                                             **options)
+    return {r.id: r for r in records}, rejected, refs
+
+
+def _missing_record(out_dir, group_id: str, response_id: str, prompts: str | None,
+                    rejected: list[verifiers.Rejected]) -> ValueError:
+    reasons = [r.reason for r in rejected if r.record_id == group_id]
+    why = f": it was rejected there ({reasons[0]})" if reasons else ""
+    return ValueError(f"run dir {out_dir}: response {response_id!r} answers task record {group_id!r}, which the "
+                      f"prompt set {prompts or '(from the manifest)'} lacks{why}")
 
 
 def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mrtpo",
@@ -173,7 +227,7 @@ def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mr
     prompts: the task JSONL file or folder (default: the run's own prompt set, from its manifest).
     """
     rows = read_training(out_dir, advantage, allow_incomplete)
-    records = run_records(out_dir, prompts)
+    records, rejected, refs = run_records(out_dir, prompts)
     scores = {rid: (names, values) for rid, names, values in connect(out_dir, allow_incomplete=allow_incomplete).execute(
         "SELECT response_id, reward_names, rewards FROM responses WHERE status = 'ok'").fetchall()}
     groups: dict[str, list[dict]] = {}
@@ -182,15 +236,16 @@ def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mr
     table = []
     for index, (group_id, members) in enumerate(groups.items()):
         if group_id not in records:
-            raise ValueError(f"run dir {out_dir}: response {members[0]['response_id']!r} answers task record "
-                             f"{group_id!r}, which the prompt set {prompts or '(from the manifest)'} lacks")
+            raise _missing_record(out_dir, group_id, members[0]["response_id"], prompts, rejected)
         record = records[group_id]
+        applying = tuple(ref for ref in refs if plugins.applies(ref, record))
         table.append({
             "data_source": f"tokencredit/{record.task}",
             "prompt": [{"role": "user", "content": record.prompt}],
             "ability": record.task,
             "reward_model": {"style": "rule", "ground_truth": ground_truth(record)},
-            "extra_info": {"index": index, "group_id": group_id, "record": json.dumps(record_json(record))},
+            "extra_info": {"index": index, "group_id": group_id, "record": json.dumps(record_json(record)),
+                           "verifiers": refs_json(applying)},
             "prompt_token_ids": members[0]["prompt_token_ids"],
             "response_ids": [m["response_id"] for m in members],
             "responses": [m["response"] for m in members],

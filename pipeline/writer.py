@@ -39,6 +39,13 @@ SHARDS = "_shards"
 LOCK = ".lock"
 
 
+def _same_file(handle, path: str) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
+
+
 class IncompleteRunError(ValueError):
     """A reader asked for a run whose manifest is not complete."""
 
@@ -187,6 +194,9 @@ class RunWriter:
                 text = handle.read()
                 handle.close()
                 raise RunLockedError(self._locked_message(json.loads(text) if text.strip() else None)) from None
+            if not _same_file(handle, path):  # its holder removed it as we opened it: lock the new one
+                handle.close()
+                return self._acquire()
             handle.seek(0)
             handle.truncate()
             handle.write(json.dumps(self._owner()))
@@ -206,7 +216,9 @@ class RunWriter:
         if isinstance(handle, dict):
             if _read_json(self.fs, f"{self.root}/{LOCK}") == handle:
                 self.fs.delete_file(f"{self.root}/{LOCK}")
-        else:
+        else:  # removed while still locked, so that a run that finished leaves no lock file
+            if _same_file(handle, handle.name):
+                os.remove(handle.name)
             handle.close()  # closing the file releases the OS lock
 
     def check_unlocked(self) -> None:

@@ -69,8 +69,9 @@ def test_nothing_to_annotate_exits_2_with_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().count("\n") == 0
     bad = write_prompts(tmp_path / "bad.jsonl", [title_record("rhyme", "Rhyme.") | {"constraints": [{"kind": "rhyme", "args": {}}]}])
     assert main(["annotate", "--out", str(tmp_path / "b"), "--prompts", bad, "--runner", "none"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "1 rejected" in err and "rejected.jsonl" in err
+    reasons, error = capsys.readouterr().err.strip().splitlines()[1:]  # the reasons first, then the one error line
+    assert reasons.startswith("  bad.jsonl line 1, field 'constraints[0].kind': unknown constraint kind")
+    assert error.startswith("tokencredit annotate: error:") and "1 rejected" in error and "rejected.jsonl" in error
     assert json.loads((tmp_path / "b" / "rejected.jsonl").read_text())["field"] == "constraints[0].kind"
     assert main(["annotate", "--out", str(tmp_path / "c"), "--prompts", "demo", "--tasks", "poems", "--runner", "none"]) == 2
     assert "no record of tasks poems" in capsys.readouterr().err

@@ -33,7 +33,7 @@ def test_help_shows_the_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["annotate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for shown in ("(default: native)", "(default: gdpo,mrtpo)", "(default: 16)", "(default: 96)",
+    for shown in ("(default: native)", "(default: gdpo,mrtpo)", "default: 16 of the demo set", "(default: 96)",
                   "(default: threads)", "(default: 8)", "(default: logprob_signed)"):
         assert shown in text
     assert "(default: None)" not in text and "(default: False)" not in text
@@ -59,6 +59,9 @@ def test_serve_rejects_flags_it_does_not_use(capsys, flag):
 @pytest.mark.parametrize("argv, message", [
     (["annotate", "--out", "{tmp}/run", "--prompts", "{tmp}/missing.jsonl", "--runner", "none"], "no task file"),
     (["annotate", "--out", "{tmp}/run", "--model", "{tmp}/no-model", "--runner", "none"], "no such local folder"),
+    (["annotate", "--out", "{tmp}/run", "--model", "smollm2-135m", "--runner", "none"],
+     "did you mean 'smollm2-135m-instruct'?; tokencredit never downloads weights: pass a registry name "
+     "(tokencredit models list: smollm2-135m-instruct"),
     (["query", "{tmp}/nowhere", "SELECT 1"], "is not a tokencredit run directory"),
     (["train", "--data", "{tmp}/nowhere", "--out", "{tmp}/ckpt"], "is not a tokencredit run directory"),
     (["report", "{tmp}/nowhere"], "is not a tokencredit run directory"),
@@ -129,3 +132,39 @@ def test_cli_errors_name_the_flag_in_one_line(capsys):
         main(["annotate", "--out", "x", "--credit", "gdpo,magic"])
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "unknown credit kind(s) ['magic']" in err
+
+
+def test_limit_is_16_per_task_of_the_demo_and_every_record_of_a_users_file(tmp_path):
+    from pipeline.annotate import load_prompt_set
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "h{i}", "task": "haiku", "prompt": "Write a haiku."}}\n' for i in range(20)))
+
+    def config(*argv):
+        return cli.annotate_config(cli.build_parser().parse_args(["annotate", "--out", "x", *argv]))
+
+    assert config().limit == 16 and config("--limit", "0").limit is None and config("--limit", "3").limit == 3
+    own = config("--prompts", str(prompts), "--verifier", f"haiku={PLUGIN}:objects")
+    assert own.limit is None and len(load_prompt_set(own)[0]) == 20
+    assert config("--prompts", str(prompts), "--verifier", f"haiku={PLUGIN}:objects", "--limit", "5").limit == 5
+
+
+PLUGIN = Path(__file__).resolve().parent / "test_plugins.py"
+
+
+def test_rejections_are_shown_before_the_run_which_leaves_no_lock_and_no_repeated_lines(tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku about the sea.", "topic": "sea"}\n'
+                       '{"id": "h2", "task": "haiku"}\n'
+                       '{"id": "h3", "task": "haiku", "prompt": "Write a haiku.", "split": "dev"}\n')
+    out = tmp_path / "run"
+    assert main(["annotate", "--out", str(out), "--prompts", str(prompts), "--verifier", f"haiku={PLUGIN}:objects",
+                 "--runner", "none", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[:3] == [f"2 prompt records rejected (all of them will be in {out}/rejected.jsonl):",
+                         "  p.jsonl line 2, field 'prompt': missing (expected a non-empty string)",
+                         "  p.jsonl line 3, field 'split': expected 'train' or 'test', got 'dev'"]
+    assert err.index("rejected (all") < err.index("sampling:")  # before any model ran
+    assert len(lines) == len(set(lines)), err  # each progress line once
+    assert not (out / ".lock").exists() and (out / "manifest.json").exists()

@@ -29,14 +29,16 @@ def run_dir(tmp_path_factory):
     return write_run(tmp_path_factory.mktemp("run"), rows)
 
 
-def test_hf_export_loads_back_with_load_dataset(run_dir, tmp_path):
+def test_hf_export_loads_back_with_load_from_disk_and_load_dataset(run_dir, tmp_path):
     dest = tmp_path / "hf"
     export_hf(run_dir, dest, advantage="mrtpo")
     scope = {"dest": str(dest)}
     exec(docstring_snippet("import datasets"), scope)
     ds, row = scope["ds"], scope["row"]
     assert set(ds.column_names) == {"prompt", "completion", "prompt_token_ids", "completion_token_ids",
-                                    "sample_logprobs", "weights", "advantages", "response_id", "group_id", "task"}
+                                    "completion_tokens", "sample_logprobs", "weights", "advantages", "reward_names",
+                                    "rewards", "response_id", "group_id", "task"}
+    assert scope["same"].to_list() == ds.to_list()
     assert ds["response_id"] == [f"r{i}" for i in range(len(RESPONSES_SPEC))]  # status 'ok' only
     assert row["completion"] == "w10 w11 w12 w13" and row["prompt_token_ids"] == [5, 6, 7]
     for r, (_, tokens, _, mrtpo) in zip(ds, RESPONSES_SPEC):
@@ -80,3 +82,23 @@ def test_export_errors_name_the_kind_and_the_missing_record(run_dir, tmp_path):
         export_verl(run, tmp_path / "x.parquet", advantage="gdpo", prompts="demo")
     with pytest.raises(ValueError, match="names no prompt set"):
         export_verl(run, tmp_path / "x.parquet", advantage="gdpo")
+
+
+def test_hf_export_of_a_real_run_carries_rewards_by_name_and_token_texts(tmp_path):
+    import datasets
+    import pyarrow.dataset as pads
+
+    from pipeline.annotate import AnnotateConfig, run_annotation
+    from pipeline.sampling import SamplingConfig
+
+    out = tmp_path / "run"
+    run_annotation(AnnotateConfig(limit=1, tasks=("sql",), sampling=SamplingConfig(n=3, max_new_tokens=16, seed=1)),
+                   str(out), progress=False)
+    ds = datasets.load_from_disk(str(export_hf(out, tmp_path / "hf")))
+    stored = {r["response_id"]: r for r in pads.dataset(out / "responses").to_table().to_pylist()}
+    assert len(ds) == 3
+    for row in ds:
+        assert row["reward_names"] == ["format", "executable", "execution"]
+        assert row["rewards"] == pytest.approx(stored[row["response_id"]]["rewards"])
+        assert len(row["completion_tokens"]) == len(row["completion_token_ids"]) == len(row["advantages"])
+        assert "".join(row["completion_tokens"]).startswith(row["completion"])  # (+ the eos token's text)

@@ -3,6 +3,7 @@ the source hash in the dataset identity, and a misbehaving plugin marking only i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import subprocess
@@ -26,29 +27,35 @@ def haiku(record, response):
 '''
 
 
-def readme_example() -> str:
+def readme_example(index: int = 0) -> str:
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### A verifier of your own"):]
-    return re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1)
+    section = readme[readme.index("### A verifier of your own"):readme.index("### The native prompt format")]
+    return re.findall(r"```bash\n(.*?)```", section, re.DOTALL)[index]
+
+
+def run_as_a_user(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
+    """`script` run as a user would: a console script whose sys.path does not hold the current
+    folder, so the verifier module is found there by the plugin loader itself."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "tokencredit").write_text(f"#!{sys.executable}\nimport sys\nfrom pipeline.cli import main\n"
+                                         "sys.exit(main())\n")
+    (bin_dir / "tokencredit").chmod(0o755)
+    (tmp_path / "work").mkdir(exist_ok=True)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path / "work", env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 @pytest.mark.slow
 def test_the_readme_example_runs_through_the_cli(tmp_path):
-    """The README's 15 lines, run as a user would: a console script whose sys.path does not hold the
-    current folder, so the verifier module is found there by the plugin loader itself."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "tokencredit").write_text(f"#!{sys.executable}\nimport sys\nfrom pipeline.cli import main\n"
-                                         "sys.exit(main())\n")
-    (bin_dir / "tokencredit").chmod(0o755)
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    """The README's 15 lines, as a user runs them."""
     script = readme_example()
     assert len(script.strip().splitlines()) <= 16
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_as_a_user(tmp_path, script)
+    work = tmp_path / "work"
     assert "h1/0" in done.stdout and "three_lines" in done.stdout
     rows = ds.dataset(work / "runs/haiku/responses").to_table().to_pylist()
     assert len(rows) == 8 and {r["status"] for r in rows} == {"ok"}
@@ -59,6 +66,17 @@ def test_the_readme_example_runs_through_the_cli(tmp_path):
         assert row["rewards"] == [float(len(lines) == 3), float(topic in row["response"].lower())]
         assert row["feedback"] == ["Write exactly three lines.", f"Mention the {topic}."]
         assert row["observed"] == [f"{len(lines)} lines", ""]
+
+
+@pytest.mark.slow
+def test_the_readmes_trl_reward_function_example_runs_through_the_cli(tmp_path):
+    files = readme_example(0).split("tokencredit annotate")[0]  # its haiku.jsonl
+    run_as_a_user(tmp_path, files + readme_example(1))
+    rows = ds.dataset(tmp_path / "work/runs/haiku-trl/responses").to_table().to_pylist()
+    assert len(rows) == 8 and {r["status"] for r in rows} == {"ok"}
+    for row in rows:
+        assert row["reward_names"] == ["short"] and row["feedback"] == ["Keep it under 80 characters."]
+        assert row["rewards"] == [pytest.approx(min(1.0, max(0.0, (80 - len(row["response"])) / 80)))]
 
 
 def plugin_record(**fields) -> TaskRecord:
@@ -187,3 +205,45 @@ def test_a_run_where_every_response_is_a_verifier_error_exits_2_with_one_line(tm
     errors = [line for line in err.splitlines() if line.startswith("tokencredit annotate: error:")]
     assert code == 2 and "Traceback" not in err and len(errors) == 1  # beside it only progress bars
     assert "every one of 2 responses is a verifier_error" in errors[0]
+
+
+TRL_REWARDS = '''
+from verifiers.trl_rewards import trl_verifier
+
+
+def newline_reward(completions, **kwargs):  # TRL's signature: a batch of completions, dataset columns as lists
+    return [float(c.count("\\n")) for c in completions]
+
+
+lines = trl_verifier(newline_reward, feedback=lambda record: f"Write {record['lines']} lines.", bounds=(0, 2))
+'''
+
+
+def test_a_trl_reward_function_is_a_verifier_in_annotate(tmp_path, capsys):
+    from pipeline.cli import main
+
+    (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku.", "lines": 3}\n')
+    code = main(["annotate", "--out", str(tmp_path / "out"), "--prompts", str(prompts), "--runner", "none",
+                 "--verifier", f"haiku={tmp_path / 'trl_rewards.py'}:lines", "--n", "3", "--max-new-tokens", "12",
+                 "--credit", "gdpo,mrtpo"])
+    assert code == 0, capsys.readouterr().err
+    rows = ds.dataset(tmp_path / "out" / "responses").to_table().to_pylist()
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"ok"}
+    for row in rows:
+        assert row["reward_names"] == ["newline_reward"] and row["feedback"] == ["Write 3 lines."]
+        assert row["rewards"] == [min(1.0, row["response"].count("\n") / 2)]
+    (ref,) = plugins.resolve([f"haiku={tmp_path / 'trl_rewards.py'}:lines"])
+    assert ref.source_sha256 == hashlib.sha256((tmp_path / "trl_rewards.py").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("returned,problem", [("[1.0, 2.0]", "expected a list of one number"),
+                                              ("[float('nan')]", "expected a list of one number")])
+def test_a_trl_reward_function_returning_no_single_number_is_named(tmp_path, returned, problem):
+    (tmp_path / "bad.py").write_text("from verifiers.trl_rewards import trl_verifier\n"
+                                     f"def odd_reward(completions, **kwargs):\n    return {returned}\n"
+                                     "odd = trl_verifier(odd_reward, feedback='Anything.')\n")
+    (ref,) = plugins.resolve([f"haiku={tmp_path / 'bad.py'}:odd"])
+    with pytest.raises(plugins.PluginError, match=f"TRL reward function odd_reward: returned .*{problem}"):
+        verifiers.verify(plugin_record(), "a response", [ref])

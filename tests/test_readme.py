@@ -60,3 +60,18 @@ def test_use_with_verl(demo_run, monkeypatch, capsys):
     config_lines = [code for language, code in blocks("Use with verl") if language == ""][0]
     assert "algorithm.adv_estimator=mrtpo" in config_lines
     assert "reward.custom_reward_function.path=pkg://pipeline.integrations.verl" in config_lines
+
+
+def test_the_datasets_example(demo_run, monkeypatch):
+    """The Dataset section's `hf` export and its `datasets` snippet."""
+    from pipeline.cli import main
+
+    command, code = re.search(r"```bash\n(tokencredit export runs/demo --format hf[^\n]*)\n```\n\n```python\n(.*?)```",
+                              README.read_text(), flags=re.S).groups()
+    monkeypatch.chdir(demo_run)
+    assert main(shlex.split(command)[1:]) == 0
+    scope: dict = {}
+    exec(compile(code, "README datasets", "exec"), scope)
+    row = scope["row"]
+    assert len(row["completion_tokens"]) == len(row["advantages"]) == len(row["completion_token_ids"])
+    assert len(row["reward_names"]) == len(row["rewards"]) > 0

@@ -284,7 +284,8 @@ def weights(folder):
 
 def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_dir, tmp_path):
     base = shutil.copytree(policy_dir, tmp_path / "base")
-    settings = dict(data=run_dir, model=str(base), advantage="mrtpo", batch_size=3, lr=1e-3, save_every=2)
+    settings = dict(data=run_dir, model=str(base), advantage="mrtpo", batch_size=3, lr=1e-3, save_every=2,
+                    save_optimizer=True)
     out = tmp_path / "out"
     final = train(TrainConfig(out=str(out), steps=4, **settings))
     assert final == out / "final"
@@ -320,6 +321,16 @@ def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_d
         assert torch.allclose(resumed[key], value, atol=1e-6), key
     assert [float(r["loss"]) for r in read_metrics(out)] == pytest.approx(
         [float(r["loss"]) for r in read_metrics(straight)], rel=1e-6)
+
+
+def test_checkpoints_hold_no_optimizer_state_unless_asked(run_dir, policy_dir, tmp_path):
+    out = tmp_path / "out"
+    train(TrainConfig(data=run_dir, model=str(policy_dir), out=str(out), steps=2, batch_size=3, save_every=100))
+    state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 2 and "optimizer" not in state
+    assert (out / "checkpoint-2" / "trainer_state.pt").stat().st_size < 10_000  # step and RNG only
+    train(TrainConfig(data=run_dir, model=str(policy_dir), out=str(out), steps=3, batch_size=3, save_every=100))
+    assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3]  # it still resumes, with fresh moments
 
 
 # --- gradient accumulation, KL to the reference, bf16, LoRA from the CLI ------------------------------

@@ -13,6 +13,7 @@ from pipeline.credit.advantages import gdpo, preset  # noqa: E402
 from pipeline.credit.assign import CreditConfig  # noqa: E402
 from pipeline.integrations.trl import MRTPOTrainer, VerifierRewards, prompt_dataset  # noqa: E402
 from pipeline.models.loading import load_policy  # noqa: E402
+from schemas.records import RecordError  # noqa: E402
 
 G = 4  # completions per prompt
 LR = 0.01  # plain SGD: a first-order step, where each token follows its own advantage
@@ -175,3 +176,65 @@ def test_p2t_and_mixes_reach_the_loss(scored, records, tmp_path):
     with pytest.raises(ValueError, match=r"needs credit kinds \['mrtpo'\]"):
         MRTPOTrainer(model=base.model, records=records, args=grpo_config(tmp_path), train_dataset=base.train_dataset,
                      processing_class=base.processing_class, credit=CreditConfig(kinds=("gdpo",)))
+
+
+HAIKU_TRL = '''
+from verifiers.trl_rewards import trl_verifier
+
+
+def length_reward(completions, **kwargs):  # a TRL reward function: a batch in, one float per completion out
+    return [float(len(c)) for c in completions]
+
+
+def topic_reward(completions, topic, **kwargs):
+    return [float(t in c.lower()) for c, t in zip(completions, topic)]
+
+
+length = trl_verifier(length_reward, feedback="Write about 100 characters.", name="length", bounds=(0, 100))
+topic = trl_verifier(topic_reward, feedback=lambda record: f"Mention the {record['topic']}.", name="on_topic")
+'''
+
+
+@pytest.fixture()
+def haiku_task(tmp_path):
+    (tmp_path / "haiku_rewards.py").write_text(HAIKU_TRL)
+    prompts = tmp_path / "haiku.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku about the sea.", "topic": "sea"}\n'
+                       '{"id": "h2", "task": "haiku", "prompt": "Write a haiku about snow.", "topic": "snow"}\n')
+    specs = [f"haiku={tmp_path / 'haiku_rewards.py'}:length", f"haiku={tmp_path / 'haiku_rewards.py'}:topic"]
+    records, rejected = verifiers.load_tasks(prompts, plugin_tasks=("haiku",))
+    assert len(records) == 2 and not rejected
+    return records, specs
+
+
+def test_a_plugin_task_of_trl_reward_functions_trains_one_step_with_named_rewards(haiku_task, tmp_path):
+    records, specs = haiku_task
+    torch.manual_seed(0)
+    model, tokenizer = load_policy()
+    trainer = Capturing(model=model, records=records, verifiers=specs,
+                        args=grpo_config(tmp_path, per_device_train_batch_size=2 * G),
+                        train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer,
+                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=1.0, gdpo=preset("trl")), warmup_steps=0)
+    assert trainer.verifier.names == ["length", "on_topic"]
+    trainer.train()
+    metrics = trainer.state.log_history[0]
+    assert {"rewards/length/mean", "rewards/on_topic/mean"} <= set(metrics)
+    assert not any("tokencredit_reward" in key for key in metrics)
+    scores = trainer.verifier.last[1]
+    texts = tokenizer.batch_decode(trainer.captured["completion_ids"], skip_special_tokens=True)
+    assert [s[0].score for s in scores] == pytest.approx([min(1.0, len(t) / 100) for t in texts], abs=0.02)
+    assert {s[1].feedback for s in scores} == {"Mention the sea.", "Mention the snow."}
+    mask, adv = trainer.captured["completion_mask"].bool(), trainer.captured["advantages"]
+    assert (adv[mask] > 0).any() and (adv[mask] < 0).any() and metrics["mrtpo/replays_done"] > 0
+
+
+def test_a_missing_plugin_verifier_is_named_and_a_short_run_says_beta_is_warming_up(haiku_task, tmp_path, caplog):
+    records, specs = haiku_task
+    model, tokenizer = load_policy()
+    kwargs = dict(model=model, records=records, args=grpo_config(tmp_path, per_device_train_batch_size=2 * G),
+                  train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer)
+    with pytest.raises(RecordError, match="no verifier for task 'haiku'"):
+        MRTPOTrainer(**kwargs)
+    with caplog.at_level("WARNING", logger="pipeline.integrations.trl"):
+        MRTPOTrainer(**kwargs, verifiers=specs)
+    assert "beta warms up over 10 steps and the run has 1" in caplog.text

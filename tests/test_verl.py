@@ -141,3 +141,79 @@ def test_the_readme_config_line_loads_compute_score_through_verl(exported):
     scores = reward_fn(data_source=row["data_source"], solution_str=row["responses"][0],
                        ground_truth=row["reward_model"]["ground_truth"], extra_info=row["extra_info"])
     assert [scores[s] for s in SLOTS[:len(row["rewards"][0])]] == pytest.approx(row["rewards"][0])
+
+
+HAIKU = '''
+def haiku(record, response):
+    lines = [line for line in response.splitlines() if line.strip()]
+    yield "three_lines", float(len(lines) == 3), "Write exactly three lines.", f"{len(lines)} lines"
+    yield "long", min(1.0, len(response) / 100), f"Write about the {record['topic']} at length."
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin_run(tmp_path_factory):
+    from verifiers import plugins
+
+    root = tmp_path_factory.mktemp("plugin")
+    (root / "haiku.py").write_text(HAIKU)
+    prompts = root / "haiku.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku about the sea.", "topic": "sea"}\n'
+                       '{"id": "h2", "task": "haiku", "prompt": "Write a haiku about snow.", "topic": "snow"}\n')
+    config = AnnotateConfig(prompts=str(prompts), verifiers=plugins.resolve([f"haiku={root / 'haiku.py'}:haiku"]),
+                            sampling=SamplingConfig(n=4, max_new_tokens=24, seed=3),
+                            credit=CreditConfig(kinds=("gdpo",)))
+    run_annotation(config, str(root / "run"), progress=False)
+    return root
+
+
+def test_a_plugin_runs_verl_export_is_scored_by_compute_score(plugin_run):
+    from pipeline.cli import main
+
+    dest = plugin_run / "verl.parquet"
+    assert main(["export", str(plugin_run / "run"), "--format", "verl", "--advantage", "gdpo",
+                 "--dest", str(dest)]) == 0
+    rows = pq.read_table(dest).to_pylist()
+    assert [r["data_source"] for r in rows] == ["tokencredit/haiku"] * 2
+    for row in rows:
+        assert json.loads(row["extra_info"]["verifiers"])[0]["task"] == "haiku"
+        for response, rewards in zip(row["responses"], row["rewards"]):
+            result = compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])
+            assert json.loads(result["reward_names"]) == row["reward_names"] == ["three_lines", "long"]
+            assert [result[s] for s in SLOTS[:2]] == pytest.approx(rewards)
+    _, tokenizer = load_policy()
+    data = data_proto(rows, tokenizer)  # verl's reward manager and the mrtpo estimator on the plugin task's batch
+    result = NaiveRewardManager(tokenizer, num_examine=0, compute_score=compute_score)(data, return_dict=True)
+    data.non_tensor_batch.update({k: np.array(v) for k, v in result["reward_extra_info"].items()})
+    advantages, _ = compute_mrtpo_advantage(result["reward_tensor"], data.batch["response_mask"],
+                                            data.non_tensor_batch["uid"], non_tensor_batch=data.non_tensor_batch,
+                                            batch=data.batch)
+    mask = data.batch["response_mask"].bool()
+    assert torch.isfinite(advantages).all() and (advantages[mask] != 0).any()
+
+
+def test_a_plugin_runs_export_names_a_missing_verifier(plugin_run, tmp_path):
+    from verifiers.plugins import PluginError
+
+    (plugin_run / "haiku.py").rename(plugin_run / "moved.py")
+    try:
+        with pytest.raises(PluginError, match=r"verifier .*haiku\.py.*(not found|No such file)"):
+            export_verl(plugin_run / "run", tmp_path / "verl.parquet", advantage="gdpo")
+    finally:
+        (plugin_run / "moved.py").rename(plugin_run / "haiku.py")
+    edited = tmp_path / "haiku.jsonl"
+    edited.write_text('{"id": "h1", "task": "haiku", "topic": "sea"}\n')
+    with pytest.raises(ValueError, match=r"record 'h1', which the prompt set .* lacks: it was rejected there \("):
+        export_verl(plugin_run / "run", tmp_path / "verl.parquet", advantage="gdpo", prompts=str(edited))
+
+
+def test_mrtpo_on_the_v1_trainers_batch_says_to_set_use_v1_false(rewarded):
+    """verl 0.9.1's v1 trainer (trainer_base._compute_advantage) builds its advantage batch from uid,
+    response_mask and rm_scores only; mrtpo cannot replay from that and says what to change."""
+    data, _ = rewarded
+    v1 = DataProto.from_dict(tensors={"response_mask": data.batch["response_mask"],
+                                      "token_level_scores": data.batch["token_level_rewards"],
+                                      "token_level_rewards": data.batch["token_level_rewards"]},
+                             non_tensors={"uid": data.non_tensor_batch["uid"]})
+    with pytest.raises(ValueError, match=r"v1 trainer .*set trainer.use_v1=false"):
+        ray_trainer.compute_advantage(v1, adv_estimator="mrtpo", num_repeat=4, config={})

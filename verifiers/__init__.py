@@ -2,7 +2,7 @@
 
     records, rejected = load_tasks(path)          # validated TaskRecords + bad lines (any format)
     scores = verify(record, response_text)        # list[RewardScore], fixed reward order
-    names = reward_names(record)                  # the same order, without a response (built-in tasks)
+    names = reward_names(record, refs)            # the same order, without a response
     spans = response_parts(record, response_text) # [(char_start, char_end, part)] for analysis
     kind, index = stored_reward(task, name)       # ("keyword_include", 2) for "c2_keyword_include"
 
@@ -28,9 +28,7 @@ _BY_TASK = {"sql": sql, "instructions": instructions, "tools": tools}
 
 def verify(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef] = ()) -> list[RewardScore]:
     """The record's built-in rewards (if its task has a verifier), then those of each plugin that applies."""
-    applying = [ref for ref in plugin_refs if plugins.applies(ref, record)]
-    if record.task not in _BY_TASK and not applying:
-        raise RecordError(record.id, "task", f"no verifier for task {record.task!r}")
+    applying = _applying(record, plugin_refs)
     scores = _BY_TASK[record.task].verify(record, response) if record.task in _BY_TASK else []
     for ref in applying:
         scores += plugins.score(ref, record, response)
@@ -43,8 +41,23 @@ def verify(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef] =
     return scores
 
 
-def reward_names(record: TaskRecord) -> list[str]:
-    return _BY_TASK[record.task].reward_names(record)
+def reward_names(record: TaskRecord, plugin_refs: Sequence[PluginRef] = ()) -> list[str]:
+    """The names `verify` gives the record's rewards. A plugin must give the same names to every response
+    of a record, so its names are those it gives the record's reference response (or an empty one)."""
+    applying = _applying(record, plugin_refs)
+    names = _BY_TASK[record.task].reward_names(record) if record.task in _BY_TASK else []
+    probe = record.reference_response or ""
+    for ref in applying:
+        names += [s.name for s in plugins.score(ref, record, probe)]
+    return names
+
+
+def _applying(record: TaskRecord, plugin_refs: Sequence[PluginRef]) -> list[PluginRef]:
+    applying = [ref for ref in plugin_refs if plugins.applies(ref, record)]
+    if record.task not in _BY_TASK and not applying:
+        raise RecordError(record.id, "task", f"no verifier for task {record.task!r} (a plugin task needs its "
+                          "verifier: --verifier TASK=module:function)")
+    return applying
 
 
 def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, str]]:

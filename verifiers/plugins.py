@@ -137,13 +137,18 @@ def _import_file(path: str):
 
 
 def source_hash(fn: Any, target: str) -> str:
-    """sha256 of the file that defines `fn` (a function, class or callable object)."""
+    """sha256 of the file that defines `fn` (a function, class or callable object; of a wrapper, the
+    file of what it wraps: `__wrapped__`, as an adapted TRL reward function has)."""
+    fn = inspect.unwrap(fn)
     owner = fn if inspect.isfunction(fn) or inspect.isclass(fn) or inspect.ismethod(fn) else type(fn)
     try:
         path = inspect.getsourcefile(owner) or inspect.getfile(sys.modules[owner.__module__])
     except (TypeError, KeyError, AttributeError):
         raise PluginError(f"verifier {target!r}: no Python source file to hash") from None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as error:  # moved or deleted since it was imported
+        raise PluginError(f"verifier {target!r}: cannot read its source file {path} ({error.strerror})") from None
 
 
 # ---------------------------------------------------------------- running

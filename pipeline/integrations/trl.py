@@ -1,13 +1,15 @@
 """TRL integration: tokencredit's per-token credit inside TRL's `GRPOTrainer`, online and offline.
 
 Online (the MRTPO paper's setting): `MRTPOTrainer` is a `trl.GRPOTrainer` whose rewards are
-tokencredit's verifiers (one TRL reward function per reward slot, see `verifier_rewards`) and whose
+tokencredit's verifiers, built-in and plugins (one TRL reward function per reward name, see
+`verifier_rewards`; a TRL reward function becomes a verifier with `trl_verifier`) and whose
 advantages are, each step, GDPO + MRTPO (optionally P2T) per token, with the replay run by the
 current policy. Only the advantages change: TRL's generation, clipping, KL and loss stay TRL's.
 
     from pipeline.integrations.trl import MRTPOTrainer, prompt_dataset   # instead of GRPOTrainer
     trainer = MRTPOTrainer(model=model, records=records, args=GRPOConfig(...),
-                           train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer)
+                           train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer,
+                           verifiers=["haiku=my_rewards.py:haiku"])   # as annotate's --verifier
 
 Each step: TRL samples and scores (our reward functions verify every completion once, keeping each
 reward's feedback); then `pipeline.credit.assign.assign_credit` computes, per prompt group, GDPO's A[i,k]
@@ -21,6 +23,7 @@ Offline: `TokenWeightedSFTTrainer` trains on a run's `training` view with token-
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +34,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 import verifiers
 from schemas.records import Sample, TaskRecord, VerifiedSample
+from verifiers.plugins import PluginRef
+from verifiers.trl_rewards import trl_verifier
 
 from ..credit.advantages import batch_statistics, preset
 from ..credit.assign import CreditConfig, assign_credit
@@ -40,8 +45,10 @@ from ..credit.p2t import p2t_advantages
 from ..sampling import render_prompt
 from ..train.trainer import Example, collate, load_examples, parse_advantage
 
-__all__ = ["MRTPOTrainer", "TokenWeightedSFTTrainer", "prompt_dataset", "sft_dataset", "verifier_rewards",
-           "weighted_collator"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["MRTPOTrainer", "TokenWeightedSFTTrainer", "prompt_dataset", "sft_dataset", "trl_verifier",
+           "verifier_rewards", "weighted_collator"]
 
 
 def prompt_dataset(records: Sequence[TaskRecord], tokenizer) -> datasets.Dataset:
@@ -57,16 +64,23 @@ def _text(completion: Any) -> str:
     return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
+def plugin_refs(specs: Sequence[str | PluginRef]) -> tuple[PluginRef, ...]:
+    """Plugin verifiers given as annotate's `--verifier` specs (`[TASK=]TARGET`, entry points too) or refs."""
+    return tuple(s if isinstance(s, PluginRef) else verifiers.plugins.resolve([s])[0] for s in specs)
+
+
 class VerifierRewards:
-    """tokencredit's verifiers as TRL reward functions: `functions[k]` returns each completion's k-th
-    reward (None where its record has fewer rewards: TRL then leaves it out, as GDPO's mask does).
+    """tokencredit's verifiers (built-in, then `plugin_refs`) as TRL reward functions, one per reward
+    name (TRL logs each by its name): `functions[k]` returns each completion's reward named
+    `names[k]`, None where its record has no such reward (TRL then leaves it out, as GDPO's mask does).
     Each batch is verified once; `last` keeps its RewardScores (score and feedback) for the credit."""
 
-    def __init__(self, records: dict[str, TaskRecord]):
-        self.records = records
-        self.slots = max(len(verifiers.reward_names(r)) for r in records.values())
+    def __init__(self, records: dict[str, TaskRecord], plugin_refs: Sequence[PluginRef] = ()):
+        self.records, self.plugin_refs = records, tuple(plugin_refs)
+        names = [n for r in records.values() for n in verifiers.reward_names(r, self.plugin_refs)]
+        self.names = list(dict.fromkeys(names))
         self.last: tuple[tuple, list] | None = None
-        self.functions = [self._slot(k) for k in range(self.slots)]
+        self.functions = [self._reward(name) for name in self.names]
 
     def verify(self, completions: Sequence[Any], record_id: Sequence[str]) -> list:
         key = tuple(zip(record_id, map(_text, completions)))
@@ -74,25 +88,30 @@ class VerifierRewards:
             missing = sorted(set(record_id) - set(self.records))
             if missing:
                 raise KeyError(f"reward functions: record ids {missing} are not among the trainer's records")
-            self.last = (key, [verifiers.verify(self.records[rid], text) for rid, text in key])
+            self.last = (key, [verifiers.verify(self.records[rid], text, self.plugin_refs) for rid, text in key])
         return self.last[1]
 
-    def _slot(self, k: int):
+    def _reward(self, name: str):
         def reward(completions, record_id, **_):
-            return [scores[k].score if k < len(scores) else None for scores in self.verify(completions, record_id)]
-        reward.__name__ = f"tokencredit_reward_{k}"
+            return [next((s.score for s in scores if s.name == name), None)
+                    for scores in self.verify(completions, record_id)]
+        reward.__name__ = name
         return reward
 
 
-def verifier_rewards(records: Sequence[TaskRecord]) -> list:
-    """TRL reward functions (one per reward slot) scoring with tokencredit's verifiers."""
-    return VerifierRewards({r.id: r for r in records}).functions
+def verifier_rewards(records: Sequence[TaskRecord], verifiers: Sequence[str | PluginRef] = ()) -> list:
+    """TRL reward functions (one per reward name) scoring with tokencredit's verifiers and the plugin
+    `verifiers` (annotate's `--verifier` specs or refs), for any TRL trainer; the dataset needs a
+    `record_id` column (`prompt_dataset` has it)."""
+    return VerifierRewards({r.id: r for r in records}, plugin_refs(verifiers)).functions
 
 
 class MRTPOTrainer(GRPOTrainer):
     """`GRPOTrainer` with tokencredit's per-token advantages (module docstring).
 
-    records: the task records the dataset's `record_id` column names. credit: what to compute
+    records: the task records the dataset's `record_id` column names. verifiers: plugin verifiers
+    for them, as annotate's `--verifier` specs (`"haiku=my_rewards.py:haiku"`, entry-point names) or
+    `PluginRef`s; a TRL reward function becomes one with `trl_verifier`. credit: what to compute
     (kinds, beta, GDPO options: TRL's by default). advantage: the per-token advantage handed to the
     loss: "mrtpo", "gdpo", "p2t" or a mix like "mrtpo:0.5,p2t:0.5". warmup_steps: beta ramps up by
     smoothstep over these optimizer steps (method.md section 2). reward_model: P2T's reward model.
@@ -100,8 +119,8 @@ class MRTPOTrainer(GRPOTrainer):
 
     def __init__(self, model, records: Sequence[TaskRecord], args: GRPOConfig | None = None, *,
                  credit: CreditConfig = CreditConfig(gdpo=preset("trl")), advantage: str = "mrtpo",
-                 warmup_steps: int = 10, reward_model=None, **kwargs):
-        self.verifier = VerifierRewards({r.id: r for r in records})
+                 warmup_steps: int = 10, reward_model=None, verifiers: Sequence[str | PluginRef] = (), **kwargs):
+        self.verifier = VerifierRewards({r.id: r for r in records}, plugin_refs(verifiers))
         self.credit, self.mix, self.warmup_steps = credit, parse_advantage(advantage), warmup_steps
         self.credit_reward_model = reward_model
         missing = [k for k in self.mix if k not in credit.kinds]
@@ -112,6 +131,16 @@ class MRTPOTrainer(GRPOTrainer):
             raise ValueError("MRTPOTrainer: give reward weights by name in CreditConfig.reward_weights; "
                              "GRPOConfig.reward_weights only weighs TRL's own advantages, which it replaces")
         super().__init__(model=model, reward_funcs=self.verifier.functions, args=args, **kwargs)
+        self._warn_short_warmup()
+
+    def _warn_short_warmup(self) -> None:
+        """A run no longer than the warm-up never reaches beta: say so, or a short run reads as MRTPO's."""
+        steps = self.args.max_steps
+        if 0 < steps <= self.warmup_steps and self.credit.beta > 0:
+            last = smoothstep_beta(steps - 1, self.credit.beta, self.warmup_steps)
+            logger.warning(f"MRTPOTrainer: beta warms up over {self.warmup_steps} steps and the run has {steps}: "
+                           f"it reaches {last:.3g} of {self.credit.beta} at the last step (step 0 is plain GDPO); "
+                           "pass warmup_steps= shorter than the run for MRTPO's credit")
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)

@@ -12,7 +12,9 @@ and, for the replay, the local policy folder to replay with (without it, beta is
     +algorithm.mrtpo_replay_model=/path/to/policy     # +algorithm.mrtpo_beta=0.5 is the default
 
 The dataset is tokencredit's verl export (`tokencredit export RUN --format verl`, or any Parquet
-with `data_source` "tokencredit/<task>" and the task record as JSON in `extra_info.record`).
+with `data_source` "tokencredit/<task>" and the task record as JSON in `extra_info.record`). A
+plugin task's rows name its verifiers in `extra_info.verifiers` (from the run's manifest), which
+every verl process imports by their target, as annotate's Dask workers do.
 
 `compute_score` verifies one response and returns verl's dict form: "score" (the mean of the
 rewards, verl's scalar reward) plus one key per reward slot ("tc_reward_0", ...: 0 where the record
@@ -21,7 +23,9 @@ the batch's non-tensor data. The `mrtpo` estimator reads them there: GDPO with v
 (`preset("verl")`: sample std per group, then `masked_whiten` over the tokens), and MRTPO's per-token
 reallocation from the leave-one-out replay of each response's feedback.
 
-Limits: verl 0.9.1 hands the batch's non-tensor data only to its own `gdpo` estimator
+Limits: `mrtpo` needs verl's legacy trainer, `trainer.use_v1=false`: the v1 trainer (verl 0.9.1's
+default) hands its advantage step only uid, masks and scores, so `mrtpo` stops there saying so
+(`V1_BATCH`). verl 0.9.1 hands the batch's non-tensor data only to its own `gdpo` estimator
 (trainer/ppo/ray_trainer.py, `compute_advantage`, line 261); importing this module wraps
 `compute_advantage` so that `mrtpo` receives it too, and changes nothing for other estimators.
 The replay runs in the trainer's driver process with the model at `mrtpo_replay_model` (loaded once),
@@ -38,34 +42,49 @@ import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
 import verifiers
-from schemas.records import TASKS, RewardScore, Sample, VerifiedSample
+from schemas.records import TASKS, RewardScore, Sample, TaskRecord, VerifiedSample
+from verifiers import plugins
 
 from ..credit.advantages import batch_statistics, preset
 from ..credit.assign import CreditConfig, assign_credit
-from ..export import record_from_json
+from ..export import record_from_json, refs_from_json
 
-DATA_SOURCES = tuple(f"tokencredit/{task}" for task in TASKS)
+SOURCE_PREFIX = "tokencredit/"
+DATA_SOURCES = tuple(f"{SOURCE_PREFIX}{task}" for task in TASKS)  # and tokencredit/<plugin task>
 MAX_REWARDS = 8  # reward slots per response (the demo's instruction prompts carry up to 6 constraints)
 SLOTS = tuple(f"tc_reward_{k}" for k in range(MAX_REWARDS))
+# verl 0.9.1's v1 trainer reads only these fields from its TransferQueue for the advantage step
+# (trainer/ppo/v1/trainer_base.py, `_compute_advantage`): no token ids, records or feedback to replay
+V1_BATCH = ("adv_estimator=mrtpo cannot run under verl's v1 trainer (trainer.use_v1=true, verl 0.9.1's default): "
+            "its advantage step gets only uid, masks, scores and log-probs, not the responses, task records and "
+            "feedback the replay needs; set trainer.use_v1=false")
 
 
 @functools.lru_cache(maxsize=4096)
-def _record(line: str):
-    return record_from_json(json.loads(line))
+def _row(record: str, refs: str | None) -> tuple[TaskRecord, tuple[plugins.PluginRef, ...]]:
+    verifier_refs = refs_from_json(refs)
+    return record_from_json(json.loads(record), plugins.tasks_of(verifier_refs)), verifier_refs
+
+
+def row_record(extra_info: dict) -> tuple[TaskRecord, tuple[plugins.PluginRef, ...]]:
+    """The task record and plugin verifiers of an exported row's `extra_info`."""
+    return _row(extra_info["record"], extra_info.get("verifiers"))
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str | None = None,
                   extra_info: dict | None = None, **_: Any) -> dict[str, Any]:
     """verl's reward function: tokencredit's verifiers on one response (module docstring)."""
-    if data_source not in DATA_SOURCES:
-        raise ValueError(f"compute_score: data_source {data_source!r} is not tokencredit's; expected one of "
-                         f"{', '.join(DATA_SOURCES)} (tokencredit export RUN --format verl writes them)")
+    if not data_source.startswith(SOURCE_PREFIX):
+        raise ValueError(f"compute_score: data_source {data_source!r} is not tokencredit's; expected "
+                         f"{SOURCE_PREFIX}<task>, such as {', '.join(DATA_SOURCES)} "
+                         "(tokencredit export RUN --format verl writes them)")
     if not extra_info or "record" not in extra_info:
         raise ValueError(f"compute_score: extra_info of a {data_source!r} row needs 'record' (the task record "
                          f"as JSON), as the verl export writes it")
-    scores = verifiers.verify(_record(extra_info["record"]), solution_str)
+    record, refs = row_record(extra_info)
+    scores = verifiers.verify(record, solution_str, refs)
     if len(scores) > MAX_REWARDS:
-        raise ValueError(f"compute_score: record {_record(extra_info['record']).id!r} has {len(scores)} rewards; "
+        raise ValueError(f"compute_score: record {record.id!r} has {len(scores)} rewards; "
                          f"at most {MAX_REWARDS} fit verl's fixed reward keys")
     values = [s.score for s in scores]
     return {"score": sum(values) / len(values), **{slot: (values[k] if k < len(values) else 0.0)
@@ -93,7 +112,7 @@ def _verified(non_tensor_batch: dict, batch, response_mask: torch.Tensor, index)
         rewards = [RewardScore(n, float(non_tensor_batch[SLOTS[k]][i]), f, o)
                    for k, (n, f, o) in enumerate(zip(names, feedback, observed))]
         group = str(index[i])
-        records[group] = _record(non_tensor_batch["extra_info"][i]["record"])
+        records[group] = row_record(non_tensor_batch["extra_info"][i])[0]
         prompt = prompts[i][attention[i, : prompts.shape[1]].bool()].tolist()
         tokens = batch["responses"][i][response_mask[i].bool()].tolist()
         sample = Sample(response_id=str(i), group_id=group, task=records[group].task, prompt="", prompt_token_ids=prompt,
@@ -111,10 +130,13 @@ def compute_mrtpo_advantage(token_level_rewards: torch.Tensor, response_mask: to
     config (verl's `algorithm` section): `mrtpo_beta` (default 0.5) and `mrtpo_replay_model` (a local
     policy folder; without it beta is 0 and the result is verl's GDPO).
     """
+    if batch is not None and "responses" not in batch.keys():
+        raise ValueError(V1_BATCH)
     if non_tensor_batch is None or batch is None or "feedback" not in non_tensor_batch:
         raise ValueError("adv_estimator=mrtpo needs each response's reward scores and feedback: set "
                          "reward.custom_reward_function.path=pkg://pipeline.integrations.verl, and import "
-                         "pipeline.integrations.verl in the trainer process (its verl.plugins entry point does)")
+                         "pipeline.integrations.verl in the trainer process (its verl.plugins entry point does); "
+                         "with verl's v1 trainer (trainer.use_v1=true, the default) also set trainer.use_v1=false")
     config = config or {}
     replay_model = config.get("mrtpo_replay_model", None)
     beta = float(config.get("mrtpo_beta", 0.5)) if replay_model else 0.0
@@ -159,6 +181,11 @@ def _pass_batch_to_mrtpo() -> None:
 
     compute_advantage.tokencredit = True
     ray_trainer.compute_advantage = compute_advantage
+    try:  # the v1 trainer's module holds its own reference when it was imported first
+        from verl.trainer.ppo.v1 import utils as v1_utils
+    except ImportError:  # its TransferQueue is not installed: the v1 trainer cannot run here anyway
+        return
+    v1_utils.compute_advantage = compute_advantage
 
 
 _pass_batch_to_mrtpo()

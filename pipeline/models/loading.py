@@ -7,6 +7,7 @@ code runs only when the caller asks for it.
 """
 from __future__ import annotations
 
+import difflib
 import importlib.resources
 import inspect
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from .registry import METADATA, check_end_of_turn, registered_path
+from .registry import METADATA, MODELS, check_end_of_turn, registered_path
 
 DEFAULT_POLICY = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-policy"))
 DEFAULT_REWARD_MODEL = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-rm"))
@@ -41,8 +42,15 @@ def resolve_model_path(path: str | Path | None, default: Path) -> Path:
         return _check_safetensors(Path(snapshot_download(str(path), local_files_only=True)))
     except Exception as error:  # noqa: BLE001 - hub errors vary (bad repo id, not cached, offline)
         raise FileNotFoundError(
-            f"model {str(path)!r}: no such local folder and not in the local Hugging Face cache "
-            f"({type(error).__name__}); tokencredit never downloads weights, pass a local folder") from error
+            f"model {str(path)!r}: not a registry name, no such local folder and not in the local Hugging Face "
+            f"cache ({type(error).__name__}){_suggestion(str(path))}; tokencredit never downloads weights: "
+            f"pass a registry name (tokencredit models list: {', '.join(sorted(MODELS))}) or a local folder"
+        ) from error
+
+
+def _suggestion(name: str) -> str:
+    close = difflib.get_close_matches(name.lower(), MODELS, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _check_safetensors(folder: Path) -> Path:

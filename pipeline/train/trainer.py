@@ -72,6 +72,7 @@ class TrainConfig:
     device: str = "cpu"
     lora: bool = False  # LoRA adapters via `peft` (the `lora` extra); checkpoints then hold only the adapter
     save_every: int = 25
+    save_optimizer: bool = False  # AdamW's moments in each checkpoint (twice the weights' size) for an exact resume
     grad_accum: int = 1  # micro-batches of batch_size per optimizer step
     kl_coef: float = 0.0  # weight of KL(pi || pi_ref), pi_ref = the initial policy (LoRA: the base model)
     bf16: bool = False  # bf16 autocast of the forward passes
@@ -363,14 +364,16 @@ def _identity(config: TrainConfig) -> dict[str, Any]:
 
 
 def save_checkpoint(model, tokenizer, optimizer, step: int, config: TrainConfig, dest: Path) -> Path:
-    """Weights (safetensors), tokenizer and, unless `optimizer` is None, trainer state (AdamW moments,
-    step, RNG) into `dest`, atomically (tmp folder + rename)."""
+    """Weights (safetensors), tokenizer and, unless `optimizer` is None, trainer state (step, RNG and,
+    with `config.save_optimizer`, AdamW's moments) into `dest`, atomically (tmp folder + rename)."""
     tmp = dest.with_name(f"{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if optimizer is not None:
-        state = {"step": step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+        state = {"step": step, "torch_rng": torch.get_rng_state()}
+        if config.save_optimizer:
+            state["optimizer"] = optimizer.state_dict()
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         torch.save(state, tmp / STATE_FILE)
@@ -381,7 +384,7 @@ def save_checkpoint(model, tokenizer, optimizer, step: int, config: TrainConfig,
 
 
 def restore(checkpoint: Path, config: TrainConfig, optimizer) -> int:
-    """Load optimizer and RNG state from a checkpoint of the same configuration; returns its step."""
+    """Load RNG and (when saved) optimizer state from a checkpoint of the same configuration; returns its step."""
     saved = json.loads((checkpoint / CONFIG_FILE).read_text())["identity"]
     defaults = {"grad_accum": 1, "kl_coef": 0.0}  # checkpoints written before these options existed
     changed = [f"{k}: saved {saved.get(k, defaults.get(k))!r}, now {v!r}" for k, v in _identity(config).items()
@@ -390,7 +393,8 @@ def restore(checkpoint: Path, config: TrainConfig, optimizer) -> int:
         raise ValueError(f"{checkpoint.parent} holds a run with another configuration ({'; '.join(changed)}); "
                          f"use a new out dir or the same settings")
     state = torch.load(checkpoint / STATE_FILE, weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
+    if "optimizer" in state:  # else AdamW's moments start again from zero
+        optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
