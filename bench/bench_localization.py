@@ -269,7 +269,7 @@ def evaluate(cases: list[Case], rows: dict[str, dict], kind: str, floor: float, 
 # --- report -----------------------------------------------------------------------------------------
 
 
-def run(models: list[str], quick: bool) -> list[dict]:
+def run(models: list[str], quick: bool, ablations: tuple[str, ...] = ABLATIONS) -> list[dict]:
     cases = load_cases()
     if quick:
         cases = [c for i, c in enumerate(cases) if i % 8 == 0]
@@ -278,7 +278,7 @@ def run(models: list[str], quick: bool) -> list[dict]:
         from pipeline.models.loading import load_tokenizer
 
         tokenizer = load_tokenizer(None if model == "tiny" else model)
-        for ablation in ABLATIONS:
+        for ablation in ablations:
             for style in STYLES:
                 rows = replay_cases(model, cases, ablation, style, placebo=ablation == "drop")
                 dev_rows = list(replay_cases(model, cases, "drop", style, placebo=True).values())
@@ -301,9 +301,10 @@ def best_on_dev(table: list[dict], model: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--ablations", default=",".join(ABLATIONS), help="the ablations to replay (default: all)")
     parser.add_argument("--quick", action="store_true", help="every 8th case; writes nothing")
     args = parser.parse_args()
-    table = run(args.models.split(","), args.quick)
+    table = run(args.models.split(","), args.quick, tuple(args.ablations.split(",")))
     for r in table:
         if r["split"] == "dev" or args.quick:
             print(f"{r['model']:>22} {r['split']:>4} {r['style']:>17} {r['ablation']:>4} {r['relevance']:>14} "
@@ -312,8 +313,16 @@ def main() -> None:
     if args.quick:
         return
     RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
+    table = merged(table)
     RESULTS_JSON.write_text(json.dumps(table, indent=1) + "\n")
     write_results_md(table)
+
+
+def merged(table: list[dict]) -> list[dict]:
+    """The stored rows of the (model, ablation) pairs not replayed this time, then this run's rows."""
+    replayed = {(r["model"], r["ablation"]) for r in table}
+    kept = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.is_file() else []
+    return [r for r in kept if (r["model"], r["ablation"]) not in replayed] + table
 
 
 def write_results_md(table: list[dict]) -> None:

@@ -1,214 +1,551 @@
-"""The closed loop: annotate -> train, repeated, for GDPO (uniform), MRTPO and P2T token credit.
+"""Does token credit train better than sequence credit? The closed-loop experiment (issue 18).
 
-    python bench/closed_loop.py [--quick] [--iterations I] [--steps S] [--seeds 0,1,2]
-    python bench/closed_loop.py --model smollm2-135m-instruct --lora --tasks instructions --kinds gdpo,mrtpo ...
+    python bench/closed_loop.py pilot     [--temperatures 0.5,0.7,1.0]   # pass rate per kind, train split
+    python bench/closed_loop.py offline   [--seeds 0,1,2] [--steps S]      # one pool, three credits
+    python bench/closed_loop.py iterated  [--seeds 0,1] [--rounds R]       # annotate -> train, repeated
+    python bench/closed_loop.py report                                     # json, plot, RESULTS.md
+    python bench/closed_loop.py quick                                      # CI: both arms, a few steps, tiny
 
-From the shipped tiny policy (or `--model`), each (advantage kind, seed) run repeats: sample the train-split demo
-prompts with the current policy and annotate them (`run_annotation`, credit gdpo + that kind),
-then `S` steps of the offline clipped policy gradient (`pipeline.train.trainer`) on that run's chosen
-advantage column, starting from the current policy. After every iteration the policy is scored on
-the held-out test-split prompts: mean verifier reward (mean over a response's rewards, then over
-responses) per task, sampled at temperature 1.0 with a fixed evaluation seed, so that every run
-and iteration is scored on the same prompts and the same random numbers.
+Design (fixed before running; the README and RESULTS.md follow the numbers whatever they are):
+- Policy: SmolLM2-135M-Instruct with LoRA (r 8, every linear layer), the same for every arm.
+- Prompts: `bench/closed_loop_prompts/prompts.jsonl`, instruction requests under 2-4 constraints; kinds and
+  the sampling temperature chosen on the pilot's train prompts; held-out prompts (their own topics) are never
+  used to choose anything; a quarter of them ask only for kinds no train prompt asks for (unseen).
+- Offline arm: one pool (train prompts x 8 responses) sampled once and annotated once with gdpo,mrtpo;
+  then, from the same base policy, the same steps, learning rate, batch order and seed per arm: PG on GDPO's
+  advantages, PG on MRTPO's, and rejection sampling (SFT on the responses that pass every reward).
+- Iterated arm: rounds of sample -> annotate -> train from the current policy, GDPO against MRTPO.
+- Evaluation, paired: every policy on the same held-out prompts with the same sampling seeds, greedy and
+  sampled; a prompt's reward is the mean of its constraint scores. MRTPO - GDPO with a 95% bootstrap
+  interval over prompts (seed means per prompt), seen and unseen kinds apart; the smallest difference the
+  design detects (80% power, two-sided 5%) is 2.8 x the standard error of the paired mean difference.
 
-Writes `bench/closed_loop.png` (mean reward per task against training steps, mean over seeds with
-min-max band), `bench/closed_loop.csv` (every point) and a row in bench/RESULTS.md, including
-whether MRTPO reaches GDPO's final reward in fewer steps (`closed_loop_<model>.*` for another model).
-With `--lora` each iteration trains LoRA adapters and merges them into the next iteration's policy.
-`--quick` (CI-sized) runs one seed and one short iteration per kind and writes nothing but its printout.
+Every stage writes its result as it finishes under `bench/.closed_loop/` (a pool, checkpoints and one
+JSON file per evaluated policy), and a re-run skips what is there, so a stopped run resumes.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import random
 import shutil
-import tempfile
+import statistics
+import sys
 import time
 from pathlib import Path
 
 from common import ROOT, THREADS, upsert_result
 
-KINDS = ("gdpo", "mrtpo", "p2t")
+import torch  # noqa: E402 - after common sets the thread count
+
+STATE = ROOT / "bench" / ".closed_loop"
+PROMPTS = ROOT / "bench" / "closed_loop_prompts"
+RESULTS_JSON = ROOT / "bench" / "results" / "closed_loop.json"
+SMOLLM2 = "smollm2-135m-instruct"
 
 
-def evaluate(policy: str | None, records, n: int, seed: int, max_new_tokens: int = 96) -> dict[str, float]:
-    """Mean verifier reward per task (and 'all') of `n` temperature-1.0 samples per record."""
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def load_records(path: Path, split: str | None = None):
     import verifiers
-    from pipeline.sampling import SamplingConfig, make_sampler
 
-    sampler = make_sampler("transformers", policy)
-    samples = sampler.sample(records, SamplingConfig(n=n, max_new_tokens=max_new_tokens, seed=seed, batch_size=64))
-    by_id = {r.id: r for r in records}
-    per_task: dict[str, list[float]] = {}
+    records, rejected = verifiers.load_tasks(path)
+    if rejected:
+        raise SystemExit(f"{path}: {len(rejected)} records rejected, first: {rejected[0]}")
+    return [r for r in records if split is None or r.split == split]
+
+
+# --- evaluation -------------------------------------------------------------------------------------
+
+
+def score_samples(samples, by_id) -> dict[str, dict]:
+    """Per prompt: mean reward of its samples and the pass rate (score 1) of each constraint kind."""
+    import verifiers
+
+    per: dict[str, dict] = {}
     for s in samples:
-        scores = [r.score for r in verifiers.verify(by_id[s.group_id], s.response)]
-        per_task.setdefault(s.task, []).append(sum(scores) / len(scores))
-    out = {task: sum(v) / len(v) for task, v in sorted(per_task.items())}
-    out["all"] = sum(out.values()) / len(out)
+        scores = verifiers.verify(by_id[s.group_id], s.response)
+        row = per.setdefault(s.group_id, {"rewards": [], "kinds": {}})
+        row["rewards"].append(sum(x.score for x in scores) / len(scores))
+        for x, c in zip(scores, by_id[s.group_id].spec.constraints):
+            row["kinds"].setdefault(c.kind, []).append(float(x.score >= 1.0))
+    return {pid: {"reward": statistics.fmean(v["rewards"]),
+                  "kinds": {k: statistics.fmean(p) for k, p in v["kinds"].items()}} for pid, v in per.items()}
+
+
+def sample_and_score(policy, records, *, n: int, temperature: float, seed: int, max_new_tokens: int,
+                     batch_size: int = 64) -> tuple[dict[str, dict], float, int]:
+    """(per-prompt scores, seconds, tokens) of `n` samples per record; `policy` is (model, tokenizer, name)."""
+    from pipeline.sampling import SamplingConfig, TransformersSampler
+
+    model, tokenizer, name = policy
+    sampler = TransformersSampler(model, tokenizer, name, progress=False)
+    start = time.perf_counter()
+    samples = sampler.sample(records, SamplingConfig(n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                                                     seed=seed, batch_size=batch_size))
+    seconds = time.perf_counter() - start
+    return score_samples(samples, {r.id: r for r in records}), seconds, sum(len(s.token_ids) for s in samples)
+
+
+def evaluate(label: str, policy, records, args) -> dict:
+    """Greedy and sampled scores of one policy, (model, tokenizer), on the held-out records; written to
+    STATE/eval/<label>.json."""
+    path = STATE / "eval" / f"{label}.json"
+    policy = (*policy, label)
+    out = {"label": label}
+    greedy, s_greedy, t_greedy = sample_and_score(policy, records, n=1, temperature=0.0, seed=args.eval_seed,
+                                                  max_new_tokens=args.max_new_tokens, batch_size=args.eval_batch)
+    sampled, s_sampled, t_sampled = sample_and_score(policy, records, n=args.eval_n, temperature=args.temperature,
+                                                     seed=args.eval_seed, max_new_tokens=args.max_new_tokens,
+                                                     batch_size=args.eval_batch)
+    out.update(greedy=greedy, sampled=sampled, seconds=round(s_greedy + s_sampled, 1),
+               tokens=t_greedy + t_sampled)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+    log(f"eval {label}: greedy {mean_reward(greedy):.4f}, sampled {mean_reward(sampled):.4f} "
+        f"({out['seconds']} s, {out['tokens']} tokens)")
     return out
 
 
-def one_run(kind: str, seed: int, args, work: Path, test_records) -> list[dict]:
-    """Curve of one (kind, seed): a row per iteration (steps done, reward per task)."""
+def mean_reward(per_prompt: dict[str, dict], ids=None) -> float:
+    keys = [k for k in per_prompt if ids is None or k in ids]
+    return statistics.fmean(per_prompt[k]["reward"] for k in keys)
+
+
+# --- the pilot: pass rates per kind and temperature -------------------------------------------------
+
+
+def cmd_pilot(args) -> None:
+    from pipeline.models.loading import load_policy
+
+    records = load_records(PROMPTS / "pilot.jsonl")[: args.pilot_prompts]
+    model, tokenizer = load_policy(args.model)
+    rows = []
+    for temperature in [float(t) for t in args.temperatures.split(",")]:
+        scores, seconds, tokens = sample_and_score((model, tokenizer, args.model), records, n=args.pilot_n,
+                                                   temperature=temperature, seed=7, max_new_tokens=args.max_new_tokens)
+        kinds: dict[str, list[float]] = {}
+        for row in scores.values():
+            for kind, rate in row["kinds"].items():
+                kinds.setdefault(kind, []).append(rate)
+        rows.append({"temperature": temperature, "prompts": len(records), "n": args.pilot_n,
+                     "mean_reward": mean_reward(scores), "seconds": round(seconds, 1), "tokens": tokens,
+                     "ms_per_token": round(1000 * seconds / tokens, 2),
+                     "pass_rate": {k: round(statistics.fmean(v), 3) for k, v in sorted(kinds.items())},
+                     "occurrences": {k: len(v) for k, v in sorted(kinds.items())}})
+        log(json.dumps(rows[-1]))
+        (STATE / "pilot.json").write_text(json.dumps(rows, indent=1))
+
+
+# --- training and policies ------------------------------------------------------------------------
+
+
+def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, prompts: int | None, n: int,
+                  seed: int) -> float:
+    """Sample `n` responses per train prompt with `model` and annotate them with gdpo,mrtpo; seconds taken
+    (0 when the run is already complete: run_annotation resumes shard by shard)."""
     from pipeline.annotate import AnnotateConfig, run_annotation
     from pipeline.credit.assign import CreditConfig
     from pipeline.sampling import SamplingConfig
+
+    config = AnnotateConfig(prompts=str(records_path), split="train", limit=prompts, model=model, shard_size=16,
+                            cpu_threads=THREADS,
+                            sampling=SamplingConfig(n=n, max_new_tokens=args.max_new_tokens,
+                                                    temperature=args.temperature, seed=seed, batch_size=64),
+                            credit=CreditConfig(kinds=("gdpo", "mrtpo")))
+    start = time.perf_counter()
+    run_annotation(config, str(out), progress=True)
+    return time.perf_counter() - start
+
+
+def train_arm(method: str, data: Path, base: str | None, out: Path, seed: int, steps: int, args) -> float:
+    """LoRA training of one arm on a pool; checkpoints every `args.eval_every` steps; seconds taken."""
     from pipeline.train.trainer import TrainConfig, train
 
-    policy: str | None = args.model  # None: the shipped tiny policy
-    rows = []
-    for it in range(args.iterations):
-        run_dir, ckpt = work / f"{kind}-{seed}-data-{it}", work / f"{kind}-{seed}-ckpt-{it}"
-        config = AnnotateConfig(tasks=tuple(args.tasks.split(",")), split="train", limit=args.prompts,
-                                model=policy, shard_size=args.prompts * 3, cpu_threads=THREADS,
-                                sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens,
-                                                        seed=1000 * seed + it),
-                                credit=CreditConfig(kinds=("gdpo",) if kind == "gdpo" else ("gdpo", kind)))
-        start = time.perf_counter()
-        run_annotation(config, str(run_dir), progress=False)
-        annotate_s = time.perf_counter() - start
-        train(TrainConfig(data=str(run_dir), out=str(ckpt), advantage=kind, objective="pg", model=policy,
-                          steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=seed,
-                          save_every=args.steps, lora=args.lora))
-        policy = merge_adapter(policy, ckpt / "final", work / f"{kind}-{seed}-policy-{it}") if args.lora \
-            else str(ckpt / "final")
-        reward = evaluate(policy, test_records, args.eval_n, args.eval_seed, args.max_new_tokens)
-        rows.append({"kind": kind, "seed": seed, "iteration": it + 1, "steps": (it + 1) * args.steps,
-                     "annotate_s": round(annotate_s, 1), **reward})
-        print(json.dumps(rows[-1]), flush=True)
-        if it > 0:  # keep only the current policy: the runs stay within a few hundred MB of disk
-            shutil.rmtree(work / f"{kind}-{seed}-ckpt-{it - 1}")
-            shutil.rmtree(work / f"{kind}-{seed}-policy-{it - 1}", ignore_errors=True)
-        shutil.rmtree(run_dir)
-    return rows
+    objective, advantage = ("rs", None) if method == "rs" else ("pg", method)
+    start = time.perf_counter()
+    train(TrainConfig(data=str(data), out=str(out), advantage=advantage, objective=objective, model=base,
+                      steps=steps, batch_size=args.batch_size, lr=args.lr, seed=seed, lora=True,
+                      save_every=min(args.eval_every or steps, steps)))
+    return time.perf_counter() - start
 
 
-def merge_adapter(base: str | None, adapter: Path, out: Path) -> str:
-    """The base policy with a LoRA adapter merged in, saved as a safetensors folder the sampler loads."""
+def lora_policy(base: str | None, adapter: Path):
+    """(model, tokenizer) of `base` with the LoRA adapter in `adapter` merged in."""
     from peft import PeftModel
 
     from pipeline.models.loading import load_policy
 
     model, tokenizer = load_policy(base)
-    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    merged.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval(), tokenizer
+
+
+def save_policy(policy, out: Path) -> str:
+    model, tokenizer = policy
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
     return str(out)
 
 
-def steps_to_reach(rows: list[dict], kind: str, target: float, seeds: list[int]) -> int | None:
-    """First step at which `kind`'s seed-mean 'all' reward reaches `target` (None: never)."""
-    for steps in sorted({r["steps"] for r in rows if r["kind"] == kind}):
-        values = [r["all"] for r in rows if r["kind"] == kind and r["steps"] == steps]
-        if len(values) == len(seeds) and sum(values) / len(values) >= target:
+def evaluate_policy(label: str, load, records, args) -> dict:
+    """evaluate() with a loader: the policy is built only when its evaluation is not cached yet."""
+    path = STATE / "eval" / f"{label}.json"
+    return json.loads(path.read_text()) if path.is_file() else evaluate(label, load(), records, args)
+
+
+# --- the offline arm: one pool, three credits -----------------------------------------------------
+
+
+OFFLINE_METHODS = ("gdpo", "mrtpo", "rs")
+ITERATED_METHODS = ("gdpo", "mrtpo")
+
+
+def cmd_offline(args) -> None:
+    from pipeline.models.loading import load_policy
+
+    prompts = PROMPTS / "prompts.jsonl"
+    held_out = load_records(prompts, "test")[: args.eval_prompts or None]
+    evaluate_policy("start", lambda: load_policy(args.model), held_out, args)
+    pool = STATE / "pool"
+    seconds = annotate_pool(pool, prompts, args.model, args, prompts=args.train_prompts or None, n=args.n,
+                            seed=args.pool_seed)
+    log(f"pool: {seconds:.0f} s")
+    checkpoints = sorted({*range(args.eval_every or args.steps, args.steps + 1, args.eval_every or args.steps)})
+    accepted = passing(pool)
+    log(f"pool: {accepted} responses pass every reward (the rejection-sampling arm's data)")
+    for seed in [int(x) for x in args.seeds.split(",")]:
+        for method in OFFLINE_METHODS:
+            out = STATE / "offline" / f"{method}-{seed}"
+            if method == "rs" and not accepted:  # nothing accepted: rejection sampling leaves the policy as is
+                for step in checkpoints:
+                    evaluate_policy(f"offline-rs-{seed}-{step}", lambda: load_policy(args.model), held_out, args)
+                continue
+            if not (out / "final").is_dir():
+                log(f"train offline {method} seed {seed}: {train_arm(method, pool, args.model, out, seed, args.steps, args):.0f} s")
+            for step in checkpoints:
+                adapter = out / ("final" if step == args.steps else f"checkpoint-{step}")
+                evaluate_policy(f"offline-{method}-{seed}-{step}", lambda: lora_policy(args.model, adapter),
+                                held_out, args)
+
+
+def passing(pool: Path) -> int:
+    from pipeline.query import connect
+
+    return connect(str(pool)).sql("SELECT count(*) FROM training WHERE passed_all").fetchall()[0][0]
+
+
+# --- the iterated arm: annotate -> train from the current policy, repeated ------------------------
+
+
+def round_prompts(prompts: Path, round_: int, count: int) -> Path:
+    """A file of the `count` train prompts of one round: round r takes the r-th slice of the train prompts
+    (wrapping around), so the rounds see other prompts, the same ones for every method and seed."""
+    train = [line for line in prompts.read_text().splitlines() if json.loads(line)["split"] == "train"]
+    start = (round_ - 1) * count
+    chosen = [train[(start + i) % len(train)] for i in range(count)]
+    path = STATE / "iterated" / f"prompts-round-{round_}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(chosen) + "\n")
+    return path
+
+
+def cmd_iterated(args) -> None:
+    from pipeline.models.loading import load_policy
+
+    prompts = PROMPTS / "prompts.jsonl"
+    held_out = load_records(prompts, "test")[: args.eval_prompts or None]
+    evaluate_policy("start", lambda: load_policy(args.model), held_out, args)
+    for seed in [int(x) for x in args.seeds.split(",")]:
+        for method in ITERATED_METHODS:
+            policy = args.model
+            for round_ in range(1, args.rounds + 1):
+                work = STATE / "iterated" / f"{method}-{seed}"
+                merged = work / f"policy-{round_}"
+                if not merged.is_dir():
+                    data = work / f"data-{round_}"
+                    seconds = annotate_pool(data, round_prompts(prompts, round_, args.round_prompts), policy,
+                                            args, prompts=None, n=args.n, seed=10_000 * seed + round_)
+                    seconds += train_arm(method, data, policy, work / f"ckpt-{round_}", seed, args.round_steps,
+                                         args)
+                    save_policy(lora_policy(policy, work / f"ckpt-{round_}" / "final"), merged)
+                    log(f"iterated {method} seed {seed} round {round_}: {seconds:.0f} s")
+                    if round_ > 1:  # keep the current policy only: a merged SmolLM2 is 0.5 GB
+                        shutil.rmtree(work / f"policy-{round_ - 1}", ignore_errors=True)
+                evaluate_policy(f"iterated-{method}-{seed}-{round_ * args.round_steps}",
+                                lambda: load_policy(str(merged)), held_out, args)
+                policy = str(merged)
+
+
+# --- the report: paired differences, bootstrap intervals, the plot, the diagnosis ------------------
+
+
+def prompt_rewards(result: dict, decoding: str) -> dict[str, float]:
+    """Per held-out prompt: the greedy reward, the sampled one, or ('both') their mean."""
+    if decoding != "both":
+        return {k: v["reward"] for k, v in result[decoding].items()}
+    return {k: (v["reward"] + result["sampled"][k]["reward"]) / 2 for k, v in result["greedy"].items()}
+
+
+def seed_mean(results: list[dict], decoding: str) -> dict[str, float]:
+    per = [prompt_rewards(r, decoding) for r in results]
+    return {k: statistics.fmean(p[k] for p in per) for k in per[0]}
+
+
+def paired(a: dict[str, float], b: dict[str, float], ids: list[str], draws: int = 10_000, seed: int = 0) -> dict:
+    """Mean of a - b over `ids`, its 95% bootstrap interval over prompts, and the smallest difference the
+    design detects with 80% power at two-sided 5% (2.8 standard errors of the paired mean)."""
+    import numpy as np
+
+    diff = np.array([a[i] - b[i] for i in ids])
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(draws, len(diff)))].mean(axis=1)
+    se = diff.std(ddof=1) / np.sqrt(len(diff))
+    return {"diff": float(diff.mean()), "ci_low": float(np.quantile(means, 0.025)),
+            "ci_high": float(np.quantile(means, 0.975)), "mde": float(2.8 * se), "prompts": len(diff)}
+
+
+def load_evals() -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted((STATE / "eval").glob("*.json"))}
+
+
+def curves(evals: dict[str, dict], arm: str, decoding: str) -> dict[str, dict[int, list[dict]]]:
+    """method -> steps -> the evaluations of its seeds, from labels `<arm>-<method>-<seed>-<steps>`."""
+    out: dict[str, dict[int, list[dict]]] = {}
+    for label, result in evals.items():
+        parts = label.split("-")
+        if parts[0] == arm:
+            out.setdefault(parts[1], {}).setdefault(int(parts[3]), []).append(result)
+    return out
+
+
+def steps_to_reach(curve: dict[int, list[dict]], target: float, decoding: str) -> int | None:
+    for steps in sorted(curve):
+        if statistics.fmean(mean_reward_of(r, decoding) for r in curve[steps]) >= target - 1e-12:
             return steps
     return None
 
 
-def plot(rows: list[dict], tasks: list[str], kinds: list[str], path: Path) -> None:
+def mean_reward_of(result: dict, decoding: str, ids=None) -> float:
+    rewards = prompt_rewards(result, decoding)
+    return statistics.fmean(v for k, v in rewards.items() if ids is None or k in ids)
+
+
+def arm_rows(evals: dict[str, dict], arm: str, decoding: str, model: str) -> list[dict]:
+    """The closed_loop.json rows of one arm: per method, its final seed-mean reward against GDPO's."""
+    start = prompt_rewards(evals["start"], decoding)
+    unseen = [k for k in start if k.startswith("unseen-")]
+    by_method = curves(evals, arm, decoding)
+    if "gdpo" not in by_method:
+        return []
+    final_steps = max(by_method["gdpo"])
+    gdpo = seed_mean(by_method["gdpo"][final_steps], decoding)
+    gdpo_final = statistics.fmean(gdpo.values())
+    rows = []
+    for method, curve in sorted(by_method.items()):
+        if final_steps not in curve:
+            continue
+        final = seed_mean(curve[final_steps], decoding)
+        vs = paired(final, gdpo, sorted(final))
+        rows.append({"model": model, "arm": arm, "method": method, "decoding": decoding,
+                     "seeds": len(curve[final_steps]), "steps": final_steps, "eval_prompts": len(final),
+                     "start_reward": statistics.fmean(start.values()), "final_reward": statistics.fmean(final.values()),
+                     "diff_vs_gdpo": vs["diff"], "ci_low": vs["ci_low"], "ci_high": vs["ci_high"], "mde": vs["mde"],
+                     "seen_final_reward": statistics.fmean(v for k, v in final.items() if k not in unseen),
+                     "unseen_final_reward": statistics.fmean(final[k] for k in unseen) if unseen else None,
+                     "unseen_diff_vs_gdpo": paired(final, gdpo, unseen)["diff"] if unseen else None,
+                     "steps_to_gdpo_final": steps_to_reach(curve, gdpo_final, decoding)})
+    return rows
+
+
+def violation_spans(kind: str, args: dict, response: str) -> list[tuple[int, int]] | None:
+    """Character spans of `response` that break a constraint of `kind`, for the kinds where the violation sits
+    somewhere (None for kinds whose failure is something missing: a keyword, a title, a postscript)."""
+    import re
+
+    text_start = len(response) - len(response.lstrip())
+    text_end = len(response.rstrip())
+    words = list(re.finditer(r"\w+(?:'\w+)*", response))
+    if kind == "no_commas":
+        return [(m.start(), m.end()) for m in re.finditer("[,\uff0c]", response)]
+    if kind == "keyword_exclude":
+        return [(m.start(), m.end()) for k in args["keywords"]
+                for m in re.finditer(rf"(?<!\w){re.escape(k)}(?!\w)", response, re.IGNORECASE)]
+    if kind == "lowercase":
+        return [(m.start(), m.end()) for m in words if m.group() != m.group().lower()]
+    if kind == "word_count" and args.get("max") is not None and len(words) > args["max"]:
+        return [(words[args["max"]].start(), text_end)]
+    if kind in ("sentence_count", "bullet_count", "paragraph_count"):
+        return past_limit(kind, args, response)
+    if kind == "starts_with":
+        return [(text_start, min(text_end, text_start + len(args["phrase"].strip())))]
+    if kind == "ends_with":
+        return [(max(text_start, text_end - len(args["phrase"].strip())), text_end)]
+    return None
+
+
+def past_limit(kind: str, args: dict, response: str) -> list[tuple[int, int]] | None:
+    """From the first sentence, bullet or paragraph past the allowed number to the end (None: not too many)."""
+    from verifiers import checkers
+
+    limit = args.get("max") if kind == "sentence_count" else args["n"]
+    pieces = {"sentence_count": checkers.sentences, "bullet_count": checkers.bullets,
+              "paragraph_count": checkers.paragraphs}[kind](response)
+    if limit is None or len(pieces) <= limit:
+        return None
+    at = 0
+    for piece in pieces[:limit + 1]:
+        at = response.find(piece.strip(), at)
+    return [(at, len(response.rstrip()))] if at >= 0 else None
+
+
+def diagnose(pool: Path, records_path: Path) -> dict:
+    """Where each credit puts a failed constraint's penalty, on the pool: per kind with a violation span,
+    the share of the reward's negative advantage mass on the span's tokens (GDPO: the span's share of the
+    tokens, which is also the chance that a uniformly drawn token lies in it) and how often the reward's most
+    penalized token under MRTPO lies in the span."""
+    from pipeline.query import connect
+
+    by_id = {r.id: r for r in load_records(records_path)}
+    rows = connect(str(pool)).sql(
+        "SELECT c.response_id, r.group_id, r.response, c.constraint_index, c.position, c.char_start, c.char_end, "
+        "c.reward_adv, c.advantage FROM credits c JOIN responses r USING (response_id) "
+        "WHERE c.reward_adv < 0 ORDER BY c.response_id, c.constraint_index, c.position").fetchall()
+    pairs: dict[tuple, list] = {}
+    for row in rows:
+        pairs.setdefault((row[0], row[3]), []).append(row)
+    out: dict[str, dict[str, list[float]]] = {}
+    for (_, index), tokens in pairs.items():
+        record = by_id[tokens[0][1]]
+        constraint = record.spec.constraints[index]
+        spans = violation_spans(constraint.kind, constraint.args, tokens[0][2])
+        if not spans:
+            continue
+        inside = [any(t[5] < ce and t[6] > cs for cs, ce in spans) for t in tokens]
+        if not any(inside):
+            continue
+        mass = [-min(t[8], 0.0) for t in tokens]
+        stats = out.setdefault(constraint.kind, {"gdpo_share": [], "mrtpo_share": [], "mrtpo_top1": []})
+        stats["gdpo_share"].append(sum(inside) / len(inside))
+        stats["mrtpo_share"].append(sum(m for m, i in zip(mass, inside) if i) / max(sum(mass), 1e-12))
+        stats["mrtpo_top1"].append(float(inside[max(range(len(mass)), key=mass.__getitem__)]))
+    return {kind: {"pairs": len(v["gdpo_share"]), **{k: round(statistics.fmean(x), 3) for k, x in v.items()}}
+            for kind, v in sorted(out.items())}
+
+
+def kind_rates(results: list[dict], ids=None) -> dict[str, float]:
+    """Pass rate per constraint kind over the held-out prompts (greedy and sampled), seed mean."""
+    per: dict[str, list[float]] = {}
+    for result in results:
+        for decoding in ("greedy", "sampled"):
+            for pid, row in result[decoding].items():
+                for kind, rate in row["kinds"].items():
+                    per.setdefault(kind, []).append(rate)
+    return {k: round(statistics.fmean(v), 3) for k, v in sorted(per.items())}
+
+
+def plot(evals: dict[str, dict], path: Path, decoding: str = "both") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.2), sharex=True, squeeze=False)
-    axes = axes[0]
-    for ax, task in zip(axes, tasks):
-        for kind in kinds:
-            steps = sorted({r["steps"] for r in rows if r["kind"] == kind})
-            values = [[r[task] for r in rows if r["kind"] == kind and r["steps"] == s] for s in steps]
-            if not steps:
-                continue
-            mean = [sum(v) / len(v) for v in values]
-            line, = ax.plot(steps, mean, marker="o", label=kind)
+    start = mean_reward_of(evals["start"], decoding)
+    arms = [arm for arm in ("offline", "iterated") if curves(evals, arm, decoding)]
+    fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.4), squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        for method, curve in sorted(curves(evals, arm, decoding).items()):
+            steps = [0, *sorted(curve)]
+            values = [[start]] + [[mean_reward_of(r, decoding) for r in curve[s]] for s in steps[1:]]
+            line, = ax.plot(steps, [statistics.fmean(v) for v in values], marker="o", label=method)
             ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.15,
                             color=line.get_color())
-        ax.set_title(task)
+        ax.set_title(f"{arm} arm (seed min-max band)")
         ax.set_xlabel("training steps")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("mean verifier reward (held-out)")
-    axes[-1].legend()
+    axes[0][0].set_ylabel("held-out mean reward")
+    axes[0][-1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def cmd_report(args) -> list[dict]:
+    evals = load_evals()
+    rows = [row for arm in ("offline", "iterated") for decoding in ("both", "greedy", "sampled")
+            for row in arm_rows(evals, arm, decoding, args.model)]
+    for row in rows:
+        log(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
+    pool = STATE / "pool"
+    diagnosis = diagnose(pool, PROMPTS / "prompts.jsonl") if (pool / "manifest.json").is_file() else {}
+    log(f"diagnosis: {json.dumps(diagnosis)}")
+    rates = {"start": kind_rates([evals["start"]])}
+    for arm in ("offline", "iterated"):
+        for method, curve in curves(evals, arm, "both").items():
+            rates[f"{arm}-{method}"] = kind_rates(curve[max(curve)])
+    log(f"pass rates per kind: {json.dumps(rates)}")
+    if args.quick:
+        return rows
+    RESULTS_JSON.write_text(json.dumps(rows, indent=1) + "\n")
+    (ROOT / "bench" / "results" / "closed_loop_details.json").write_text(json.dumps(
+        {"diagnosis": diagnosis, "pass_rates": rates, "settings": vars(args)}, indent=1) + "\n")
+    plot(evals, ROOT / "bench" / "closed_loop.png")
+    return rows
+
+
+def cmd_quick(args) -> list[dict]:
+    """Both arms on the tiny policy, a few steps, nothing kept (CI)."""
+    global STATE
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tokencredit-loop-") as tmp:
+        STATE = Path(tmp)
+        args.model, args.quick, args.seeds, args.max_new_tokens = None, True, "0", 16
+        args.train_prompts, args.n, args.eval_prompts, args.steps, args.eval_every = 4, 2, 4, 2, 1
+        args.rounds, args.round_prompts, args.round_steps, args.batch_size = 2, 2, 1, 4
+        cmd_offline(args)
+        cmd_iterated(args)
+        rows = cmd_report(args)
+    arms = {(r["arm"], r["method"]) for r in rows}
+    expected = {("offline", m) for m in OFFLINE_METHODS} | {("iterated", m) for m in ITERATED_METHODS}
+    if arms != expected:
+        raise SystemExit(f"quick run: rows for {sorted(arms)}, expected {sorted(expected)}")
+    print(f"quick run: {len(rows)} rows, arms and methods {sorted(arms)}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CI size: 1 seed, 1 iteration, tiny sets")
-    parser.add_argument("--iterations", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=20, help="training steps per iteration")
-    parser.add_argument("--prompts", type=int, default=32, help="train prompts per task per iteration")
-    parser.add_argument("--n", type=int, default=4, help="responses per prompt")
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--eval-n", type=int, default=2, help="samples per held-out prompt")
-    parser.add_argument("--eval-limit", type=int, default=0, help="held-out prompts per task (0: all)")
-    parser.add_argument("--eval-seed", type=int, default=12345)
-    parser.add_argument("--model", default=None, help="starting policy (default: the shipped tiny policy)")
-    parser.add_argument("--lora", action="store_true", help="train LoRA adapters, merged after each iteration")
-    parser.add_argument("--tasks", default="sql,instructions,tools")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="advantage kinds to compare")
+    parser.add_argument("command", choices=["pilot", "offline", "iterated", "report", "quick"])
+    parser.add_argument("--model", default=SMOLLM2)
+    parser.add_argument("--temperatures", default="0.5,0.7,1.0")
+    parser.add_argument("--pilot-prompts", type=int, default=96)
+    parser.add_argument("--pilot-n", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=0.5, help="sampling temperature (pool, eval)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--eval-n", type=int, default=1, help="sampled responses per held-out prompt")
+    parser.add_argument("--eval-seed", type=int, default=12345)
+    parser.add_argument("--eval-batch", type=int, default=64)
+    parser.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts (0: all)")
+    parser.add_argument("--train-prompts", type=int, default=0, help="pool prompts (0: all train prompts)")
+    parser.add_argument("--n", type=int, default=8, help="responses per train prompt")
+    parser.add_argument("--pool-seed", type=int, default=2026)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=32, help="offline training steps")
+    parser.add_argument("--eval-every", type=int, default=16, help="offline: evaluate every this many steps")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--round-prompts", type=int, default=32)
+    parser.add_argument("--round-steps", type=int, default=8)
     args = parser.parse_args()
-    kinds = args.kinds.split(",")
-    if args.quick:
-        args.iterations, args.steps, args.prompts, args.n, args.seeds = 1, 4, 4, 2, "0"
-        args.eval_n, args.eval_limit = 1, 8
-    seeds = [int(s) for s in args.seeds.split(",")]
-
-    from pipeline.annotate import AnnotateConfig, load_prompt_set
-
-    test_records = load_prompt_set(AnnotateConfig(tasks=tuple(args.tasks.split(",")), split="test",
-                                                  limit=args.eval_limit or None))[0]
-    tasks = sorted({r.task for r in test_records})
-    start = time.perf_counter()
-    base = evaluate(args.model, test_records, args.eval_n, args.eval_seed, args.max_new_tokens)
-    rows = [{"kind": kind, "seed": seed, "iteration": 0, "steps": 0, "annotate_s": 0.0, **base}
-            for kind in kinds for seed in seeds]
-    print(json.dumps({"starting policy": base}), flush=True)
-    with tempfile.TemporaryDirectory(prefix="tokencredit-loop-") as tmp:
-        for kind in kinds:
-            for seed in seeds:
-                rows += one_run(kind, seed, args, Path(tmp), test_records)
-    minutes = (time.perf_counter() - start) / 60
-
-    final = {kind: sum(r["all"] for r in rows if r["kind"] == kind and r["iteration"] == args.iterations)
-             / len(seeds) for kind in kinds}
-    reach = {kind: steps_to_reach(rows, kind, final["gdpo"], seeds) for kind in kinds}
-    print(f"final mean reward (all tasks): {json.dumps({k: round(v, 4) for k, v in final.items()})}")
-    print(f"steps to reach GDPO's final {final['gdpo']:.4f}: {reach}; {minutes:.1f} min")
-    if args.quick:
-        return
-
-    name = "closed_loop" if args.model is None else f"closed_loop_{args.model}"
-    with (ROOT / "bench" / f"{name}.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    plot(rows, tasks, kinds, ROOT / "bench" / f"{name}.png")
-    per_task = "; ".join(f"{kind}: " + ", ".join(
-        f"{t} {sum(r[t] for r in rows if r['kind'] == kind and r['iteration'] == args.iterations) / len(seeds):.3f}"
-        for t in tasks) for kind in kinds)
-    faster = reach["mrtpo"] is not None and reach["mrtpo"] < reach["gdpo"]
-    start_name = "the shipped tiny policy" if args.model is None else f"{args.model}{' (LoRA)' if args.lora else ''}"
-    upsert_result(
-        "Closed loop: annotate -> train (closed_loop.py)" + ("" if args.model is None else f", {args.model}"),
-        f"From {start_name}: per iteration, annotate the train-split prompts with the current policy, "
-        "then offline clipped PG steps on the chosen advantage; held-out (test-split) mean verifier reward at "
-        f"temperature 1.0 after each iteration. Plot: `bench/{name}.png`; points: `bench/{name}.csv`.",
-        "full",
-        f"{len(seeds)} seeds x {args.iterations} iterations x {args.steps} steps (batch {args.batch_size}, "
-        f"lr {args.lr}); tasks {args.tasks}; max_new_tokens {args.max_new_tokens}; "
-        f"{args.prompts} train prompts per task x {args.n} samples per iteration; held-out {len(test_records)} "
-        f"prompts x {args.eval_n} samples; {minutes:.0f} min",
-        f"starting policy {base['all']:.3f}; final (seed mean, all tasks) "
-        + ", ".join(f"{k} {v:.3f}" for k, v in final.items())
-        + f"; per task: {per_task}; steps to reach GDPO's final: "
-        + ", ".join(f"{k} {v if v is not None else 'never'}" for k, v in reach.items()),
-        f"MRTPO reaches GDPO's final reward in fewer steps: {'yes' if faster else 'no'}",
-    )
+    args.quick = False
+    STATE.mkdir(parents=True, exist_ok=True)
+    {"pilot": cmd_pilot, "offline": cmd_offline, "iterated": cmd_iterated, "report": cmd_report,
+     "quick": cmd_quick}[args.command](args)
 
 
 if __name__ == "__main__":
