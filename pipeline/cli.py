@@ -69,6 +69,8 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verifier", action="append", default=[], metavar="[TASK=]MODULE:CALLABLE",
                    help="a plugin verifier (repeatable): package.module:fn, file.py:fn or an installed "
                    "entry-point name; without TASK= it scores every record")
+    p.add_argument("--verifier-timeout", type=float, default=d.verifier_timeout_s,
+                   help="seconds per response for all its verifiers; past it the response is a verifier_error")
     p.add_argument("--tasks", default=None, help="comma list of tasks to annotate (default: all; a task with "
                    "no record in the prompt set is an error)")
     p.add_argument("--split", choices=["train", "test"], default=None, help="only records of this split")
@@ -115,7 +117,7 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
 
     return AnnotateConfig(
         prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
-        columns=args.columns, verifiers=resolve(args.verifier),
+        columns=args.columns, verifiers=resolve(args.verifier), verifier_timeout_s=args.verifier_timeout,
         tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None,
         split=args.split, limit=args.limit or None, backend=args.backend, model=args.model,
         reward_model=args.reward_model, device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,

@@ -140,6 +140,8 @@ class AnnotateConfig:
     semantics: str | None = None  # e.g. "ifeval", "bfcl", "tokencredit"; None = the format's default
     columns: tuple[tuple[str, str], ...] = ()  # (native field, source column or 'constant') renames
     verifiers: tuple[PluginRef, ...] = ()  # plugin verifiers, source hashes included
+    # per response, built-in and plugin verifiers together; past it the response is a verifier_error
+    verifier_timeout_s: float = 5.0
     tasks: tuple[str, ...] | None = None  # None = every task of the prompt set
     split: str | None = None  # None = all records
     limit: int | None = 16  # prompts per task; None = all
@@ -153,6 +155,10 @@ class AnnotateConfig:
     cpu_threads: int = 2
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
+
+    def __post_init__(self) -> None:
+        if not self.verifier_timeout_s > 0:
+            raise ValueError(f"AnnotateConfig.verifier_timeout_s must be > 0, got {self.verifier_timeout_s!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
