@@ -257,7 +257,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     from .query import run_query
 
     try:
-        run_query(args.out, args.sql, allow_incomplete=args.allow_incomplete).show(
+        run_query(args.out, args.sql, allow_incomplete=args.allow_incomplete, memory_limit=args.memory_limit).show(
             max_rows=args.max_rows, max_width=200)
     except duckdb.Error as error:  # a mistyped query is the user's input: say what DuckDB said
         raise ValueError(f"the query failed: {error}") from None
@@ -303,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="run directory")
     p.add_argument("sql", help="SELECT statement(s) over the views responses, credits, training")
     p.add_argument("--max-rows", type=int, default=100, help="rows to print")
+    p.add_argument("--memory-limit", default=None,
+                   help="DuckDB's memory limit, such as 4GB (default: DuckDB's, 80%% of the machine's memory)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_query)
 

@@ -250,3 +250,21 @@ def test_the_three_hostile_records_are_rejected_through_the_cli_and_the_rest_ann
     import pyarrow.dataset as ds
     groups = ds.dataset(out / "responses").to_table(columns=["group_id"]).column("group_id").to_pylist()
     assert sorted(set(groups)) == ["good1", "good2"] and len(groups) == 4
+
+
+@pytest.mark.parametrize("semantics", ["tokencredit", "bfcl"])
+@pytest.mark.parametrize("value, where", [("NaN", "arguments.temp"), ("[1.0, -Infinity]", "alternatives.temp"),
+                                          ('{"a": [Infinity]}', "arguments.extra")])
+def test_a_non_finite_reference_argument_is_rejected_at_load(task_dir, semantics, value, where):
+    """NaN equals nothing, so a reward against it could never reach 1."""
+    tools = [{"name": "f", "parameters": {"type": "object", "properties": {
+        "temp": {"type": "number"}, "extra": {"type": "object"}}, "required": []}}]
+    calls = [{"name": "f", "arguments": {"temp": 1.0}, "alternatives": {}}]
+    key = where.split(".")[1]
+    calls[0][where.split(".")[0]][key] = "@"
+    line = json.dumps(tool_record("t1", tools, calls)).replace('"@"', value)
+    records, rejected = load_tasks(write_lines(task_dir / "t.jsonl", [line, tool_record("t2", tools, [
+        {"name": "f", "arguments": {"temp": 2.5}}])]), semantics=semantics)
+    assert [r.id for r in records] == ["t2"]
+    assert [(r.line_no, r.field) for r in rejected] == [(1, f"reference_calls[0].{where}")]
+    assert "NaN or Infinity" in rejected[0].reason

@@ -395,3 +395,14 @@ def test_lora_from_the_cli_trains_adapters_only(run_dir, policy_dir, tmp_path):
     assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # B starts at 0: it trained
     kl = [float(r["kl"]) for r in read_metrics(out)]
     assert kl[0] == pytest.approx(0.0, abs=1e-7) and kl[1] > 0  # reference: the base model, adapters off
+
+
+def test_training_on_an_incomplete_run_is_refused_without_creating_the_output_folder(tmp_path, capsys):
+    from pipeline.cli import main
+
+    writer = RunWriter(str(tmp_path / "run"))
+    writer.start("run", {}, "h", "c", n_shards=2)
+    out = tmp_path / "ckpt"
+    assert main(["train", "--data", str(tmp_path / "run"), "--out", str(out), "--steps", "1"]) == 2
+    assert "not complete" in capsys.readouterr().err
+    assert not out.exists()
