@@ -149,7 +149,8 @@ def verify_samples(samples, records: dict[str, TaskRecord], plugin_refs: Sequenc
                 got = [s.name for s in scores]
                 if names.setdefault(sample.group_id, got) != got:
                     raise ValueError(f"reward names {got} differ from {names[sample.group_id]} of another "
-                                     "response of this record; a verifier must return the same names for every response")
+                                     "response of this record; a verifier must return the same names for every "
+                                     "response")
                 verified.append(VerifiedSample(sample, scores))
             except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the batch
                 verified.append(VerifiedSample(sample, [], status=_verifier_error(error)))

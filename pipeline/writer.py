@@ -266,7 +266,8 @@ class RunWriter:
         for folder in ("", *TABLES, SHARDS):
             infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"), allow_not_found=True))
             for info in infos:
-                if info.type == pafs.FileType.File and info.base_name.startswith(".") and info.base_name.endswith(".tmp"):
+                name = info.base_name
+                if info.type == pafs.FileType.File and name.startswith(".") and name.endswith(".tmp"):
                     self.fs.delete_file(info.path)
 
     def _files_match(self, entry: dict[str, Any]) -> bool:
