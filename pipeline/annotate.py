@@ -24,7 +24,7 @@ import verifiers
 from schemas.records import RecordError, TaskRecord, VerifiedSample
 from verifiers.plugins import PluginRef, tasks_of
 
-from .bounds import render_bounded
+from .bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
 from .config import AnnotateConfig
 from .credit.assign import assign_credit
 from .sampling import make_sampler
@@ -134,23 +134,37 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
     return Models(sampler, policy, tokenizer, rm)
 
 
-def verify_samples(samples, records: dict[str, TaskRecord],
-                   plugin_refs: Sequence[PluginRef] = ()) -> list[VerifiedSample]:
-    """The verify stage; a verifier that crashes marks its response failed, never drops it. GDPO
-    normalizes reward k across a group, so a response whose reward names differ from those of its
-    group's first verified response is marked failed too."""
+def verify_samples(samples, records: dict[str, TaskRecord], plugin_refs: Sequence[PluginRef] = (),
+                   timeout_s: float = AnnotateConfig.verifier_timeout_s) -> list[VerifiedSample]:
+    """The verify stage; a verifier that crashes, exits or runs past `timeout_s` on a response marks
+    that response failed, never drops it nor stops the batch. GDPO normalizes reward k across a
+    group, so a response whose reward names differ from those of its group's first verified
+    response is marked failed too."""
     verified, names = [], {}
-    for sample in samples:
-        try:
-            scores = verifiers.verify(records[sample.group_id], sample.response, plugin_refs)
-            got = [s.name for s in scores]
-            if names.setdefault(sample.group_id, got) != got:
-                raise ValueError(f"reward names {got} differ from {names[sample.group_id]} of another response "
-                                 "of this record; a verifier must return the same names for every response")
-            verified.append(VerifiedSample(sample, scores))
-        except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the batch
-            verified.append(VerifiedSample(sample, [], status=f"verifier_error: {type(error).__name__}: {error}"))
+    call = BoundedCaller(timeout_s)
+    try:
+        for sample in samples:
+            try:
+                scores = call(verifiers.verify, records[sample.group_id], sample.response, plugin_refs)
+                got = [s.name for s in scores]
+                if names.setdefault(sample.group_id, got) != got:
+                    raise ValueError(f"reward names {got} differ from {names[sample.group_id]} of another "
+                                     "response of this record; a verifier must return the same names for every "
+                                     "response")
+                verified.append(VerifiedSample(sample, scores))
+            except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the batch
+                verified.append(VerifiedSample(sample, [], status=_verifier_error(error)))
+    finally:
+        call.close()
     return verified
+
+
+def _verifier_error(error: Exception) -> str:
+    if isinstance(error, CallTimeout):
+        return f"verifier_error: timeout: the verifiers {error} on this response (--verifier-timeout)"
+    if isinstance(error, CallAborted):
+        return f"verifier_error: {error}"
+    return f"verifier_error: {type(error).__name__}: {error}"
 
 
 def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateConfig,
@@ -160,7 +174,7 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
         torch.set_num_threads(config.cpu_threads)
     by_id = {r.id: r for r in records}
     samples = models.sampler.sample(records, config.sampling)
-    verified = verify_samples(samples, by_id, config.verifiers)
+    verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
                                      models.reward_model)
     tables = {"responses": responses_table(annotated, shard),

@@ -69,6 +69,8 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verifier", action="append", default=[], metavar="[TASK=]MODULE:CALLABLE",
                    help="a plugin verifier (repeatable): package.module:fn, file.py:fn or an installed "
                    "entry-point name; without TASK= it scores every record")
+    p.add_argument("--verifier-timeout", type=float, default=d.verifier_timeout_s,
+                   help="seconds per response for all its verifiers; past it the response is a verifier_error")
     p.add_argument("--tasks", default=None, help="comma list of tasks to annotate (default: all; a task with "
                    "no record in the prompt set is an error)")
     p.add_argument("--split", choices=["train", "test"], default=None, help="only records of this split")
@@ -116,7 +118,7 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
 
     return AnnotateConfig(
         prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
-        columns=args.columns, verifiers=resolve(args.verifier),
+        columns=args.columns, verifiers=resolve(args.verifier), verifier_timeout_s=args.verifier_timeout,
         tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None,
         split=args.split, limit=AUTO_LIMIT if args.limit is None else (args.limit or None), backend=args.backend,
         model=args.model,
@@ -262,7 +264,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     from .query import run_query
 
     try:
-        run_query(args.out, args.sql, allow_incomplete=args.allow_incomplete).show(
+        run_query(args.out, args.sql, allow_incomplete=args.allow_incomplete, memory_limit=args.memory_limit).show(
             max_rows=args.max_rows, max_width=200)
     except duckdb.Error as error:  # a mistyped query is the user's input: say what DuckDB said
         raise ValueError(f"the query failed: {error}") from None
@@ -308,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="run directory")
     p.add_argument("sql", help="SELECT statement(s) over the views responses, credits, training")
     p.add_argument("--max-rows", type=int, default=100, help="rows to print")
+    p.add_argument("--memory-limit", default=None,
+                   help="DuckDB's memory limit, such as 4GB (default: DuckDB's, 80%% of the machine's memory)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_query)
 

@@ -144,6 +144,8 @@ class AnnotateConfig:
     semantics: str | None = None  # e.g. "ifeval", "bfcl", "tokencredit"; None = the format's default
     columns: tuple[tuple[str, str], ...] = ()  # (native field, source column or 'constant') renames
     verifiers: tuple[PluginRef, ...] = ()  # plugin verifiers, source hashes included
+    # per response, built-in and plugin verifiers together; past it the response is a verifier_error
+    verifier_timeout_s: float = 5.0
     tasks: tuple[str, ...] | None = None  # None = every task of the prompt set
     split: str | None = None  # None = all records
     limit: int | str | None = "auto"  # prompts per task; None = all; "auto": DEMO_LIMIT of the demo set, else all
@@ -164,6 +166,8 @@ class AnnotateConfig:
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             raise ValueError(f"AnnotateConfig.limit: expected a positive number of prompts per task, None (all) "
                              f"or {AUTO_LIMIT!r}, got {self.limit!r}")
+        if not self.verifier_timeout_s > 0:
+            raise ValueError(f"AnnotateConfig.verifier_timeout_s must be > 0, got {self.verifier_timeout_s!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

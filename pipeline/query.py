@@ -9,6 +9,9 @@ even into the run folder.
 """
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 
 import duckdb
@@ -49,15 +52,25 @@ def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
-def connect(out: str | Path, *, allow_incomplete: bool = False) -> duckdb.DuckDBPyConnection:
+def connect(out: str | Path, *, allow_incomplete: bool = False,
+            memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the run's views, read-only to the run (module docstring).
 
+    DuckDB spills into a temporary folder of this connection's own (its default, `.tmp` in the
+    current folder, would litter wherever the command ran), removed when the process ends;
+    `memory_limit` ("4GB"; None: DuckDB's default, 80% of the machine) bounds what it keeps in memory.
     Raises IncompleteRunError (a ValueError) when the run's manifest is not complete, unless
     `allow_incomplete`: then the views read the shards written so far.
     """
     out = str(out)
     run = run_files(out, allow_incomplete=allow_incomplete)
-    con = duckdb.connect(config=_LOCKDOWN)
+    settings = {**_LOCKDOWN, "temp_directory": _private_temp_dir()}
+    if memory_limit is not None:
+        settings["memory_limit"] = memory_limit
+    try:
+        con = duckdb.connect(config=settings)
+    except duckdb.Error as error:
+        raise ValueError(f"cannot open DuckDB with memory limit {memory_limit!r}: {error}") from None
     sources = {}
     for name, paths in run.files.items():
         if paths and run.local:
@@ -79,6 +92,12 @@ def connect(out: str | Path, *, allow_incomplete: bool = False) -> duckdb.DuckDB
     return con
 
 
+def _private_temp_dir() -> str:
+    folder = tempfile.mkdtemp(prefix="tokencredit-duckdb-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     """Raise ValueError unless every statement of `sql` is a read (statement type SELECT)."""
     try:
@@ -94,8 +113,9 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
                              f"refused a {kind} statement: {' '.join(statement.query.split())[:80]}")
 
 
-def run_query(out: str | Path, sql: str, *, allow_incomplete: bool = False) -> duckdb.DuckDBPyRelation:
+def run_query(out: str | Path, sql: str, *, allow_incomplete: bool = False,
+              memory_limit: str | None = None) -> duckdb.DuckDBPyRelation:
     """The relation of the last statement of `sql` (reads only) over run directory `out`."""
-    con = connect(out, allow_incomplete=allow_incomplete)
+    con = connect(out, allow_incomplete=allow_incomplete, memory_limit=memory_limit)
     check_read_only(con, sql)
     return con.sql(sql)

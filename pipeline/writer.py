@@ -81,7 +81,12 @@ def _read_json(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return None
     with fs.open_input_stream(path) as stream:
-        return json.loads(stream.read())
+        text = stream.read()
+    try:
+        return json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); was its write cut short? "
+                         "Restore it or annotate again into a new --out") from None
 
 
 def _exists(fs: pafs.FileSystem, path: str) -> bool:
@@ -259,11 +264,7 @@ class RunWriter:
         killed run that still runs on a Dask worker may finish a shard meanwhile; it writes the
         same bytes, and if this deletes its temporary file that task fails, and the shard is
         written here."""
-        for folder in ("", *TABLES, SHARDS):
-            infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"), allow_not_found=True))
-            for info in infos:
-                if info.type == pafs.FileType.File and info.base_name.startswith(".") and info.base_name.endswith(".tmp"):
-                    self.fs.delete_file(info.path)
+        self._delete_temporaries()
         marked = {s: self._read_json(self._marker(s)) for s in range(n_shards)}
         redo = [s for s, entry in marked.items() if entry is not None and not self._files_match(entry)]
         if redo and self.manifest.get("complete"):
@@ -272,6 +273,14 @@ class RunWriter:
         for s in redo:
             self.fs.delete_file(f"{self.root}/{self._marker(s)}")
         return redo
+
+    def _delete_temporaries(self) -> None:
+        for folder in ("", *TABLES, SHARDS):
+            infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"), allow_not_found=True))
+            for info in infos:
+                name = info.base_name
+                if info.type == pafs.FileType.File and name.startswith(".") and name.endswith(".tmp"):
+                    self.fs.delete_file(info.path)
 
     def _files_match(self, entry: dict[str, Any]) -> bool:
         for name in TABLES:
@@ -314,7 +323,8 @@ class RunWriter:
         """Collect the shard markers into the manifest: totals, summed stats, dataset checksum,
         `complete: true`.
 
-        Raises if a shard in range(n_shards) is missing: the run is not complete.
+        Raises if a shard in range(n_shards) is missing: the run is not complete. Deletes what
+        writers that died mid-file left (a killed Dask worker's shard was written again elsewhere).
         """
         entries = [self._read_json(self._marker(s)) for s in range(n_shards)]
         missing = [s for s, entry in enumerate(entries) if entry is None]
@@ -330,6 +340,7 @@ class RunWriter:
         self.manifest.update(shards={str(e["shard"]): e for e in entries}, totals=totals, stats=stats,
                              dataset_checksum=checksum, n_shards=n_shards, complete=True, **extra)
         self._write_json(MANIFEST, self.manifest)
+        self._delete_temporaries()
         return self.manifest
 
 

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -131,6 +132,65 @@ def test_a_misbehaving_plugin_fails_only_its_responses_with_a_clear_status(targe
     samples = [Sample(f"h1/{j}", "h1", "haiku", "p", [1], "a response", [2], [-0.1], "m", 0) for j in range(2)]
     verified = verify_samples(samples, {"h1": record}, [plugins.PluginRef(f"{__name__}:{target}", "haiku")])
     assert all(v.status.startswith("verifier_error: PluginError") and problem in v.status for v in verified)
+
+
+def hanging(record, response):
+    if response == "hang":
+        threading.Event().wait(1000)
+    if response == "exit":
+        sys.exit(3)
+    if response == "interrupt":
+        raise KeyboardInterrupt
+    return [("short", float(len(response) < 10), "Be brief.")]
+
+
+def test_a_verifier_that_hangs_or_exits_fails_only_its_response_and_the_batch_goes_on():
+    """A hung call is abandoned at the bound (its thread sleeps on as a daemon); SystemExit and
+    KeyboardInterrupt raised by a verifier are that response's verifier_error, not this process's."""
+    texts = ["ok", "hang", "exit", "interrupt", "fine"]
+    samples = [Sample(f"h1/{j}", "h1", "haiku", "p", [1], text, [2], [-0.1], "m", 0) for j, text in enumerate(texts)]
+    verified = verify_samples(samples, {"h1": plugin_record()}, [plugins.PluginRef(f"{__name__}:hanging", "haiku")],
+                              timeout_s=0.5)
+    assert [v.status for v in verified] == [
+        "ok", "verifier_error: timeout: the verifiers ran past 0.5 s on this response (--verifier-timeout)",
+        "verifier_error: SystemExit(3)", "verifier_error: KeyboardInterrupt()", "ok"]
+    assert [v.rewards[0].score for v in verified if v.status == "ok"] == [1.0, 1.0]
+
+
+def test_the_verifier_timeout_is_part_of_the_config_and_must_be_positive():
+    assert AnnotateConfig(verifier_timeout_s=2.0).digest() != AnnotateConfig().digest()
+    with pytest.raises(ValueError, match="verifier_timeout_s must be > 0"):
+        AnnotateConfig(verifier_timeout_s=0)
+
+
+HANGS_ON_SNOW = '''
+import time
+def haiku(record, response):
+    if record["topic"] == "snow":
+        time.sleep(1000)
+    yield "on_topic", float(record["topic"] in response.lower()), f"Mention the {record['topic']}."
+'''
+
+
+@pytest.mark.slow
+def test_a_plugin_that_hangs_on_one_record_is_bounded_through_the_cli(tmp_path):
+    """It hung `annotate` for good; now each of its calls ends at --verifier-timeout, the other
+    record is annotated and the process exits 0 (the sleeping threads do not hold it open)."""
+    (tmp_path / "haiku.py").write_text(HANGS_ON_SNOW)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "A haiku.", "topic": "sea"}\n'
+                       '{"id": "h2", "task": "haiku", "prompt": "A haiku.", "topic": "snow"}\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "annotate", "--out", str(tmp_path / "out"), "--prompts", str(prompts),
+         "--runner", "none", "--verifier", f"haiku={tmp_path / 'haiku.py'}:haiku", "--verifier-timeout", "1",
+         "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = ds.dataset(tmp_path / "out/responses").to_table().to_pylist()
+    status = {(r["group_id"], r["status"]) for r in rows}
+    assert status == {("h1", "ok"), ("h2", "verifier_error: timeout: the verifiers ran past 1 s on this response "
+                                           "(--verifier-timeout)")}
+    assert len(rows) == 4
 
 
 def test_reward_names_must_agree_across_a_records_responses():

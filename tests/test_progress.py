@@ -4,6 +4,8 @@ from __future__ import annotations
 import io
 import os
 import re
+import select
+import time
 
 import verifiers
 from pipeline.annotate import annotate_shard, load_models
@@ -56,6 +58,21 @@ def test_without_a_terminal_a_line_at_most_every_few_seconds_and_at_the_end():
     assert "tokens/s" in rarely.getvalue()
 
 
+def read_until(fd: int, done, seconds: float = 60.0) -> str:
+    """What the terminal shows once `done(text)` holds, the writer closed it, or `seconds` passed:
+    on a loaded machine the final redraw may arrive after the first read."""
+    text, deadline = "", time.monotonic() + seconds
+    while not done(text) and select.select([fd], [], [], max(deadline - time.monotonic(), 0))[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the other side is closed and everything it wrote has been read
+            break
+        if not chunk:
+            break
+        text += chunk.decode(errors="replace")
+    return text
+
+
 def test_on_a_terminal_a_bar():
     primary, secondary = os.openpty()
     with os.fdopen(secondary, "w") as tty:
@@ -63,6 +80,6 @@ def test_on_a_terminal_a_bar():
             progress.update(2, tokens=50)
             progress.update(2, tokens=30)
         tty.flush()
-        drawn = os.read(primary, 65536).decode()
+        drawn = read_until(primary, lambda text: "4/4" in text and "tokens/s" in text.rpartition("4/4")[2])
     os.close(primary)
     assert "sampling" in drawn and "4/4" in drawn and "tokens/s" in drawn

@@ -85,3 +85,25 @@ def test_the_connection_is_locked_after_the_views_exist(run):
         con.execute("SET enable_external_access = true")
     with pytest.raises(duckdb.Error, match="disabled"):
         con.execute(f"SELECT * FROM read_text('{run.parent / 'secret.txt'}')")
+
+
+def test_query_spills_into_a_temporary_folder_of_its_own_removed_after(run, tmp_path):
+    """DuckDB's default is `.tmp` in the current folder and 80% of the machine's memory."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    work = tmp_path / "work"
+    work.mkdir()
+    sql = "SELECT current_setting('temp_directory') AS t, current_setting('memory_limit') AS m"
+    done = subprocess.run([sys.executable, "-c", "from pipeline.query import run_query; import sys; print(*run_query("
+                           "sys.argv[1], sys.argv[2], memory_limit='200MB').fetchall()[0], sep='|')", str(run), sql],
+                          cwd=work, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+                          check=True)
+    temp, memory = done.stdout.strip().split("|")
+    assert Path(temp).name.startswith("tokencredit-duckdb-") and not Path(temp).is_relative_to(work)
+    assert memory.replace(" ", "") in ("190.7MiB", "200.0MB")  # DuckDB reports 200MB in MiB
+    assert not Path(temp).exists() and list(work.iterdir()) == []
+    assert main(["query", str(run), "SELECT 1", "--memory-limit", "50MB"]) == 0
+    assert main(["query", str(run), "SELECT 1", "--memory-limit", "lots"]) == 2

@@ -258,3 +258,76 @@ def test_every_demo_reference_passes_and_widening_a_strict_comparison_fails_exec
     for r in strict:
         widened = r.reference_response.replace(" > ", " >= ").replace(" < ", " <= ")
         assert [s.score for s in sql.verify(r, widened)] == [1, 1, 0], r.id
+
+
+def cte_chain(depth: int) -> str:
+    """Each CTE joins the previous one with itself: SQLite's preparation doubles time and memory per level."""
+    ctes = ["a0(x) AS (SELECT 1)"] + [f"a{i}(x) AS (SELECT sum(p.x) FROM a{i - 1} p, a{i - 1} q)"
+                                      for i in range(1, depth + 1)]
+    return f"WITH {', '.join(ctes)} SELECT x FROM a{depth}"
+
+
+CTE_PROBE = """
+import resource, sys, time
+from verifiers import sandbox, sql
+from schemas.records import SqlSpec, TaskRecord
+from tests.test_sql_verifier import cte_chain
+record = TaskRecord("q", "sql", "Question?", None, SqlSpec(sys.argv[1], "SELECT 1"))
+mib = lambda who: resource.getrusage(who).ru_maxrss / 1024
+before = mib(resource.RUSAGE_SELF)
+for depth in (20, 22):
+    started = time.monotonic()
+    observed = sql.verify(record, f"<sql>{cte_chain(depth)}</sql>")[1].observed
+    print(depth, round(time.monotonic() - started, 2), observed)
+    try:
+        sandbox.run_select(sys.argv[1], cte_chain(depth), sandbox.Limits(timeout_s=600))
+    except sandbox.SandboxError as e:
+        print(depth, "untimed", e)
+sandbox.close_workers()
+print(round(mib(resource.RUSAGE_SELF) - before), round(mib(resource.RUSAGE_CHILDREN)))
+"""
+MEMORY_LABEL = "Refused: the query needed more than 256 MB of memory (temporary tables and sorts included)."
+
+
+def test_a_cte_chain_that_explodes_while_prepared_is_bounded_in_time_and_memory(db):
+    """Depth 20 took 7 s and 2.3 GB before the worker process. With the default limits it stops
+    within 3 s, on whichever bound it reaches first (memory on an idle machine, time on a loaded
+    one); with no effective time limit, on the memory bound. The worker's RSS stays under
+    RLIMIT_AS (the SQLite heap limit plus a margin: 512 MB), the calling process does not grow."""
+    import os
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", CTE_PROBE, str(db)], capture_output=True, text=True, check=True,
+                         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}).stdout.splitlines()
+    for depth, timed, untimed in zip((20, 22), out[0::2], out[1::2]):
+        got_depth, seconds, observed = timed.split(" ", 2)
+        assert int(got_depth) == depth and float(seconds) < 3.0, timed
+        assert observed in (MEMORY_LABEL, "Refused: the query ran longer than 2 s."), timed
+        assert untimed == f"{depth} untimed {MEMORY_LABEL}"
+    parent_growth_mib, worker_mib = map(int, out[4].split())
+    cap = (sandbox.Limits().max_memory_bytes + sandbox._AS_MARGIN_BYTES) / 2**20
+    assert worker_mib < cap and parent_growth_mib < 50, out
+
+
+def test_a_statement_still_being_prepared_at_the_deadline_is_killed_and_labelled_by_time(db):
+    limits = sandbox.Limits(timeout_s=0.3, max_memory_bytes=4_000_000_000)  # memory would not stop it
+    started = time.monotonic()
+    with pytest.raises(sandbox.SandboxError, match=r"^Refused: the query ran longer than 0.3 s.$"):
+        sandbox.run_select(db, cte_chain(22), limits)
+    assert time.monotonic() - started < 3.0
+    assert sandbox.run_select(db, "SELECT COUNT(*) FROM singer", limits).rows == [(4,)]  # a fresh worker
+
+
+def test_temporary_storage_stays_in_the_bounded_memory_and_no_file_is_written(db, tmp_path, monkeypatch):
+    """A DISTINCT over 1 GB of rows once wrote 1.07 GB of temporary files within its 2 s."""
+    sandbox.close_workers()  # the next worker starts with this temporary folder
+    monkeypatch.setenv("SQLITE_TMPDIR", str(tmp_path))
+    big = ("WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r LIMIT 200000) "
+           "SELECT COUNT(*) FROM (SELECT DISTINCT zeroblob(5000) || x FROM r)")
+    started = time.monotonic()
+    result = sql.verify(task(db, "SELECT 1"), f"<sql>{big}</sql>")
+    assert result[1].observed in (MEMORY_LABEL, "Refused: the query ran longer than 2 s.")
+    assert time.monotonic() - started < 3.0
+    sandbox.close_workers()
+    assert list(tmp_path.iterdir()) == []

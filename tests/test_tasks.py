@@ -214,3 +214,57 @@ def test_demo_builder_is_byte_identical(tmp_path):
     (scratch / "build_sql.py").write_text((demo / "build_sql.py").read_text())
     subprocess.run([sys.executable, str(scratch / "build_sql.py")], check=True, capture_output=True)
     assert (scratch / "sql.jsonl").read_bytes() == (demo / "sql.jsonl").read_bytes()
+
+
+def hostile_lines() -> list:
+    """Three records that each once stopped the whole load (a ValueError, a RecursionError, a
+    tokenizer TypeError), between good ones."""
+    return [sql_record("good1"),
+            json.dumps(sql_record("nul", db="tiny.sqlite\u0000.txt")),
+            '{"id": "deep", "task": "sql", "x": ' + "[" * 10_000 + "]" * 10_000 + "}",
+            json.dumps(sql_record("surrogate", prompt="Count \ud800 rows.")),
+            sql_record("good2")]
+
+
+def test_a_null_byte_a_deep_nesting_and_a_lone_surrogate_are_rejected_with_line_and_reason(task_dir):
+    records, rejected = load_tasks(write_lines(task_dir / "t.jsonl", hostile_lines()))
+    assert [r.id for r in records] == ["good1", "good2"]
+    assert [(r.line_no, r.record_id, r.field) for r in rejected] == [
+        (2, "nul", "db"), (3, None, "<line>"), (4, "surrogate", "prompt")]
+    assert "null byte" in rejected[0].reason
+    assert "nested more deeply than" in rejected[1].reason
+    assert "lone surrogate '\\ud800' at character 6" in rejected[2].reason
+
+
+@pytest.mark.slow
+def test_the_three_hostile_records_are_rejected_through_the_cli_and_the_rest_annotated(task_dir):
+    prompts = write_lines(task_dir / "t.jsonl", hostile_lines())
+    out = task_dir / "out"
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "annotate", "--out", str(out), "--prompts",
+                           str(prompts), "--runner", "none", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"],
+                          cwd=task_dir, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["line_no"], r["field"]) for r in rejected] == [(2, "db"), (3, "<line>"), (4, "prompt")]
+    import pyarrow.dataset as ds
+    groups = ds.dataset(out / "responses").to_table(columns=["group_id"]).column("group_id").to_pylist()
+    assert sorted(set(groups)) == ["good1", "good2"] and len(groups) == 4
+
+
+@pytest.mark.parametrize("semantics", ["tokencredit", "bfcl"])
+@pytest.mark.parametrize("value, where", [("NaN", "arguments.temp"), ("[1.0, -Infinity]", "alternatives.temp"),
+                                          ('{"a": [Infinity]}', "arguments.extra")])
+def test_a_non_finite_reference_argument_is_rejected_at_load(task_dir, semantics, value, where):
+    """NaN equals nothing, so a reward against it could never reach 1."""
+    tools = [{"name": "f", "parameters": {"type": "object", "properties": {
+        "temp": {"type": "number"}, "extra": {"type": "object"}}, "required": []}}]
+    calls = [{"name": "f", "arguments": {"temp": 1.0}, "alternatives": {}}]
+    key = where.split(".")[1]
+    calls[0][where.split(".")[0]][key] = "@"
+    line = json.dumps(tool_record("t1", tools, calls)).replace('"@"', value)
+    records, rejected = load_tasks(write_lines(task_dir / "t.jsonl", [line, tool_record("t2", tools, [
+        {"name": "f", "arguments": {"temp": 2.5}}])]), semantics=semantics)
+    assert [r.id for r in records] == ["t2"]
+    assert [(r.line_no, r.field) for r in rejected] == [(1, f"reference_calls[0].{where}")]
+    assert "NaN or Infinity" in rejected[0].reason

@@ -432,3 +432,14 @@ def test_rejection_sampling_keeps_the_responses_that_pass_every_reward_with_weig
     final = train(TrainConfig(data=run_dir, out=str(tmp_path / "rs"), objective="rs", advantage=None,
                               model=str(policy_dir), steps=1, batch_size=3))
     assert (final / "model.safetensors").is_file()
+
+
+def test_training_on_an_incomplete_run_is_refused_without_creating_the_output_folder(tmp_path, capsys):
+    from pipeline.cli import main
+
+    writer = RunWriter(str(tmp_path / "run"))
+    writer.start("run", {}, "h", "c", n_shards=2)
+    out = tmp_path / "ckpt"
+    assert main(["train", "--data", str(tmp_path / "run"), "--out", str(out), "--steps", "1"]) == 2
+    assert "not complete" in capsys.readouterr().err
+    assert not out.exists()

@@ -101,3 +101,31 @@ def test_views_and_readers_see_the_same_rows(tmp_path):
 
     hf = load_dataset("parquet", data_files=str(tmp_path / "responses/part-*.parquet"), split="train")
     assert hf.num_rows == 6 and set(hf.column_names) >= {"response_id", "token_ids", "gdpo_sum"}
+
+
+def test_finishing_a_run_removes_what_a_killed_writer_left(tmp_path):
+    """A Dask worker killed inside pq.write_table leaves its hidden temporary file; the shard is
+    written again by another worker, and finishing the run deletes the leftover."""
+    writer = RunWriter(str(tmp_path))
+    writer.start("run", {}, "h", "c")
+    writer.write_shard(0, shard_tables(0), {})
+    leftover = tmp_path / "responses" / ".part-00001.parquet.0123abcd.tmp"
+    pq.write_table(shard_tables(1)["responses"].slice(0, 1), leftover)  # half a shard, as the killed writer had it
+    writer.write_shard(1, shard_tables(1), {})
+    writer.finish(2, {})
+    assert not leftover.exists() and not list(tmp_path.rglob("*.tmp"))
+    assert run_query(tmp_path, "SELECT count(*) FROM responses").fetchall() == [(6,)]
+
+
+def test_a_truncated_manifest_is_an_error_naming_the_file(tmp_path, capsys):
+    from pipeline.cli import main
+
+    writer = RunWriter(str(tmp_path))
+    writer.start("run", {}, "h", "c")
+    writer.write_shard(0, shard_tables(0), {})
+    writer.finish(1, {})
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(manifest.read_text()[:40])
+    assert main(["query", str(tmp_path), "SELECT 1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tokencredit query: error: {manifest} is not valid JSON (") and err.count("\n") == 1

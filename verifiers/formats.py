@@ -115,12 +115,15 @@ def _jsonl_rows(file: Path) -> Iterator[Row]:
         except json.JSONDecodeError as e:
             yield Row(str(file), line_no, text, error=RecordError(f"line {line_no}", "<line>",
                                                                  f"invalid JSON: {e.msg} at column {e.colno}"))
+        except RecursionError:
+            yield Row(str(file), line_no, text, error=RecordError(f"line {line_no}", "<line>", "invalid JSON: "
+                                                                 "nested more deeply than the JSON parser allows"))
 
 
 def _json_list_rows(file: Path) -> Iterator[Row]:
     try:
         items = json.loads(file.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"{file}: not a JSON list ({e})") from None
     for i, item in enumerate(items, start=1):
         yield Row(str(file), i, json.dumps(item, ensure_ascii=False), item)
@@ -221,6 +224,8 @@ def _from_spider(obj: dict, line_no: int, root: Path, bird: bool) -> dict:
 
 def resolve_db(db: str, root: Path, record_id: str) -> Path:
     """`root/db` when it is an SQLite file inside `root`; RecordError (field `db`) otherwise."""
+    if "\x00" in db:
+        raise RecordError(record_id, "db", f"{db!r} holds a null byte, which no file name can")
     if Path(db).is_absolute():
         raise RecordError(record_id, "db", f"absolute paths are refused; give a path inside {root}")
     path = (root / db).resolve()

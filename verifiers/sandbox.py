@@ -8,17 +8,35 @@ Layers, each enough on its own for the common attacks:
      writes, DDL and transactions are denied;
   4. a progress handler stops the query after `timeout_s` seconds of wall time, SQLite's
      length limit caps any single string or blob, and the result is fetched row by row up
-     to a row cap and a total-size cap.
-Every refusal raises `SandboxError` with a message fit for feedback.
+     to a row cap and a total-size cap;
+  5. the statement runs in a worker process (`python -I sandbox.py`, stdlib only), because
+     SQLite calls no progress handler while it prepares a statement, and preparing can take
+     seconds and gigabytes (a chain of CTEs that each join the previous one with itself doubles
+     both per level). The worker is killed at the deadline; its SQLite heap is capped
+     (`PRAGMA hard_heap_limit`, process-wide, hence a process of its own), temporary tables
+     and sorts stay in that heap (`temp_store = MEMORY`), and it may not write a byte to any
+     file (RLIMIT_FSIZE 0). Idle workers are reused, so a query costs a pipe round trip.
+Every refusal raises `SandboxError` with a message fit for feedback, naming the bound that stopped it.
 """
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import functools
+import marshal
+import os
+import resource
+import select
+import signal
 import sqlite3
+import struct
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.request import pathname2url
+from urllib.parse import quote
 
 STARTS = ("SELECT", "WITH", "VALUES")
 _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
@@ -45,6 +63,7 @@ _NUMBER_BYTES = 8  # what an INTEGER / REAL / NULL cell counts towards `max_byte
 @dataclass(frozen=True)
 class Limits:
     timeout_s: float = 2.0  # wall time of prepare + execute + fetch
+    max_memory_bytes: int = 256_000_000  # SQLite's heap in the worker, temporary tables and sorts included
     max_rows: int = 10_000
     max_bytes: int = 8_000_000  # total size of all result cells (str: characters, blob: bytes)
     max_value_bytes: int = 100_000  # largest string or blob SQLite may build while running
@@ -101,13 +120,22 @@ def has_top_level_order_by(sql: str) -> bool:
 
 
 def run_select(db_path: str | Path, sql: str, limits: Limits = Limits()) -> QueryResult:
-    """Run one read-only statement on the SQLite file `db_path`; raise SandboxError on refusal."""
+    """Run one read-only statement on the SQLite file `db_path` in a worker process; raise
+    SandboxError on refusal."""
     _check_text(sql, limits)
-    conn = _open_readonly(db_path, limits)
+    path = Path(db_path).resolve()
+    if not path.is_file():
+        raise SandboxError(f"The database file {path} does not exist.")
+    worker = _take_worker(limits.max_memory_bytes)
     try:
-        return _execute(conn, sql, limits)
-    finally:
-        conn.close()
+        reply = worker.ask((str(path), sql, dataclasses.astuple(limits)), limits.timeout_s + _KILL_GRACE_S)
+    except BaseException:
+        worker.close()
+        raise
+    _give_back(worker)
+    if reply[0] == "error":
+        raise SandboxError(reply[1])
+    return QueryResult(tuple(reply[1]), [tuple(row) for row in reply[2]])
 
 
 @functools.lru_cache(maxsize=256)
@@ -135,7 +163,7 @@ def _open_readonly(db_path: str | Path, limits: Limits) -> sqlite3.Connection:
     path = Path(db_path).resolve()
     if not path.is_file():
         raise SandboxError(f"The database file {path} does not exist.")
-    uri = f"file:{pathname2url(str(path))}?mode=ro&immutable=1"
+    uri = f"file:{quote(str(path))}?mode=ro&immutable=1"
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
     if hasattr(conn, "enable_load_extension"):  # absent when Python's SQLite cannot load extensions at all
         conn.enable_load_extension(False)
@@ -156,6 +184,9 @@ def _execute(conn: sqlite3.Connection, sql: str, limits: Limits) -> QueryResult:
         rows = _fetch_bounded(cursor, limits)
     except SandboxError:
         raise
+    except MemoryError:
+        raise SandboxError(f"Refused: the query needed more than {limits.max_memory_bytes / 1e6:g} MB of memory "
+                           "(temporary tables and sorts included).") from None
     except sqlite3.ProgrammingError as e:
         if "one statement" in str(e):
             raise SandboxError("Refused: only one SQL statement may run.") from None
@@ -203,3 +234,109 @@ def _fetch_bounded(cursor: sqlite3.Cursor, limits: Limits) -> list[tuple]:
 
 def _cell_size(value) -> int:
     return len(value) if isinstance(value, (str, bytes)) else _NUMBER_BYTES
+
+
+# ---------------------------------------------------------------- worker processes
+
+_KILL_GRACE_S = 0.2  # past `timeout_s`: the worker's own progress handler answers first when it can
+_AS_MARGIN_BYTES = 256_000_000  # address space beyond the SQLite heap: the interpreter, the result
+_MAX_IDLE = 16
+_HEADER = struct.Struct("<Q")
+_idle: list[_Worker] = []
+_idle_lock = threading.Lock()
+
+
+class _Worker:
+    """One `python -I sandbox.py` process, serving one query at a time over its stdin/stdout."""
+
+    def __init__(self, max_memory: int):
+        self.max_memory = max_memory
+        self.proc = subprocess.Popen([sys.executable, "-I", __file__, str(max_memory)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def ask(self, request: tuple, seconds: float) -> tuple:
+        deadline = time.monotonic() + seconds
+        _send(self.proc.stdin, request)
+        fd = self.proc.stdout.fileno()
+        while not select.select([fd], [], [], max(deadline - time.monotonic(), 0))[0]:
+            if time.monotonic() >= deadline:
+                raise SandboxError(f"Refused: the query ran longer than {request[2][0]:g} s.")
+        reply = _receive(self.proc.stdout)
+        if reply is None:
+            raise SandboxError(f"The query failed: its SQLite process ended with status {self.proc.wait()}.")
+        return reply
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+def _take_worker(max_memory: int) -> _Worker:
+    with _idle_lock:
+        for i, worker in enumerate(_idle):
+            if worker.max_memory == max_memory:
+                return _idle.pop(i)
+    return _Worker(max_memory)
+
+
+def _give_back(worker: _Worker) -> None:
+    with _idle_lock:
+        if len(_idle) < _MAX_IDLE:
+            _idle.append(worker)
+            return
+    worker.close()
+
+
+@atexit.register
+def close_workers() -> None:
+    """End the idle workers (a busy one ends when this process does: its stdin closes)."""
+    with _idle_lock:
+        workers, _idle[:] = list(_idle), []
+    for worker in workers:
+        worker.close()
+
+
+def _send(stream, obj) -> None:
+    data = marshal.dumps(obj)  # plain values only: a reply can carry nothing that runs code
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream):
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    return marshal.loads(stream.read(_HEADER.unpack(header)[0]))
+
+
+def _serve(max_memory: int) -> None:
+    """The worker's loop: (db path, sql, limits) in, ("ok", columns, rows) or ("error", message) out."""
+    resource.setrlimit(resource.RLIMIT_AS, (max_memory + _AS_MARGIN_BYTES,) * 2)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    requests, replies = os.fdopen(0, "rb"), os.fdopen(1, "wb")
+    while (request := _receive(requests)) is not None:
+        path, sql, fields = request
+        _send(replies, _serve_one(path, sql, Limits(*fields)))
+
+
+def _serve_one(path: str, sql: str, limits: Limits) -> tuple:
+    try:
+        conn = _open_readonly(path, limits)
+    except (SandboxError, sqlite3.Error) as e:
+        return ("error", f"The database file {path} cannot be opened: {e}")
+    try:
+        conn.execute(f"PRAGMA hard_heap_limit = {int(limits.max_memory_bytes)}")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        result = _execute(conn, sql, limits)
+        return ("ok", list(result.columns), result.rows)
+    except SandboxError as e:
+        return ("error", str(e))
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))

@@ -35,6 +35,7 @@ value of a well-formed block, quotes included), `arguments` (its arguments objec
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -108,6 +109,9 @@ def _validate_reference(record_id: str, where: str, call: ToolCall, params: dict
             values = value if group == "alternatives" else [value]
             if group == "alternatives" and key not in call.arguments and key not in call.defaults:
                 raise RecordError(record_id, field, f"alternatives of {key!r}, which is neither an argument nor a default")
+            for v in values:
+                if _has_non_finite(v):
+                    raise RecordError(record_id, field, f"{v!r} holds NaN or Infinity, which no response can equal")
             for v in values if check_values else ():
                 if not _TYPES[prop["type"]](v):
                     raise RecordError(record_id, field, f"expected a {prop['type']}, got {v!r}")
@@ -116,6 +120,19 @@ def _validate_reference(record_id: str, where: str, call: ToolCall, params: dict
     missing = [k for k in params.get("required", []) if k not in call.arguments]
     if missing:
         raise RecordError(record_id, f"{where}.arguments", f"missing required {', '.join(missing)}")
+
+
+def _has_non_finite(value: Any) -> bool:
+    stack = [value]
+    while stack:  # iterative: a loaded value may nest as deeply as the JSON parser allows
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
 
 
 def _validate_tool(record_id: str, where: str, tool: Any) -> None:

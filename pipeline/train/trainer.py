@@ -434,10 +434,10 @@ def plot_metrics(csv_path: Path, png_path: Path) -> None:
 
 def train(config: TrainConfig) -> Path:
     """Train (or resume training) from config.data; returns the final checkpoint folder out/final."""
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(config.seed)  # LoRA init; a resume then restores the saved RNG state
     examples = load_examples(config.data, config.advantage, config.objective, config.allow_incomplete)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)  # only once the data is usable: a refusal leaves no folder
+    torch.manual_seed(config.seed)  # LoRA init; a resume then restores the saved RNG state
     checkpoint = latest_checkpoint(out)
     if config.model is None:
         config.model = run_model(config.data, config.allow_incomplete)
