@@ -27,17 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from common import ROOT, THREADS, upsert_result
-
-import torch  # noqa: E402 - after common sets the thread count
-
+ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / "bench" / ".closed_loop"
 PROMPTS = ROOT / "bench" / "closed_loop_prompts"
 RESULTS_JSON = ROOT / "bench" / "results" / "closed_loop.json"
@@ -121,7 +116,7 @@ def cmd_pilot(args) -> None:
     from pipeline.models.loading import load_policy
 
     records = load_records(PROMPTS / "pilot.jsonl")[: args.pilot_prompts]
-    model, tokenizer = load_policy(args.model)
+    model, tokenizer = load_policy(args.model, device=args.device)
     rows = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         scores, seconds, tokens = sample_and_score((model, tokenizer, args.model), records, n=args.pilot_n,
@@ -146,12 +141,15 @@ def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, pro
                   seed: int) -> float:
     """Sample `n` responses per train prompt with `model` and annotate them with gdpo,mrtpo; seconds taken
     (0 when the run is already complete: run_annotation resumes shard by shard)."""
+    import torch
+
     from pipeline.annotate import AnnotateConfig, run_annotation
     from pipeline.credit.assign import CreditConfig
     from pipeline.sampling import SamplingConfig
 
     config = AnnotateConfig(prompts=str(records_path), split="train", limit=prompts, model=model, shard_size=16,
-                            cpu_threads=THREADS,
+                            device=args.device,
+                            cpu_threads=torch.get_num_threads(),
                             sampling=SamplingConfig(n=n, max_new_tokens=args.max_new_tokens,
                                                     temperature=args.temperature, seed=seed, batch_size=64),
                             credit=CreditConfig(kinds=("gdpo", "mrtpo")))
@@ -167,18 +165,18 @@ def train_arm(method: str, data: Path, base: str | None, out: Path, seed: int, s
     objective, advantage = ("rs", None) if method == "rs" else ("pg", method)
     start = time.perf_counter()
     train(TrainConfig(data=str(data), out=str(out), advantage=advantage, objective=objective, model=base,
-                      steps=steps, batch_size=args.batch_size, lr=args.lr, seed=seed, lora=True,
+                      steps=steps, batch_size=args.batch_size, lr=args.lr, seed=seed, lora=True, device=args.device,
                       save_every=min(args.eval_every or steps, steps)))
     return time.perf_counter() - start
 
 
-def lora_policy(base: str | None, adapter: Path):
+def lora_policy(base: str | None, adapter: Path, device: str = "cpu"):
     """(model, tokenizer) of `base` with the LoRA adapter in `adapter` merged in."""
     from peft import PeftModel
 
     from pipeline.models.loading import load_policy
 
-    model, tokenizer = load_policy(base)
+    model, tokenizer = load_policy(base, device=device)
     return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval(), tokenizer
 
 
@@ -210,12 +208,14 @@ def cmd_offline(args) -> None:
 
     prompts = PROMPTS / "prompts.jsonl"
     held_out = load_records(prompts, "test")[: args.eval_prompts or None]
-    evaluate_policy("start", lambda: load_policy(args.model), held_out, args)
+    base = lambda: load_policy(args.model, device=args.device)  # noqa: E731
+    evaluate_policy("start", base, held_out, args)
     pool = STATE / "pool"
     seconds = annotate_pool(pool, prompts, args.model, args, prompts=args.train_prompts or None, n=args.n,
                             seed=args.pool_seed)
     log(f"pool: {seconds:.0f} s")
-    checkpoints = sorted({*range(args.eval_every or args.steps, args.steps + 1, args.eval_every or args.steps)})
+    every = args.eval_every or args.steps
+    checkpoints = sorted({*range(every, args.steps + 1, every), args.steps})
     accepted = passing(pool)
     log(f"pool: {accepted} responses pass every reward (the rejection-sampling arm's data)")
     for seed in [int(x) for x in args.seeds.split(",")]:
@@ -223,14 +223,15 @@ def cmd_offline(args) -> None:
             out = STATE / "offline" / f"{method}-{seed}"
             if method == "rs" and not accepted:  # nothing accepted: rejection sampling leaves the policy as is
                 for step in checkpoints:
-                    evaluate_policy(f"offline-rs-{seed}-{step}", lambda: load_policy(args.model), held_out, args)
+                    evaluate_policy(f"offline-rs-{seed}-{step}", base, held_out, args)
                 continue
             if not (out / "final").is_dir():
-                log(f"train offline {method} seed {seed}: {train_arm(method, pool, args.model, out, seed, args.steps, args):.0f} s")
+                seconds = train_arm(method, pool, args.model, out, seed, args.steps, args)
+                log(f"train offline {method} seed {seed}: {seconds:.0f} s")
             for step in checkpoints:
                 adapter = out / ("final" if step == args.steps else f"checkpoint-{step}")
-                evaluate_policy(f"offline-{method}-{seed}-{step}", lambda: lora_policy(args.model, adapter),
-                                held_out, args)
+                trained = lambda: lora_policy(args.model, adapter, args.device)  # noqa: E731
+                evaluate_policy(f"offline-{method}-{seed}-{step}", trained, held_out, args)
 
 
 def passing(pool: Path) -> int:
@@ -259,7 +260,7 @@ def cmd_iterated(args) -> None:
 
     prompts = PROMPTS / "prompts.jsonl"
     held_out = load_records(prompts, "test")[: args.eval_prompts or None]
-    evaluate_policy("start", lambda: load_policy(args.model), held_out, args)
+    evaluate_policy("start", lambda: load_policy(args.model, device=args.device), held_out, args)
     for seed in [int(x) for x in args.seeds.split(",")]:
         for method in ITERATED_METHODS:
             policy = args.model
@@ -272,12 +273,12 @@ def cmd_iterated(args) -> None:
                                             args, prompts=None, n=args.n, seed=10_000 * seed + round_)
                     seconds += train_arm(method, data, policy, work / f"ckpt-{round_}", seed, args.round_steps,
                                          args)
-                    save_policy(lora_policy(policy, work / f"ckpt-{round_}" / "final"), merged)
+                    save_policy(lora_policy(policy, work / f"ckpt-{round_}" / "final", args.device), merged)
                     log(f"iterated {method} seed {seed} round {round_}: {seconds:.0f} s")
                     if round_ > 1:  # keep the current policy only: a merged SmolLM2 is 0.5 GB
                         shutil.rmtree(work / f"policy-{round_ - 1}", ignore_errors=True)
                 evaluate_policy(f"iterated-{method}-{seed}-{round_ * args.round_steps}",
-                                lambda: load_policy(str(merged)), held_out, args)
+                                lambda: load_policy(str(merged), device=args.device), held_out, args)
                 policy = str(merged)
 
 
@@ -493,7 +494,47 @@ def cmd_report(args) -> list[dict]:
     (ROOT / "bench" / "results" / "closed_loop_details.json").write_text(json.dumps(
         {"diagnosis": diagnosis, "pass_rates": rates, "settings": vars(args)}, indent=1) + "\n")
     plot(evals, ROOT / "bench" / "closed_loop.png")
+    write_results_md(rows, evals, diagnosis, args)
     return rows
+
+
+def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, args) -> None:
+    from common import upsert_result
+
+    def arm_line(arm: str) -> str:
+        both = [r for r in rows if r["arm"] == arm and r["decoding"] == "both"]
+        if not both:
+            return f"{arm}: not run"
+        start = both[0]["start_reward"]
+        gdpo_gain = next(r["final_reward"] for r in both if r["method"] == "gdpo") - start
+        parts = [f"{r['method']} {r['final_reward']:.3f} (gain {r['final_reward'] - start:+.3f}; vs GDPO "
+                 f"{r['diff_vs_gdpo']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]; unseen "
+                 f"{r['unseen_final_reward']:.3f})" for r in both]
+        mrtpo = next((r for r in both if r["method"] == "mrtpo"), None)
+        ratio = (mrtpo["final_reward"] - start) / gdpo_gain if mrtpo and gdpo_gain else float("nan")
+        return (f"{arm} ({both[0]['seeds']} seeds, {both[0]['steps']} steps): start {start:.3f}; "
+                + "; ".join(parts) + f"; MRTPO gain / GDPO gain {ratio:.2f}; detectable difference "
+                f"{both[0]['mde']:.3f}; steps to GDPO's final: "
+                + ", ".join(f"{r['method']} {r['steps_to_gdpo_final']}" for r in both))
+    mass = "; ".join(f"{k} {v['mrtpo_share']:.2f} vs {v['gdpo_share']:.2f} (top-1 {v['mrtpo_top1']:.2f}, "
+                     f"{v['pairs']} pairs)" for k, v in diagnosis.items())
+    upsert_result(
+        "Closed loop, SmolLM2: does token credit train better? (closed_loop.py)",
+        "SmolLM2-135M-Instruct with LoRA on the instruction prompts of `bench/closed_loop_prompts/` (kinds and "
+        "temperature chosen on the pilot's train prompts: `bench/results/closed_loop_pilot.json`). Held-out mean "
+        "reward (greedy and one sample per prompt, same seeds for every policy); MRTPO - GDPO with a 95% bootstrap "
+        "interval over prompts; the detectable difference is 2.8 standard errors of the paired mean. Rows: "
+        "`bench/results/closed_loop.json`; plot: `bench/closed_loop.png`; pass rates per kind and the diagnosis: "
+        "`bench/results/closed_loop_details.json`.",
+        "full",
+        f"temperature {args.temperature}; max_new_tokens {args.max_new_tokens}; pool {args.train_prompts or 256} "
+        f"train prompts x {args.n}; LoRA r 8, lr {args.lr}, batch {args.batch_size}; held-out "
+        f"{len(evals['start']['greedy'])} prompts",
+        f"{arm_line('offline')} | {arm_line('iterated')} | negative mass of a failed constraint on its violating "
+        f"tokens, MRTPO vs GDPO: {mass}",
+        "issue 18: MRTPO's gain >= 1.3x GDPO's, 95% interval of MRTPO - GDPO above 0 in one arm, MRTPO at GDPO's "
+        "final in <= 0.7x the steps",
+    )
 
 
 def cmd_quick(args) -> list[dict]:
@@ -518,9 +559,12 @@ def cmd_quick(args) -> list[dict]:
 
 
 def main() -> None:
+    import common  # noqa: F401 - sets the torch thread count (BENCH_THREADS) before torch runs anything
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["pilot", "offline", "iterated", "report", "quick"])
     parser.add_argument("--model", default=SMOLLM2)
+    parser.add_argument("--device", default="cpu", help="torch device (cuda: the full-size run on a GPU)")
     parser.add_argument("--temperatures", default="0.5,0.7,1.0")
     parser.add_argument("--pilot-prompts", type=int, default=96)
     parser.add_argument("--pilot-n", type=int, default=4)
