@@ -126,8 +126,32 @@ def test_end_of_turn_is_the_models_own(smollm2):
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2 == model.config.eos_token_id
     assert tokenizer.pad_token_id == 2
     assert render_prompt(tokenizer, "hi")[0].endswith("<|im_end|>\n<|im_start|>assistant\n")
-    assert TransformersSampler(model, tokenizer, NAME, progress=False).eos_ids == {2}
+    sampler = TransformersSampler(model, tokenizer, NAME, progress=False)
+    assert sampler.eos_ids == {2}
     assert response_ids(tokenizer, "SELECT 1")[-1] == 2
+
+
+def test_a_finished_samples_sft_target_ends_with_the_end_of_turn(smollm2):
+    """The trainer's labels are the sampled ids: a response that finished ends with <|im_end|>, never
+    <|im_start|>, and padding (pad = <|im_end|>) carries no label."""
+    from pipeline.sampling import SamplingConfig, TransformersSampler
+    from pipeline.train.losses import IGNORE_INDEX
+    from pipeline.train.trainer import Example, collate
+    from schemas.records import TaskRecord
+
+    model, tokenizer = smollm2
+    record = TaskRecord(id="hi", task="instructions", prompt="Say hello in three words.", split="test",
+                        reference_response=None, spec=None)
+    (sample,) = TransformersSampler(model, tokenizer, NAME, progress=False).sample(
+        [record], SamplingConfig(n=1, max_new_tokens=48, temperature=0.0))
+    assert sample.token_ids[-1] == 2 and 1 not in sample.token_ids
+    long = Example("a", sample.prompt_token_ids, sample.token_ids, sample.sample_logprobs,
+                   [1.0] * len(sample.token_ids))
+    short = Example("b", sample.prompt_token_ids, sample.token_ids[-2:], [0.0, 0.0], [1.0, 1.0])
+    batch = collate([long, short], tokenizer.pad_token_id)
+    labels = batch["labels"]
+    assert labels[0, -1] == 2 and labels[1][labels[1] != IGNORE_INDEX].tolist() == sample.token_ids[-2:]
+    assert (batch["input_ids"][1][batch["attention_mask"][1] == 0] == 2).all()
 
 
 def test_tokenizer_and_config_that_disagree_on_eos_are_refused(tmp_path, monkeypatch):
