@@ -438,6 +438,22 @@ def diagnose(pool: Path, records_path: Path) -> dict:
             for kind, v in sorted(out.items())}
 
 
+def pool_stats(pool: Path) -> dict:
+    """How far MRTPO's token advantages move from GDPO's on the pool: the share of failed (response, reward)
+    pairs whose replay fell under the noise floor (uniform weights), the share of response tokens whose
+    advantage changes sign, and the mean |A_mrtpo - A_gdpo| over the mean |A_gdpo|."""
+    from pipeline.query import connect
+
+    db = connect(str(pool))
+    floored = db.sql("SELECT avg(floored::INT) FROM (SELECT response_id, reward, bool_or(floored) AS floored "
+                     "FROM credits WHERE reward_adv < 0 GROUP BY ALL)").fetchall()[0][0]
+    moved = db.sql(
+        "SELECT avg((sign(m) != sign(g))::INT), avg(abs(m - g)) / avg(abs(g)) FROM ("
+        "SELECT unnest(adv_mrtpo) AS m, unnest(adv_gdpo) AS g FROM training)").fetchall()[0]
+    return {"floored_failed_pairs": round(floored or 0.0, 3), "sign_changed_tokens": round(moved[0], 3),
+            "relative_change": round(moved[1], 3)}
+
+
 def kind_rates(results: list[dict], ids=None) -> dict[str, float]:
     """Pass rate per constraint kind over the held-out prompts (greedy and sampled), seed mean."""
     per: dict[str, list[float]] = {}
@@ -481,7 +497,10 @@ def cmd_report(args) -> list[dict]:
     for row in rows:
         log(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
     pool = STATE / "pool"
-    diagnosis = diagnose(pool, PROMPTS / "prompts.jsonl") if (pool / "manifest.json").is_file() else {}
+    complete = (pool / "manifest.json").is_file()
+    diagnosis = diagnose(pool, PROMPTS / "prompts.jsonl") if complete else {}
+    if complete:
+        log(f"pool: {json.dumps(pool_stats(pool))}")
     log(f"diagnosis: {json.dumps(diagnosis)}")
     rates = {"start": kind_rates([evals["start"]])}
     for arm in ("offline", "iterated"):
@@ -492,7 +511,8 @@ def cmd_report(args) -> list[dict]:
         return rows
     RESULTS_JSON.write_text(json.dumps(rows, indent=1) + "\n")
     (ROOT / "bench" / "results" / "closed_loop_details.json").write_text(json.dumps(
-        {"diagnosis": diagnosis, "pass_rates": rates, "settings": vars(args)}, indent=1) + "\n")
+        {"diagnosis": diagnosis, "pool": pool_stats(pool) if complete else {}, "pass_rates": rates,
+         "settings": vars(args)}, indent=1) + "\n")
     plot(evals, ROOT / "bench" / "closed_loop.png")
     write_results_md(rows, evals, diagnosis, args)
     return rows
