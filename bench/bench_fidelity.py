@@ -9,8 +9,10 @@ BFCL: model outputs made from BFCL's own simple, multiple, parallel and parallel
 (right answers, accepted alternatives, optional arguments left out, string variants, int for
 float, wrong values, missing and extra arguments, wrong and extra calls), judged by bfcl-eval's
 AST checker and by tokencredit's tool verifier (`bfcl` semantics; a case agrees when BFCL's
-valid equals correctness == 1). Also: how many BFCL records of those categories load, and how many
-hostile `db` paths escape the databases folder (target 0).
+valid equals correctness == 1). BFCL edge cases: fresh cases on the rules where BFCL's checker reads
+values its own way (`bfcl_edge_cases.py`: normalization depth, `any`, "" as a value, True == 1 inside
+dicts, greedy matching of parallel calls), loaded through the `bfcl` format. Also: how many BFCL
+records of those categories load, and how many hostile `db` paths escape the databases folder (target 0).
 Figures go to bench/results/fidelity.json and the Fidelity section of bench/RESULTS.md.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import references  # noqa: E402
+from bfcl_edge_cases import CASES as EDGE_CASES, write_files  # noqa: E402
 from common import ROOT, upsert_result, verdict  # noqa: E402
 
 import verifiers  # noqa: E402
@@ -317,6 +320,37 @@ def bfcl_agreement(data: Path, checker, rng: random.Random, per_category: int) -
     return {"agree": agree, "cases": cases, "disagreements": disagreements}
 
 
+def bfcl_edge_agreement(checker) -> dict:
+    """The edge cases scored by bfcl-eval's checker and by tokencredit (`bfcl` format, so `bfcl`
+    semantics); `hand_agree`: the checker's verdicts that equal the ones worked out by hand."""
+    from bfcl_eval.constants.enums import Language
+
+    with tempfile.TemporaryDirectory() as tmp:
+        records, rejected = load_tasks(write_files(Path(tmp)), "bfcl")
+    records = {r.id: r for r in records}
+    agree, hand, disagreements = 0, 0, []
+    for i, case in enumerate(EDGE_CASES):
+        want = checker.ast_checker(copy.deepcopy(case.functions), copy.deepcopy(case.output),
+                                   copy.deepcopy(case.answer), Language.PYTHON, case.category, "tokencredit")["valid"]
+        hand += want == case.valid
+        got = _edge_score(records.get(f"edge_{i}"), case)
+        if got is not None and (got >= 1.0) == want:
+            agree += 1
+        else:
+            disagreements.append({"id": f"edge_{i}", "kind": case.kind, "answer": case.answer, "output": case.output,
+                                  "bfcl_valid": want, "correctness": got})
+    return {"agree": agree, "cases": len(EDGE_CASES), "hand_agree": hand, "disagreements": disagreements,
+            "rejected": [(r.record_id, r.reason) for r in rejected]}
+
+
+def _edge_score(record, case) -> float | None:
+    """tokencredit's correctness of the case's output (None when the record did not load)."""
+    if record is None:
+        return None
+    calls = [ToolCall(name, args) for call in case.output for name, args in call.items()]
+    return tools.verify(record, tools.render_calls(calls))[1].score
+
+
 # ---------------------------------------------------------------- path escapes
 
 def path_escapes() -> tuple[int, int]:
@@ -353,6 +387,7 @@ def main() -> None:
     iv = ifeval_agreement(cases, reference)
     loads = bfcl_load_counts(data)
     bf = bfcl_agreement(data, checker, rng, per_category=6)
+    edge = bfcl_edge_agreement(checker)
     escaped, tried = path_escapes()
     simple = loads["simple_python"]
     figures = {
@@ -361,32 +396,39 @@ def main() -> None:
         "ifeval_tokencredit_semantics_agree": iv["tokencredit"]["agree"] / len(cases),
         "ifeval_kinds": len(kinds),
         "bfcl_agree": bf["agree"] / bf["cases"], "bfcl_cases": bf["cases"],
+        "bfcl_edge_agree": edge["agree"] / edge["cases"], "bfcl_edge_cases": edge["cases"],
         "bfcl_simple_loaded": simple["loaded"] / simple["total"],
         "bfcl_loaded": {k: f"{v['loaded']}/{v['total']}" for k, v in loads.items()},
         "path_escapes": escaped, "hostile_paths": tried,
         "disagreements": {"ifeval_strict": iv["strict"]["disagreements"], "ifeval_loose": iv["loose"]["disagreements"],
-                          "bfcl": bf["disagreements"], "bfcl_rejected": {k: v["rejected"] for k, v in loads.items()}},
+                          "bfcl": bf["disagreements"], "bfcl_edge": edge["disagreements"],
+                          "bfcl_edge_rejected": edge["rejected"],
+                          "bfcl_rejected": {k: v["rejected"] for k, v in loads.items()}},
     }
     out = ROOT / "bench" / "results" / "fidelity.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
     all_loaded = all(v["loaded"] == v["total"] for v in loads.values())
     ok = figures["ifeval_agree"] >= 0.98 and figures["bfcl_agree"] >= 0.98 and escaped == 0
+    edge_ok = edge["agree"] == edge["cases"] and edge["hand_agree"] == edge["cases"]
     upsert_result(
         "Fidelity: agreement with the reference checkers (bench_fidelity.py)",
         "Fresh cases scored by tokencredit and by the references themselves (lm-eval 0.4.13's IFEval checkers, "
         "bfcl-eval 2026.3.23's AST checker, both unpacked from their wheels by `bench/references.py`); BFCL "
-        "outputs are mutations of BFCL's own simple/multiple/parallel/parallel-multiple answers. Disagreements "
-        "are listed in `bench/results/fidelity.json`.",
-        "full", f"{len(cases)} IFEval pairs over {len(kinds)} ids, {bf['cases']} tool-call cases, {tried} hostile db paths",
+        "outputs are mutations of BFCL's own simple/multiple/parallel/parallel-multiple answers; BFCL edge "
+        "cases (`bench/bfcl_edge_cases.py`) are written for the rules where BFCL reads values its own way. "
+        "Disagreements are listed in `bench/results/fidelity.json`.",
+        "full", f"{len(cases)} IFEval pairs over {len(kinds)} ids, {bf['cases']} tool-call cases, {edge['cases']} "
+        f"BFCL edge cases, {tried} hostile db paths",
         f"IFEval strict {iv['strict']['agree']}/{len(cases)} ({figures['ifeval_agree']:.3f}), loose "
         f"{iv['loose']['agree']}/{len(cases)} ({figures['ifeval_loose_agree']:.3f}); project semantics vs strict "
         f"{figures['ifeval_tokencredit_semantics_agree']:.3f}; BFCL {bf['agree']}/{bf['cases']} "
-        f"({figures['bfcl_agree']:.3f}); BFCL records loaded "
+        f"({figures['bfcl_agree']:.3f}); BFCL edge cases {edge['agree']}/{edge['cases']} "
+        f"({figures['bfcl_edge_agree']:.3f}); BFCL records loaded "
         + ", ".join(f"{k} {v}" for k, v in figures["bfcl_loaded"].items())
         + f"; path escapes {escaped}/{tried}",
-        f">= 0.98 IFEval, >= 0.98 BFCL, 0 escapes: {verdict(ok)}; every valid BFCL record loads: "
-        f"{verdict(all_loaded)}")
+        f">= 0.98 IFEval, >= 0.98 BFCL, 0 escapes: {verdict(ok)}; every BFCL edge case agrees: "
+        f"{verdict(edge_ok)}; every valid BFCL record loads: {verdict(all_loaded)}")
     print(json.dumps({k: v for k, v in figures.items() if k != "disagreements"}, indent=1))
 
 

@@ -10,7 +10,8 @@ the rest depends on the task:
     instructions  {"constraints": [{"kind": "keyword_include", "args": {...}}, ...]}
     tools         {"tools": [<JSON schema of each function>],
                    "reference_calls": [{"name": "...", "arguments": {...},
-                                        "defaults": {...}, "alternatives": {...}}, ...]}
+                                        "defaults": {...}, "alternatives": {...},
+                                        "possible_answer": {...} (BFCL's, optional)}, ...]}
     any other     a task of a plugin verifier (`verifiers.plugins`): every other field of
                   the line reaches the verifier in the record dict.
 
@@ -58,12 +59,16 @@ class InstructionSpec:
 @dataclass(frozen=True)
 class ToolCall:
     """A call. As a reference: `arguments` must be passed, `defaults` may be left out (or passed
-    with that value), `alternatives[name]` lists further accepted values of an argument."""
+    with that value), `alternatives[name]` lists further accepted values of an argument.
+    `possible_answer` is BFCL's own answer {parameter: [accepted values, "" = may be left out]}
+    where the call came from BFCL (`--format bfcl`): the `bfcl` semantics judges by it, since
+    BFCL reads it in ways the three fields above cannot say (see `verifiers.bfcl_rules`)."""
 
     name: str
     arguments: dict[str, Any]
     defaults: dict[str, Any] = field(default_factory=dict)
     alternatives: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    possible_answer: dict[str, list] | None = None
 
 
 @dataclass(frozen=True)

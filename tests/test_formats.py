@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import verifiers
-from schemas.records import Constraint, ToolCall
+from schemas.records import Constraint, RecordError, ToolCall
 from verifiers import tools
 from verifiers.tasks import load_tasks
 
@@ -142,13 +142,30 @@ def test_bfcl_question_and_possible_answer_files(tmp_path):
     (ref,) = records[0].spec.reference_calls
     assert ref == ToolCall("calculate_triangle_area", {"base": 10, "height": 5},
                            defaults={"unit": "units", "sides": [1.0, 2.5], "dims": {"w": 1}},
-                           alternatives={"unit": ("cm",), "dims": ({"w": 1, "h": 3}, {"w": 2}, {"w": 2, "h": 3})})
+                           alternatives={"unit": ("cm",), "dims": ({"w": 1, "h": 3}, {"w": 2}, {"w": 2, "h": 3})},
+                           possible_answer=answers[0]["ground_truth"][0]["calculate_triangle_area"])
     assert [(r.record_id, r.field) for r in rejected] == [("simple_1", "ground_truth[0].base"), ("simple_2", "id")]
     good = tools.render_calls([ToolCall("calculate_triangle_area", {"base": 10, "height": 5, "unit": "CM",
                                                                    "dims": {"w": 2, "h": 3}})])
     assert [s.score for s in verifiers.verify(records[0], good)] == [1.0, 1.0]
+    # BFCL's answer decides under its semantics: "" passed for the optional unit, True for a dict's 1
+    odd = tools.render_calls([ToolCall("calculate_triangle_area", {"base": 10, "height": 5, "unit": "",
+                                                                  "dims": {"w": True}})])
+    assert verifiers.verify(records[0], odd)[1].score == 1.0
     # the folder form finds every question file that has answers
     assert [r.id for r in load_tasks(tmp_path, "bfcl")[0]] == ["simple_0"]
+
+
+def test_native_possible_answer_is_read_and_checked():
+    tool = {"name": "f", "parameters": {"type": "dict", "properties": {"u": {"type": "string"}}, "required": []}}
+    line = {"id": "n", "task": "tools", "prompt": "Call f.", "tools": [tool],
+            "reference_calls": [{"name": "f", "arguments": {}, "possible_answer": {"u": ["cm", ""]}}]}
+    record = verifiers.parse_record(line, 1, Path("."), semantics={"instructions": "tokencredit", "tools": "bfcl"})
+    assert record.spec.reference_calls[0].possible_answer == {"u": ["cm", ""]}
+    assert verifiers.verify(record, tools.render_calls([ToolCall("f", {"u": "CM"})]))[1].score == 1.0
+    line["reference_calls"][0]["possible_answer"] = {"u": "cm"}
+    with pytest.raises(RecordError, match="expected a list"):
+        verifiers.parse_record(line, 1, Path("."))
 
 
 def test_hf_datasets_folder_and_parquet_of_native_rows(tmp_path):

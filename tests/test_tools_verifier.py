@@ -1,15 +1,20 @@
 """Tool-calling verifier: format, correctness (formula, types, order), feedback, record errors, demo set."""
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
 from schemas.records import RecordError, TaskRecord, ToolCall, ToolSpec
-from verifiers import tools
+from verifiers import bfcl_rules, tools
+from verifiers import formats
 from verifiers.demo import build_tools
+from verifiers.tasks import load_tasks
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}
@@ -123,13 +128,13 @@ def test_same_value_is_json_typed_with_numbers_equal_by_value_at_every_depth():
     assert tools.same_value({"lat": 48}, {"lat": 48.0}) and tools.same_value([[1, 2.5]], [[1.0, 2.5]])
     assert not tools.same_value(1, True) and not tools.same_value(None, 0) and not tools.same_value([True], [1])
     assert tools.same_value(2, 2.0, "number") and not tools.same_value(2.0, 2, "integer")
-    assert not tools.same_value("Paris", "paris") and tools.same_value("Paris", "paris", normalize=True)
+    assert not tools.same_value("Paris", "paris")
 
 
 def test_bfcl_string_normalization():
-    assert tools.bfcl_normalize("April 1, 2024") == tools.bfcl_normalize("april 1 2024") == "april12024"
-    assert tools.bfcl_normalize("New-York_City*^") == "newyorkcity"
-    assert tools.bfcl_normalize("it's") == 'it"s'
+    assert bfcl_rules.normalize("April 1, 2024") == bfcl_rules.normalize("april 1 2024") == "april12024"
+    assert bfcl_rules.normalize("New-York_City*^") == "newyorkcity"
+    assert bfcl_rules.normalize("it's") == 'it"s'
 
 
 STATION = {"name": "find_station", "parameters": {"type": "dict", "properties": {
@@ -193,6 +198,137 @@ def test_correctness_feedback():
     assert "no call to get_weather" in correct.observed and "unexpected call 'get_stock_price'" in correct.observed
     _, correct = tools.verify(record(PARIS), tools.render_calls([PARIS]))
     assert correct.observed == "Found: all calls match."
+
+
+# ---------------------------------------------------------------- BFCL's own rules (bfcl vs tokencredit semantics)
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import bfcl_edge_cases  # noqa: E402 - plain data, no torch
+
+
+def one_call(params: dict, answer: dict, given: dict, semantics: str, required=()) -> float:
+    """correctness of `f(**given)` against BFCL's `answer` for `f(params)`, loaded as `--format bfcl` does."""
+    function = bfcl_edge_cases.fn("f", tuple(required), **params)
+    ref = ToolCall(**formats._bfcl_reference("r", 0, {"f": answer}, {"f": function}))
+    spec = ToolSpec((function,), (ref,), semantics=semantics)
+    return tools.verify(TaskRecord("r", "tools", "Call f.", None, spec), block("f", given))[1].score
+
+
+ROUTES = {"routes": bfcl_edge_cases.array("array")}
+
+
+@pytest.mark.parametrize("params,answer,given,bfcl,tokencredit", [
+    # a list in a list is compared exactly by BFCL: no normalization below the array's items
+    (ROUTES, {"routes": [[["New York"]]]}, {"routes": [["new york"]]}, 0.0, 0.0),
+    ({"cities": bfcl_edge_cases.array("string")}, {"cities": [["New York"]]}, {"cities": ["new-york"]}, 1.0, 0.0),
+    ({"trip": "dict"}, {"trip": [{"cities": [["Paris"]]}]}, {"trip": {"cities": ["paris"]}}, 0.0, 0.0),
+    ({"trip": "dict"}, {"trip": [{"city": ["Paris"]}]}, {"trip": {"city": "PARIS"}}, 1.0, 0.0),
+])
+def test_bfcl_normalizes_strings_at_the_top_level_only(params, answer, given, bfcl, tokencredit):
+    assert one_call(params, answer, given, "bfcl") == bfcl
+    assert one_call(params, answer, given, "tokencredit") == tokencredit
+
+
+@pytest.mark.parametrize("answer,given,bfcl,tokencredit", [
+    (["New York"], "new york", 1.0, 0.0),             # a string in an `any` parameter is normalized
+    ([["New York"]], ["new york"], 0.0, 0.0),         # a list is a "variable": compared with ==
+    ([5], 5.0, 0.0, 1.0),                              # ... and must have the accepted value's type
+    ([[1, 2]], [1.0, 2], 1.0, 1.0),                    # == takes 1.0 for 1
+    ([5], "5", 0.0, 0.0),
+])
+def test_bfcl_reads_an_any_parameter_as_a_string(answer, given, bfcl, tokencredit):
+    assert one_call({"v": "any"}, {"v": answer}, {"v": given}, "bfcl") == bfcl
+    assert one_call({"v": "any"}, {"v": answer}, {"v": given}, "tokencredit") == tokencredit
+
+
+@pytest.mark.parametrize("params,answer,given,bfcl,tokencredit", [
+    ({"unit": "string"}, {"unit": ["cm", ""]}, {"unit": ""}, 1.0, 0.0),    # "" is an accepted value
+    ({"unit": "string"}, {"unit": [""]}, {"unit": ""}, 1.0, 0.0),          # tokencredit: an extra argument
+    ({"unit": "string"}, {"unit": [""]}, {"unit": "cm"}, 0.0, 0.0),
+    ({"n": "integer"}, {"n": [5, ""]}, {"n": ""}, 0.0, 0.0),               # but not for an integer
+    ({"tags": bfcl_edge_cases.array("string")}, {"tags": [["a"], ""]}, {"tags": []}, 1.0, 0.0),
+    ({"xs": bfcl_edge_cases.array("float")}, {"xs": [[1.0], ""]}, {"xs": [1]}, 1.0, 1.0),  # no item check
+    ({"xs": bfcl_edge_cases.array("float")}, {"xs": [[1.0]]}, {"xs": [1]}, 0.0, 1.0),       # item check
+    ({"size": "dict"}, {"size": [{"w": [1], "u": ["cm", ""]}]}, {"size": {"w": 1, "u": ""}}, 1.0, 0.0),
+    ({"unit": "string"}, {"unit": ["cm", ""]}, {}, 1.0, 1.0),
+])
+def test_bfcl_takes_an_empty_string_as_a_passed_optional_value(params, answer, given, bfcl, tokencredit):
+    assert one_call(params, answer, given, "bfcl") == bfcl
+    assert one_call(params, answer, given, "tokencredit") == tokencredit
+
+
+@pytest.mark.parametrize("params,answer,given,bfcl", [
+    ({"o": "dict"}, {"o": [{"flag": [True]}]}, {"o": {"flag": 1}}, 1.0),
+    ({"o": "dict"}, {"o": [{"n": [0]}]}, {"o": {"n": False}}, 1.0),
+    ({"o": "dict"}, {"o": [{"ids": [[1, 2]]}]}, {"o": {"ids": [True, 2]}}, 1.0),
+    ({"rows": bfcl_edge_cases.array("dict")}, {"rows": [[{"k": [1]}]]}, {"rows": [{"k": True}]}, 1.0),
+    ({"o": "dict"}, {"o": [{"n": [2]}]}, {"o": {"n": True}}, 0.0),
+    ({"on": "boolean"}, {"on": [True]}, {"on": 1}, 0.0),   # at the top level BFCL checks the type
+])
+def test_bfcl_takes_true_for_one_inside_dicts(params, answer, given, bfcl):
+    assert one_call(params, answer, given, "bfcl") == bfcl
+    assert one_call(params, answer, given, "tokencredit") == 0.0  # tokencredit: True is no number
+
+
+def test_bfcl_matches_parallel_calls_greedily():
+    """BFCL: the first answer takes f(x=1), so the second (x=1 only) finds f(x=2) and fails;
+    tokencredit's one-to-one matching pairs them the other way round."""
+    function = bfcl_edge_cases.fn("f", ("x",), x="integer")
+    answer = [{"f": {"x": [1, 2]}}, {"f": {"x": [1]}}]
+    refs = tuple(ToolCall(**formats._bfcl_reference("r", i, a, {"f": function})) for i, a in enumerate(answer))
+    for semantics, order, want in (("bfcl", [1, 2], 0.5), ("bfcl", [2, 1], 1.0), ("tokencredit", [1, 2], 1.0)):
+        rec = TaskRecord("r", "tools", "Call f.", None, ToolSpec((function,), refs, semantics=semantics))
+        response = "".join(block("f", {"x": x}) for x in order)
+        assert tools.verify(rec, response)[1].score == want, (semantics, order)
+
+
+def test_bfcl_semantics_on_native_records_reads_fields_as_bfcls_answer():
+    """Without `possible_answer` a default also accepts "", and a dict value compares with ==."""
+    function = bfcl_edge_cases.fn("f", ("o",), o="dict", unit="string")
+    ref = ToolCall("f", {"o": {"flag": True}}, defaults={"unit": "cm"})
+    assert tools.bfcl_answer(ref, function["parameters"]["properties"]) == {"o": [{"flag": [True]}],
+                                                                           "unit": ["cm", ""]}
+    for semantics, want in (("bfcl", 1.0), ("tokencredit", 0.0)):
+        rec = TaskRecord("r", "tools", "Call f.", None, ToolSpec((function,), (ref,), semantics=semantics))
+        assert tools.verify(rec, block("f", {"o": {"flag": 1}, "unit": ""}))[1].score == want
+
+
+def edge_scores(tmp_path, semantics: str) -> list[float]:
+    records, rejected = load_tasks(bfcl_edge_cases.write_files(tmp_path), "bfcl", semantics=semantics)
+    assert rejected == []
+    by_id = {r.id: r for r in records}
+    scores = []
+    for i, case in enumerate(bfcl_edge_cases.CASES):
+        calls = [ToolCall(name, args) for call in case.output for name, args in call.items()]
+        scores.append(tools.verify(by_id[f"edge_{i}"], tools.render_calls(calls))[1].score)
+    return scores
+
+
+def test_bfcl_edge_cases_score_as_bfcls_rules_say(tmp_path):
+    """Every fresh edge case (bench/bfcl_edge_cases.py) gets BFCL's verdict, worked out by hand from its checker."""
+    cases = bfcl_edge_cases.CASES
+    assert len(cases) >= 40 and all(sum(c.kind == k for c in cases) >= 8 for k in bfcl_edge_cases.KINDS)
+    got = [score >= 1.0 for score in edge_scores(tmp_path / "bfcl", "bfcl")]
+    assert [(i, c.kind) for i, (c, g) in enumerate(zip(cases, got)) if g != c.valid] == []
+    # tokencredit's own, stricter semantics differs on these rules (README: "Public formats")
+    strict = [score >= 1.0 for score in edge_scores(tmp_path / "tc", "tokencredit")]
+    assert {c.kind for c, s in zip(cases, strict) if s != c.valid} == set(bfcl_edge_cases.KINDS)
+
+
+def test_bfcl_edge_cases_agree_with_bfcl_eval_where_installed(tmp_path):
+    import references
+
+    if not references.available():
+        pytest.skip("bfcl-eval not unpacked; run `python bench/references.py`")
+    checker = references.bfcl()
+    from bfcl_eval.constants.enums import Language
+
+    cases = copy.deepcopy(bfcl_edge_cases.CASES)  # the checker may edit what it is given
+    verdicts = [checker.ast_checker(c.functions, c.output, c.answer, Language.PYTHON, c.category,
+                                    "tokencredit")["valid"] for c in cases]
+    assert verdicts == [c.valid for c in bfcl_edge_cases.CASES]
+    assert [s >= 1.0 for s in edge_scores(tmp_path, "bfcl")] == verdicts
 
 
 # ---------------------------------------------------------------- parts, garbage, record errors

@@ -20,7 +20,8 @@ What each format makes of a row:
     bird        prompt holding the schema (BIRD: {db_id, question, evidence, SQL}, evidence as a hint)
     bfcl        a question file with its possible-answer file (`possible_answer/<same name>` beside
                 it) -> task `tools`; BFCL's accepted values become `arguments`, `alternatives`
-                and, where "" marks an optional parameter, `defaults` (see `_bfcl_reference`)
+                and, where "" marks an optional parameter, `defaults` (see `_bfcl_reference`);
+                the answer itself is kept as `possible_answer` for the `bfcl` semantics
 
 `databases_root` gives the folder that `db` paths resolve in: DATABASES above.
 """
@@ -291,7 +292,8 @@ def _bfcl_reference(record_id: str, index: int, call: Any, functions: dict[str, 
     that may be left out (and is not required) is a default; one whose only accepted value is ""
     must be left out, so it is not in the reference (passing it is an extra argument), nor is an
     optional one the function does not declare. A dict
-    value, itself {key: [accepted values]}, expands to every dict it accepts."""
+    value, itself {key: [accepted values]}, expands to every dict it accepts. The answer itself is
+    kept as `possible_answer`: the `bfcl` semantics judges by it, as BFCL's checker does."""
     where = f"ground_truth[{index}]"
     if not isinstance(call, dict) or len(call) != 1:
         raise RecordError(record_id, where, "expected {function name: {parameter: [accepted values]}}")
@@ -313,7 +315,8 @@ def _bfcl_reference(record_id: str, index: int, call: Any, functions: dict[str, 
         (defaults if optional else arguments)[param] = values[0]
         if len(values) > 1:
             alternatives[param] = values[1:]
-    return {"name": name, "arguments": arguments, "defaults": defaults, "alternatives": alternatives}
+    return {"name": name, "arguments": arguments, "defaults": defaults, "alternatives": alternatives,
+            "possible_answer": params}
 
 
 _OMITTED = object()

@@ -179,7 +179,8 @@ def _tool_spec(obj: dict, record_id: str, semantics: str) -> ToolSpec:
         call = ToolCall(name=_string(item, "name", record_id, name),
                         arguments=_dict(item, "arguments", record_id, name),
                         defaults=_dict(item, "defaults", record_id, name, optional=True),
-                        alternatives=_alternatives(item, record_id, name))
+                        alternatives=_alternatives(item, record_id, name),
+                        possible_answer=_possible_answer(item, record_id, name))
         if call.name not in names:
             raise RecordError(record_id, f"{name}.name", f"{call.name!r} is not one of the tools ({', '.join(sorted(names))})")
         calls.append(call)
@@ -192,6 +193,18 @@ def _alternatives(item: dict, record_id: str, parent: str) -> dict[str, tuple]:
         if not isinstance(values, list):
             raise RecordError(record_id, f"{parent}.alternatives.{key}", f"expected a list, got {_json_type(values)}")
     return {key: tuple(values) for key, values in given.items()}
+
+
+def _possible_answer(item: dict, record_id: str, parent: str) -> dict[str, list] | None:
+    """BFCL's answer of the call, {parameter: [accepted values]}, or None (null or absent)."""
+    if item.get("possible_answer") is None:
+        return None
+    given = _dict(item, "possible_answer", record_id, parent)
+    for key, values in given.items():
+        if not isinstance(values, list):
+            raise RecordError(record_id, f"{parent}.possible_answer.{key}",
+                              f"expected a list, got {_json_type(values)}")
+    return given
 
 
 def _check_unicode(obj: dict, record_id: str) -> None:

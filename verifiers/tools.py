@@ -22,10 +22,17 @@ An argument's accepted values are its reference value and its `alternatives`.
 Values compare as JSON, type-aware (1 != "1", True != 1) except that numbers compare by value at
 every depth (2 == 2.0, {"lat": 48} == {"lat": 48.0}); a parameter declared `integer` still needs
 an integer. Semantics (`ToolSpec.semantics`):
-    tokencredit  strings compare exactly
-    bfcl         the BFCL AST checker's rules: strings compare after BFCL's normalization (case,
-                 spaces and ,./-_*^ ignored, ' read as "), and the items of a typed array must have
-                 the item type (an int is not a float there), unless an accepted value has the type
+    tokencredit  as above; strings compare exactly; the best one-to-one matching of calls
+    bfcl         BFCL's AST checker exactly (`verifiers.bfcl_rules`): each argument judged against
+                 BFCL's accepted values (the reference call's `possible_answer`, else made from
+                 its arguments, defaults and alternatives): strings normalized where BFCL does it
+                 (case, spaces and ,./-_*^ ignored, ' read as "; at the top of a value, an array's
+                 items and a dict's values only), "" accepted where BFCL lists it, Python's ==
+                 inside dicts (True == 1), array items type-checked one level deep; an argument
+                 BFCL would not check (not in the answer or not declared) is extra. Calls match
+                 greedily as BFCL's parallel checker does: each reference call, in order, takes
+                 the first unused call that scores 1; the rest are matched best one-to-one for
+                 partial credit (so the total is 1 exactly when BFCL's verdict is valid)
 Parameter types are JSON Schema's (string, integer, number, boolean, array, object) or BFCL's
 (float, dict, tuple, any).
 
@@ -43,6 +50,7 @@ import numpy as np
 
 from schemas.records import RecordError, RewardScore, TaskRecord, ToolCall, ToolSpec
 
+from . import bfcl_rules
 from .parts import label_runs
 
 REWARDS = ("format", "correctness")
@@ -66,11 +74,7 @@ _TYPES = {  # parameter type -> accepted Python values
     "tuple": lambda v: isinstance(v, list),
     "any": lambda v: True,
 }
-# BFCL's item type check is exact: an array of float takes no int
-_ITEM_TYPES = {"integer": (int,), "float": (float,), "number": (int, float), "string": (str,), "boolean": (bool,),
-               "dict": (dict,), "object": (dict,), "array": (list,), "tuple": (list,)}
 SEMANTICS = ("tokencredit", "bfcl")
-_BFCL_IGNORED = re.compile(r"[ ,./\-_*^]")
 
 
 # ---------------------------------------------------------------- record validation
@@ -190,44 +194,47 @@ def _parse_block(body: str) -> tuple[ToolCall | None, str]:
 
 # ---------------------------------------------------------------- scoring
 
-def same_value(got: Any, want: Any, param_type: str | None = None, normalize: bool = False) -> bool:
+def same_value(got: Any, want: Any, param_type: str | None = None) -> bool:
     """JSON equality that keeps types apart (1 != "1", True != 1) but compares numbers by value at
-    every depth; an `integer` parameter needs an integer; `normalize` compares strings as BFCL does."""
+    every depth; an `integer` parameter needs an integer."""
     if param_type == "integer" and type(got) is not int and type(want) is int:
         return False
     if _NUMBER(got) and _NUMBER(want):
         return got == want
     if type(got) is not type(want):
         return False
-    if isinstance(want, str) and normalize:
-        return bfcl_normalize(got) == bfcl_normalize(want)
     if isinstance(want, dict):
-        return got.keys() == want.keys() and all(same_value(got[k], want[k], normalize=normalize) for k in want)
+        return got.keys() == want.keys() and all(same_value(got[k], want[k]) for k in want)
     if isinstance(want, list):
-        return len(got) == len(want) and all(same_value(g, w, normalize=normalize) for g, w in zip(got, want))
+        return len(got) == len(want) and all(same_value(g, w) for g, w in zip(got, want))
     return got == want
 
 
-def bfcl_normalize(text: str) -> str:
-    """BFCL's `standardize_string`: "April 1, 2024" and "april 1 2024" become the same."""
-    return _BFCL_IGNORED.sub("", text).lower().replace("'", '"')
+def accepts(value: Any, accepted: list, prop: dict) -> bool:
+    """Whether `value` equals one of the accepted values of a parameter declared as `prop` (tokencredit)."""
+    return any(same_value(value, want, prop.get("type")) for want in accepted)
 
 
-def accepts(value: Any, accepted: list, prop: dict, semantics: str) -> bool:
-    """Whether `value` equals one of the accepted values of a parameter declared as `prop`."""
-    bfcl = semantics == "bfcl"
-    if bfcl and not _bfcl_items_typed(value, accepted, prop):
-        return False
-    return any(same_value(value, want, prop.get("type"), normalize=bfcl) for want in accepted)
+def bfcl_answer(ref: ToolCall, params: dict[str, dict]) -> dict[str, list]:
+    """BFCL's accepted values per parameter: the call's `possible_answer`, or made from its fields
+    (a default also accepts "", a dict value becomes {key: [value]} as BFCL writes it)."""
+    if ref.possible_answer is not None:
+        return ref.possible_answer
+    answer = {}
+    for key, value in [*ref.arguments.items(), *ref.defaults.items()]:
+        values = [_as_bfcl_value(v, params.get(key, {})) for v in (value, *ref.alternatives.get(key, ()))]
+        answer[key] = values + ([""] if key in ref.defaults else [])
+    return answer
 
 
-def _bfcl_items_typed(value: Any, accepted: list, prop: dict) -> bool:
+def _as_bfcl_value(value: Any, prop: dict) -> Any:
+    dict_types = ("dict", "object")
+    if prop.get("type") in dict_types and isinstance(value, dict):
+        return {k: [v] for k, v in value.items()}
     item_type = (prop.get("items") or {}).get("type")
-    if prop.get("type") not in ("array", "tuple") or item_type not in _ITEM_TYPES or not isinstance(value, list):
-        return True
-    # BFCL takes an item of another type when an accepted list starts with that type ("a variable")
-    escapes = {type(want[0]) for want in accepted if isinstance(want, list) and want}
-    return all(type(v) in _ITEM_TYPES[item_type] or type(v) in escapes for v in value)
+    if prop.get("type") in ("array", "tuple") and item_type in dict_types and isinstance(value, list):
+        return [_as_bfcl_value(v, {"type": item_type}) for v in value]
+    return value
 
 
 def call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict],
@@ -235,6 +242,8 @@ def call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict],
     """s(ref, got) of the module docstring and the argument mismatches; `params` is ref's properties."""
     if got.name != ref.name:
         return 0.0, []  # `correctness` reports the missing and the unexpected call
+    if semantics == "bfcl":
+        return _bfcl_call_score(ref, got, params)
     notes, matched, given_defaults = [], 0, 0
     for key, want in [*ref.arguments.items(), *ref.defaults.items()]:
         optional = key in ref.defaults
@@ -243,7 +252,7 @@ def call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict],
             continue
         given_defaults += optional
         accepted = [want, *ref.alternatives.get(key, ())]
-        if accepts(got.arguments[key], accepted, params.get(key, {}), semantics):
+        if accepts(got.arguments[key], accepted, params.get(key, {})):
             matched += 1
         else:
             notes.append(f"argument {key!r}: got {_show(got.arguments[key])}, expected {_alternatives(accepted)}")
@@ -253,27 +262,71 @@ def call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict],
     return (matched / denom if denom else 1.0), notes
 
 
+def _bfcl_call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict]) -> tuple[float, list[str]]:
+    """s(ref, got) with BFCL's verdict per argument: 1 exactly when BFCL's simple checker says valid."""
+    answer = bfcl_answer(ref, params)
+    # must be passed: a required argument, or one whose accepted values lack ""
+    needed = {k for k, accepted in answer.items() if k in ref.arguments or "" not in accepted}
+    notes, matched, given_optional, extra = [], 0, 0, []
+    for key, value in got.arguments.items():
+        if key not in answer or key not in params:
+            extra.append(key)  # BFCL: "Unexpected parameter"
+            continue
+        given_optional += key not in needed
+        if bfcl_rules.accepted(value, answer[key], params[key]):
+            matched += 1
+        else:
+            notes.append(f"argument {key!r}: got {_show(value)}, expected {_alternatives(answer[key])}")
+    notes += [f"missing argument {k!r}" for k in sorted(needed - set(got.arguments))]
+    notes += [f"unexpected argument {_clip(k)!r}" for k in extra]
+    denom = len(needed) + given_optional + len(extra)
+    return (matched / denom if denom else 1.0), notes
+
+
 def correctness(refs: list[ToolCall], calls: list[ToolCall], tools: tuple[dict, ...],
                 semantics: str = "tokencredit") -> tuple[float, list[str]]:
-    """Best one-to-one matching score of the module docstring, and the mismatch notes."""
+    """Best one-to-one matching score of the module docstring (greedy first under `bfcl`), and the mismatch notes."""
     if not calls:
         return 0.0, ["no well-formed call"]
     props = {t["name"]: t["parameters"]["properties"] for t in tools}
     pairs = [[call_score(r, c, props[r.name], semantics) for c in calls] for r in refs]
     gain = np.array([[s for s, _ in row] for row in pairs])
-    from scipy.optimize import linear_sum_assignment  # scipy loads in ~1 s: not at the command line's start
-
-    rows, cols = linear_sum_assignment(gain, maximize=True)
+    fixed = _greedy_matches(gain) if semantics == "bfcl" else []
+    rows, cols = _best_matching(gain, fixed)
     notes, used = [], set()
-    for i, j in zip(rows.tolist(), cols.tolist()):
+    for i, j in zip(rows, cols):
         if refs[i].name == calls[j].name:
             notes += pairs[i][j][1]
             used.add(j)
         else:
             notes.append(f"no call to {refs[i].name}")
-    notes += [f"no call to {refs[i].name}" for i in range(len(refs)) if i not in set(rows.tolist())]
+    notes += [f"no call to {refs[i].name}" for i in range(len(refs)) if i not in set(rows)]
     notes += [f"unexpected call {_clip(calls[j].name)!r}" for j in range(len(calls)) if j not in used]
     return float(gain[rows, cols].sum()) / max(len(refs), len(calls)), notes
+
+
+def _greedy_matches(gain: np.ndarray) -> list[tuple[int, int]]:
+    """BFCL's `parallel_function_checker_no_order`: each reference, in order, takes the first
+    unused call it fully accepts; it does not look back, so a one-to-one matching can do better."""
+    taken, fixed = set(), []
+    for i, row in enumerate(gain):
+        j = next((j for j, s in enumerate(row) if s >= 1.0 and j not in taken), None)
+        if j is not None:
+            taken.add(j)
+            fixed.append((i, j))
+    return fixed
+
+
+def _best_matching(gain: np.ndarray, fixed: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """The pairs `fixed` and the best one-to-one matching of the other rows and columns."""
+    from scipy.optimize import linear_sum_assignment  # scipy loads in ~1 s: not at the command line's start
+
+    free_rows = [i for i in range(gain.shape[0]) if i not in {i for i, _ in fixed}]
+    free_cols = [j for j in range(gain.shape[1]) if j not in {j for _, j in fixed}]
+    sub = gain[np.ix_(np.array(free_rows, dtype=int), np.array(free_cols, dtype=int))]
+    rows, cols = linear_sum_assignment(sub, maximize=True)
+    pairs = fixed + [(free_rows[i], free_cols[j]) for i, j in zip(rows.tolist(), cols.tolist())]
+    return [i for i, _ in pairs], [j for _, j in pairs]
 
 
 def render_calls(calls: list[ToolCall]) -> str:
