@@ -92,15 +92,16 @@ def evaluate(label: str, policy, records, args) -> dict:
     out = {"label": label}
     greedy, s_greedy, t_greedy = sample_and_score(policy, records, n=1, temperature=0.0, seed=args.eval_seed,
                                                   max_new_tokens=args.max_new_tokens, batch_size=args.eval_batch)
-    sampled, s_sampled, t_sampled = sample_and_score(policy, records, n=args.eval_n, temperature=args.temperature,
-                                                     seed=args.eval_seed, max_new_tokens=args.max_new_tokens,
-                                                     batch_size=args.eval_batch)
-    out.update(greedy=greedy, sampled=sampled, seconds=round(s_greedy + s_sampled, 1),
-               tokens=t_greedy + t_sampled)
+    out.update(greedy=greedy, seconds=round(s_greedy, 1), tokens=t_greedy)
+    if not args.greedy_only:
+        sampled, seconds, tokens = sample_and_score(policy, records, n=args.eval_n, temperature=args.temperature,
+                                                    seed=args.eval_seed, max_new_tokens=args.max_new_tokens,
+                                                    batch_size=args.eval_batch)
+        out.update(sampled=sampled, seconds=round(out["seconds"] + seconds, 1), tokens=out["tokens"] + tokens)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out))
-    log(f"eval {label}: greedy {mean_reward(greedy):.4f}, sampled {mean_reward(sampled):.4f} "
-        f"({out['seconds']} s, {out['tokens']} tokens)")
+    sampled = f", sampled {mean_reward(out['sampled']):.4f}" if "sampled" in out else ""
+    log(f"eval {label}: greedy {mean_reward(greedy):.4f}{sampled} ({out['seconds']} s, {out['tokens']} tokens)")
     return out
 
 
@@ -256,37 +257,54 @@ def round_prompts(prompts: Path, round_: int, count: int) -> Path:
 
 
 def cmd_iterated(args) -> None:
+    """Rounds of sample -> annotate -> train from each method's current policy; the methods take turns
+    within a round, so a stopped run has both methods at the same round."""
     from pipeline.models.loading import load_policy
 
     prompts = PROMPTS / "prompts.jsonl"
-    held_out = load_records(prompts, "test")[: args.eval_prompts or None]
+    held_out = load_records(prompts, "test")[: args.eval_prompts or None][:: args.round_eval_stride]
     evaluate_policy("start", lambda: load_policy(args.model, device=args.device), held_out, args)
     for seed in [int(x) for x in args.seeds.split(",")]:
-        for method in ITERATED_METHODS:
-            policy = args.model
-            for round_ in range(1, args.rounds + 1):
-                work = STATE / "iterated" / f"{method}-{seed}"
-                merged = work / f"policy-{round_}"
-                if not merged.is_dir():
-                    data = work / f"data-{round_}"
-                    seconds = annotate_pool(data, round_prompts(prompts, round_, args.round_prompts), policy,
-                                            args, prompts=None, n=args.n, seed=10_000 * seed + round_)
-                    seconds += train_arm(method, data, policy, work / f"ckpt-{round_}", seed, args.round_steps,
-                                         args)
-                    save_policy(lora_policy(policy, work / f"ckpt-{round_}" / "final", args.device), merged)
-                    log(f"iterated {method} seed {seed} round {round_}: {seconds:.0f} s")
-                    if round_ > 1:  # keep the current policy only: a merged SmolLM2 is 0.5 GB
-                        shutil.rmtree(work / f"policy-{round_ - 1}", ignore_errors=True)
-                evaluate_policy(f"iterated-{method}-{seed}-{round_ * args.round_steps}",
-                                lambda: load_policy(str(merged), device=args.device), held_out, args)
-                policy = str(merged)
+        current = {method: latest_policy(method, seed) for method in ITERATED_METHODS}
+        for round_ in range(1, args.rounds + 1):
+            for method in ITERATED_METHODS:
+                done, policy = current[method]
+                if round_ > done:
+                    policy = iterate_round(method, seed, round_, policy or args.model, prompts, args)
+                    current[method] = (round_, policy)
+                if round_ >= done:  # the rounds before the latest kept policy were evaluated when they ran
+                    evaluate_policy(f"iterated-{method}-{seed}-{round_ * args.round_steps}",
+                                    lambda: load_policy(policy, device=args.device), held_out, args)
+
+
+def latest_policy(method: str, seed: int) -> tuple[int, str | None]:
+    """(round, folder) of the newest merged policy of a (method, seed), (0, None) before the first round."""
+    work = STATE / "iterated" / f"{method}-{seed}"
+    rounds = [int(p.name.split("-")[1]) for p in work.glob("policy-*") if p.name.split("-")[1].isdigit()]
+    return (max(rounds), str(work / f"policy-{max(rounds)}")) if rounds else (0, None)
+
+
+def iterate_round(method: str, seed: int, round_: int, policy: str | None, prompts: Path, args) -> str:
+    """One round from `policy`: annotate this round's train prompts, train, merge; the merged policy's folder."""
+    work = STATE / "iterated" / f"{method}-{seed}"
+    data, ckpt = work / f"data-{round_}", work / f"ckpt-{round_}"
+    seconds = annotate_pool(data, round_prompts(prompts, round_, args.round_prompts), policy, args, prompts=None,
+                            n=args.n, seed=10_000 * seed + round_)
+    seconds += train_arm(method, data, policy, ckpt, seed, args.round_steps, args)
+    merged = save_policy(lora_policy(policy, ckpt / "final", args.device), work / f"policy-{round_}")
+    log(f"iterated {method} seed {seed} round {round_}: {seconds:.0f} s")
+    shutil.rmtree(work / f"policy-{round_ - 1}", ignore_errors=True)  # a merged SmolLM2 is 0.5 GB: keep one
+    return merged
 
 
 # --- the report: paired differences, bootstrap intervals, the plot, the diagnosis ------------------
 
 
 def prompt_rewards(result: dict, decoding: str) -> dict[str, float]:
-    """Per held-out prompt: the greedy reward, the sampled one, or ('both') their mean."""
+    """Per held-out prompt: the greedy reward, the sampled one, or ('both') their mean (greedy alone where
+    the policy was evaluated greedily only)."""
+    if decoding == "both" and "sampled" not in result:
+        decoding = "greedy"
     if decoding != "both":
         return {k: v["reward"] for k, v in result[decoding].items()}
     return {k: (v["reward"] + result["sampled"][k]["reward"]) / 2 for k, v in result["greedy"].items()}
@@ -337,13 +355,16 @@ def mean_reward_of(result: dict, decoding: str, ids=None) -> float:
 
 
 def arm_rows(evals: dict[str, dict], arm: str, decoding: str, model: str) -> list[dict]:
-    """The closed_loop.json rows of one arm: per method, its final seed-mean reward against GDPO's."""
-    start = prompt_rewards(evals["start"], decoding)
-    unseen = [k for k in start if k.startswith("unseen-")]
+    """The closed_loop.json rows of one arm: per method, its final seed-mean reward against GDPO's, on the
+    held-out prompts the arm was evaluated on (an arm evaluated greedily only has greedy rows alone)."""
     by_method = curves(evals, arm, decoding)
-    if "gdpo" not in by_method:
+    greedy_only = any("sampled" not in r for c in by_method.values() for rs in c.values() for r in rs)
+    if "gdpo" not in by_method or (greedy_only and decoding != "greedy"):
         return []
     final_steps = max(by_method["gdpo"])
+    ids = set(by_method["gdpo"][final_steps][0]["greedy"])
+    start = {k: v for k, v in prompt_rewards(evals["start"], decoding).items() if k in ids}
+    unseen = [k for k in start if k.startswith("unseen-")]
     gdpo = seed_mean(by_method["gdpo"][final_steps], decoding)
     gdpo_final = statistics.fmean(gdpo.values())
     rows = []
@@ -459,7 +480,7 @@ def kind_rates(results: list[dict], ids=None) -> dict[str, float]:
     per: dict[str, list[float]] = {}
     for result in results:
         for decoding in ("greedy", "sampled"):
-            for pid, row in result[decoding].items():
+            for pid, row in result.get(decoding, {}).items():
                 for kind, rate in row["kinds"].items():
                     per.setdefault(kind, []).append(rate)
     return {k: round(statistics.fmean(v), 3) for k, v in sorted(per.items())}
@@ -522,7 +543,8 @@ def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, 
     from common import upsert_result
 
     def arm_line(arm: str) -> str:
-        both = [r for r in rows if r["arm"] == arm and r["decoding"] == "both"]
+        both = ([r for r in rows if r["arm"] == arm and r["decoding"] == "both"]
+                or [r for r in rows if r["arm"] == arm and r["decoding"] == "greedy"])
         if not both:
             return f"{arm}: not run"
         start = both[0]["start_reward"]
@@ -532,7 +554,8 @@ def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, 
                  f"{r['unseen_final_reward']:.3f})" for r in both]
         mrtpo = next((r for r in both if r["method"] == "mrtpo"), None)
         ratio = (mrtpo["final_reward"] - start) / gdpo_gain if mrtpo and gdpo_gain else float("nan")
-        return (f"{arm} ({both[0]['seeds']} seeds, {both[0]['steps']} steps): start {start:.3f}; "
+        return (f"{arm} ({both[0]['seeds']} seeds, {both[0]['steps']} steps, {both[0]['eval_prompts']} prompts, "
+                f"{both[0]['decoding']}): start {start:.3f}; "
                 + "; ".join(parts) + f"; MRTPO gain / GDPO gain {ratio:.2f}; detectable difference "
                 f"{both[0]['mde']:.3f}; steps to GDPO's final: "
                 + ", ".join(f"{r['method']} {r['steps_to_gdpo_final']}" for r in both))
@@ -568,6 +591,7 @@ def cmd_quick(args) -> list[dict]:
         args.train_prompts, args.n, args.eval_prompts, args.steps, args.eval_every = 4, 2, 4, 2, 1
         args.rounds, args.round_prompts, args.round_steps, args.batch_size = 2, 2, 1, 4
         cmd_offline(args)
+        args.greedy_only, args.round_eval_stride = True, 2  # as the CPU run evaluates its rounds
         cmd_iterated(args)
         rows = cmd_report(args)
     arms = {(r["arm"], r["method"]) for r in rows}
@@ -605,6 +629,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--round-prompts", type=int, default=32)
     parser.add_argument("--round-steps", type=int, default=8)
+    parser.add_argument("--round-eval-stride", type=int, default=1,
+                        help="iterated: evaluate every k-th held-out prompt (seen and unseen alike)")
+    parser.add_argument("--greedy-only", action="store_true", help="evaluate greedy decoding only")
     args = parser.parse_args()
     args.quick = False
     STATE.mkdir(parents=True, exist_ok=True)
