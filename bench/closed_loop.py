@@ -22,6 +22,14 @@ Design (fixed before running; the README and RESULTS.md follow the numbers whate
 
 Every stage writes its result as it finishes under `bench/.closed_loop/` (a pool, checkpoints and one
 JSON file per evaluated policy), and a re-run skips what is there, so a stopped run resumes.
+
+Sizes. The 2-core CPU run (bench/RESULTS.md) used a pool of 64 train prompts x 8, 16 steps of batch 8 per
+offline arm, and iterated rounds of 8 prompts x 4, 4 steps, scored greedily on every 4th held-out prompt.
+The full-size run, for a GPU:
+    python bench/closed_loop.py offline --device cuda --train-prompts 0 --steps 128 --eval-every 32 --batch-size 16
+    python bench/closed_loop.py iterated --device cuda --seeds 0,1 --rounds 6 --round-prompts 64 --n 8 \
+        --round-steps 16 --batch-size 16
+    python bench/closed_loop.py report
 """
 from __future__ import annotations
 
