@@ -19,7 +19,7 @@ from pipeline.cli import main
 from pipeline.query import run_query
 from pipeline.writer import IncompleteRunError, RunLockedError, RunWriter
 from schemas import CREDITS, RESPONSES
-from tests.test_train import response_rows
+from tests.test_train import response_rows, tiny_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,10 +31,11 @@ def shard(rows: list[dict], s: int) -> dict[str, pa.Table]:
 
 @pytest.fixture()
 def unfinished(tmp_path):
-    """A run killed after 2 of its 3 shards, with shard 2's responses file written but not marked."""
+    """A run killed after 2 of its 3 shards, with shard 2's responses file written but not marked; sampled
+    (its manifest says) with a word-level policy whose tokenizer gives its token ids."""
     out = tmp_path / "run"
     writer = RunWriter(str(out))
-    writer.start("killed", {"seed": 1}, "h", "c", n_shards=3)
+    writer.start("killed", {"seed": 1, "model": str(tiny_policy(tmp_path / "policy"))}, "h", "c", n_shards=3)
     rows = response_rows()
     for s in range(2):
         writer.write_shard(s, shard(rows, s), {})
