@@ -97,13 +97,16 @@ class TaskRecord:
 @dataclass(frozen=True)
 class RewardScore:
     """One reward of one response: a score in [0, 1], what the verifier expected (`feedback`: the
-    reference query, the expected call, the constraint; never the response's own tokens) and what it
-    found in the response (`observed`: may quote the response)."""
+    reference query, the expected call, the constraint; never the response's own tokens), what it
+    found in the response (`observed`: may quote the response) and, where the verifier can say where
+    the response violates the reward, those characters (`spans`: [start, end) offsets into the response,
+    sorted, non-overlapping; `verifiers.spans`). Empty `spans`: the verifier does not say where."""
 
     name: str
     score: float
     feedback: str
     observed: str = ""
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
