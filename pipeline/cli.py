@@ -21,7 +21,8 @@ import logging
 import os
 import sys
 
-from .config import AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig
+from .config import (AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, LOCATES, RELEVANCES, AnnotateConfig, CreditConfig,
+                     SamplingConfig)
 from .prompts import ABLATIONS, FEEDBACK_STYLES
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
@@ -91,6 +92,9 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beta", type=float, default=c.beta, help="MRTPO mixing coefficient")
     p.add_argument("--relevance", choices=RELEVANCES, default=c.relevance,
                    help="MRTPO's per-token relevance from the replay (see pipeline/credit/relevance.py)")
+    p.add_argument("--locate", choices=LOCATES, default=c.locate,
+                   help="where MRTPO's relevance comes from: the replay, the verifier's spans (tokens overlapping "
+                   "what it found wrong), or both (spans where a penalized reward has them, the replay elsewhere)")
     p.add_argument("--ablation", choices=ABLATIONS, default=c.ablation,
                    help="P_\\k removes feedback section k (drop) or fills it with neutral text (null)")
     p.add_argument("--feedback-style", choices=FEEDBACK_STYLES, default=c.feedback_style,
@@ -125,7 +129,8 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
         reward_model=args.reward_model, device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed),
-        credit=CreditConfig(kinds=args.credit, beta=args.beta, relevance=args.relevance, ablation=args.ablation,
+        credit=CreditConfig(kinds=args.credit, beta=args.beta, relevance=args.relevance, locate=args.locate,
+                            ablation=args.ablation,
                             feedback_style=args.feedback_style, relevance_floor=args.relevance_floor,
                             store_js=args.store_js),
     )

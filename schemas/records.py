@@ -144,6 +144,7 @@ class TokenCredit:
     beta: float
     js: list[list[float] | None] | None = None  # [K][T] JS distance when stored beside another relevance
     floored: list[bool] | None = None  # [K] relevance under the noise floor: uniform weights
+    relevance_source: list[str] | None = None  # [K] 'verifier' | 'replay' | 'uniform'; None without MRTPO
     mrtpo_sum: list[float] | None = None  # [T] sum_k w_k A[i,k,t], before GDPO's batch step
     p2t_raw: list[float] | None = None  # [T] gradient x input
     p2t_reward: list[float] | None = None  # [T] token reward of the chosen form
