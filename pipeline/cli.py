@@ -3,6 +3,8 @@
     tokencredit annotate --out OUT            sample, verify, credit the demo prompts (Prefect flow)
     tokencredit query OUT "SQL"               DuckDB over the run's responses/credits/training views
     tokencredit report OUT                    self-contained HTML credit report
+    tokencredit repair OUT --out DIR          cut failed responses at their top penalty, resample, keep the
+                                              repairs: minimal-edit preference pairs (DPO/KTO)
     tokencredit train --data OUT --out CKPT   token-credited training from a run
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve)
@@ -210,6 +212,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    from .repair import RepairConfig, run_repair
+
+    config = RepairConfig(n=args.n, seed=args.seed, shard_size=args.shard_size, batch_size=args.batch_size,
+                          limit=args.limit)
+    if args.runner == "none":
+        summary = run_repair(args.run, args.out, config, device=args.device)
+    else:
+        from flows.repair import run_repair_flow
+
+        summary = run_repair_flow(args.run, args.out, config, device=args.device, workers=args.workers)
+    print(f"wrote {summary['pairs_written']} preference pairs to {args.out}/pairs (TRL DPOTrainer columns prompt, "
+          "chosen, rejected)")
+    for reward, c in summary["by_reward"].items():
+        print(f"  {reward}: {c['repaired_pairs']}/{c['pairs']} failed pairs repaired, repair rate "
+              f"{c['repair_rate']:.3f} ({c['repairs']} of {c['resamples']} resamples, "
+              f"{c['tokens_resampled']} tokens resampled)")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .train.trainer import TrainConfig, train
 
@@ -329,6 +351,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="advantages with |A| below this are drawn white, and the colour scale starts at it")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_report)
+
+    p = command("repair", "prefix repair: cut each failed response before its most penalized token for the "
+                "failed reward, resample the rest, keep the repairs as preference pairs")
+    p.add_argument("run", help="run directory written by annotate (complete)")
+    p.add_argument("--out", required=True, help="folder for the pairs (pairs/part-*.parquet) and repair.json")
+    p.add_argument("--n", type=int, default=4, help="resamples per failed (response, reward)")
+    p.add_argument("--seed", type=int, default=0, help="resampling seed")
+    p.add_argument("--limit", type=int, default=None, help="failed pairs to repair (default: all)")
+    p.add_argument("--shard-size", type=int, default=16, help="failed pairs per shard (the unit of resumption)")
+    p.add_argument("--batch-size", type=int, default=32, help="resampled rows per forward")
+    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--runner", choices=["threads", "none"], default="threads",
+                   help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
+    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads)")
+    p.set_defaults(func=cmd_repair)
 
     p = command("train", "train a policy from a run's training view")
     p.add_argument("--data", required=True, help="run directory written by annotate")
