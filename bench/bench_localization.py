@@ -1,6 +1,6 @@
 """Does the blamed reward's relevance peak on the one edited token? The localization benchmark (issue 10).
 
-    python bench/bench_localization.py [--models tiny,smollm2-135m-instruct] [--quick]
+    python bench/bench_localization.py [--models tiny,smollm2-135m-instruct] [--locate replay,verifier,both] [--quick]
 
 Cases are `bench/localization/cases.jsonl` (a task record, its reference response with exactly one edit,
 the edit's character span and the reward it breaks; see that folder's README). For each model, ablation
@@ -16,12 +16,19 @@ and, on SQL and tool cases (whose format passes), the format reward's share on t
 A pair whose mean relevance is under the option's noise floor gets uniform weights and counts as a miss.
 The floor is calibrated on the dev split: the 10th percentile of the mean relevance of a placebo pair (the
 same prompt with and without one content-free feedback section), so a pair that moves the policy less than
-9 in 10 content-free sections do is treated as noise. Options are chosen on dev; the README reports test.
+9 in 10 content-free sections do is treated as noise. Options are chosen on dev (replay rows); the README
+reports test.
+
+`--locate` (the annotate option, method.md section 2) adds rows located by the verifier's spans (`verifier`:
+1 on the tokens overlapping the failed reward's spans, no signal where it has none; `both`: the spans where
+the reward has them, the replay elsewhere). They need no replay of their own: the replay rows come from the
+cache. Every row has the key `locate`; rows stored before it existed are replay rows.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import statistics
 from dataclasses import dataclass
@@ -38,6 +45,7 @@ MODELS = ("tiny", "smollm2-135m-instruct")
 ABLATIONS = ("drop", "null")
 STYLES = ("expected", "expected+observed", "auto")
 RELEVANCES = ("js", "logprob_drop", "logprob_abs", "logprob_signed")
+LOCATES = ("replay", "verifier", "both")  # pipeline.config.LOCATES
 TAGS = {"sql": ("<sql>", "</sql>"), "tools": ("<tool_call>", "</tool_call>")}
 PLACEBO = ("note", "This check gives no details.")
 FLOOR_QUANTILE = 0.10  # a pair that moves the policy less than 9 in 10 content-free sections do is noise
@@ -218,10 +226,29 @@ def edited_tokens(case: Case, row: dict, tokenizer) -> list[int]:
     return sorted(set(covering(row["spans"], *case.edit)) | {departure})
 
 
-def case_metrics(case: Case, row: dict, kind: str, floor: float, tokenizer) -> dict:
+def located(case: Case, row: dict, values: torch.Tensor, locate: str) -> tuple[torch.Tensor, list[bool]]:
+    """(values [K, T] under `locate`, located [K]): a failed reward with spans gets 1 on the tokens that
+    overlap them; `verifier` leaves the other rewards without signal, `both` keeps their replay values."""
+    if locate == "replay":
+        return values, [False] * values.shape[0]
+    from pipeline.credit.located import span_relevance
+
+    starts, ends = zip(*row["spans"]) if row["spans"] else ((), ())
+    out = values.clone() if locate == "both" else torch.zeros_like(values)
+    hits = [False] * values.shape[0]
+    for k, reward in enumerate(verifiers_of(case)):
+        d = span_relevance(reward.spans, starts, ends) if reward.spans and reward.score < 1 else None
+        if d is not None and d.sum() > 0:
+            out[k], hits[k] = d, True
+    return out, hits
+
+
+def case_metrics(case: Case, row: dict, kind: str, floor: float, tokenizer, locate: str = "replay") -> dict:
     from pipeline.credit.relevance import apply_floor
 
     values, floored = apply_floor(relevance_rows(row, kind), floor)
+    values, hits = located(case, row, values, locate)
+    floored = floored & ~torch.tensor(hits, dtype=torch.bool)  # the floor applies to replayed pairs only
     T = values.shape[1]
     edited = edited_tokens(case, row, tokenizer)
     k = row["names"].index(case.reward)
@@ -254,11 +281,12 @@ def summarize(per_case: list[dict]) -> dict:
             "format_share_median": statistics.median(share) if share else None}
 
 
-def evaluate(cases: list[Case], rows: dict[str, dict], kind: str, floor: float, split: str, tokenizer) -> dict:
+def evaluate(cases: list[Case], rows: dict[str, dict], kind: str, floor: float, split: str, tokenizer,
+             locate: str = "replay") -> dict:
     chosen = [c for c in cases if c.split == split]
     if not chosen:
         return {"cases": 0}
-    metrics = {c.id: case_metrics(c, rows[c.id], kind, floor, tokenizer) for c in chosen}
+    metrics = {c.id: case_metrics(c, rows[c.id], kind, floor, tokenizer, locate) for c in chosen}
     result = summarize(list(metrics.values()))
     for attr in ("family", "kind"):
         groups = sorted({getattr(c, attr) for c in chosen})
@@ -269,7 +297,8 @@ def evaluate(cases: list[Case], rows: dict[str, dict], kind: str, floor: float, 
 # --- report -----------------------------------------------------------------------------------------
 
 
-def run(models: list[str], quick: bool, ablations: tuple[str, ...] = ABLATIONS) -> list[dict]:
+def run(models: list[str], quick: bool, ablations: tuple[str, ...] = ABLATIONS,
+        locates: tuple[str, ...] = ("replay",)) -> list[dict]:
     cases = load_cases()
     if quick:
         cases = [c for i, c in enumerate(cases) if i % 8 == 0]
@@ -284,17 +313,17 @@ def run(models: list[str], quick: bool, ablations: tuple[str, ...] = ABLATIONS) 
                 dev_rows = list(replay_cases(model, cases, "drop", style, placebo=True).values())
                 for kind in RELEVANCES:
                     floor = calibrate_floor(dev_rows, kind)
-                    for split in ("dev", "test"):
+                    for split, locate in itertools.product(("dev", "test"), locates):
                         if not any(c.split == split for c in cases):
                             continue
                         table.append({"model": "tiny" if model == "tiny" else model, "split": split,
-                                      "relevance": kind, "ablation": ablation, "style": style, "floor": floor,
-                                      **evaluate(cases, rows, kind, floor, split, tokenizer)})
+                                      "locate": locate, "relevance": kind, "ablation": ablation, "style": style,
+                                      "floor": floor, **evaluate(cases, rows, kind, floor, split, tokenizer, locate)})
     return table
 
 
 def best_on_dev(table: list[dict], model: str) -> dict:
-    dev = [r for r in table if r["model"] == model and r["split"] == "dev"]
+    dev = [r for r in table if r["model"] == model and r["split"] == "dev" and r.get("locate", "replay") == "replay"]
     return max(dev, key=lambda r: (r["top1"], r["top3"], r["format_mass_median"] or 0))
 
 
@@ -302,12 +331,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--ablations", default=",".join(ABLATIONS), help="the ablations to replay (default: all)")
+    parser.add_argument("--locate", default=",".join(LOCATES),
+                        help="where the relevance comes from: replay, verifier, both (default: all three)")
     parser.add_argument("--quick", action="store_true", help="every 8th case; writes nothing")
     args = parser.parse_args()
-    table = run(args.models.split(","), args.quick, tuple(args.ablations.split(",")))
+    locates = tuple(args.locate.split(","))
+    if set(locates) - set(LOCATES):
+        parser.error(f"--locate: choose from {', '.join(LOCATES)}")
+    table = run(args.models.split(","), args.quick, tuple(args.ablations.split(",")), locates)
     for r in table:
         if r["split"] == "dev" or args.quick:
-            print(f"{r['model']:>22} {r['split']:>4} {r['style']:>17} {r['ablation']:>4} {r['relevance']:>14} "
+            print(f"{r['model']:>22} {r['split']:>4} {r['locate']:>8} {r['style']:>17} {r['ablation']:>4} "
+                  f"{r['relevance']:>14} "
                   f"top1 {r['top1']:.2f} top3 {r['top3']:.2f} chance {r['chance_top1']:.2f} "
                   f"fmt {r['format_mass_median'] or 0:.2f} floored {r['floored']:.2f}")
     if args.quick:
@@ -319,10 +354,12 @@ def main() -> None:
 
 
 def merged(table: list[dict]) -> list[dict]:
-    """The stored rows of the (model, ablation) pairs not replayed this time, then this run's rows."""
-    replayed = {(r["model"], r["ablation"]) for r in table}
+    """The stored rows of the (model, ablation, locate) triples not computed this time, then this run's rows;
+    a stored row without `locate` is a replay row (written before the option existed)."""
+    done = {(r["model"], r["ablation"], r["locate"]) for r in table}
     kept = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.is_file() else []
-    return [r for r in kept if (r["model"], r["ablation"]) not in replayed] + table
+    kept = [{**r, "locate": r.get("locate", "replay")} for r in kept]
+    return [r for r in kept if (r["model"], r["ablation"], r["locate"]) not in done] + table
 
 
 def write_results_md(table: list[dict]) -> None:
@@ -338,7 +375,8 @@ def write_results_md(table: list[dict]) -> None:
             if (r["model"] == model and r["split"] == "test" and r["relevance"] == default.relevance
                     and r["ablation"] == default.ablation and r["style"] == default.feedback_style):
                 fams = "; ".join(f"{f} {v['top1']:.2f}/{v['top3']:.2f}" for f, v in r["by_family"].items())
-                lines.append(f"test, default ({default.relevance}/{default.ablation}/{default.feedback_style}): "
+                lines.append(f"test, locate {r.get('locate', 'replay')}, default "
+                             f"({default.relevance}/{default.ablation}/{default.feedback_style}): "
                              f"top-1 {r['top1']:.2f}, top-3 {r['top3']:.2f} (chance {r['chance_top1']:.2f}); "
                              f"by family top-1/top-3 {fams}; format mass on tags+eos median "
                              f"{r['format_mass_median']:.2f} (token share {r['format_share_median']:.2f})")

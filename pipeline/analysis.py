@@ -27,20 +27,22 @@ from .writer import RunWriter
 TOP_K = 3
 
 # Figure 6 (a, c). Per replay: share of its total distance held by its TOP_K largest tokens,
-# and the uniform baseline TOP_K / T (capped at 1). Averaged over the replays of each task
-# and reward kind. `max(x, n)` is a top-n aggregate: one pass, no sort of the credits table.
+# and the uniform baseline TOP_K / T (capped at 1). Averaged over the replays of each task,
+# reward kind and relevance source (`replay`, or `verifier`: the verifier's spans, see --locate; runs of
+# schema 2.1 have no source: replay). `max(x, n)` is a top-n aggregate: one pass, no sort of the credits table.
 TOP_SHARE_SQL = f"""
 WITH replays AS (
-    SELECT task, reward,
+    SELECT task, reward, coalesce(relevance_source, 'replay') AS source,
            sum(distance::DOUBLE) AS total,
            list_sum(max(distance::DOUBLE, {TOP_K})) AS top,
            count(*) AS tokens
     FROM credits
     WHERE distance IS NOT NULL
-    GROUP BY task, response_id, reward, constraint_index
+    GROUP BY task, response_id, reward, constraint_index, source
 )
 SELECT task,
        reward,
+       source,
        count(*) AS replays,
        avg(top / total) AS top_share,
        avg(least({TOP_K} / tokens, 1.0)) AS uniform_share
@@ -51,33 +53,34 @@ GROUP BY ALL ORDER BY ALL
 
 # Figure 6 (b, d). Per replay: share of its distance on each response part and that part's share
 # of its tokens (the uniform baseline); averaged over the replays of each task and reward kind
-# (a part absent from a response counts 0 there), so each (task, reward) sums to 1 over parts.
+# (a part absent from a response counts 0 there), so each (task, reward, source) sums to 1 over parts.
 PART_SHARE_SQL = """
 WITH parts AS (
-    SELECT task, response_id, reward, constraint_index, coalesce(part, 'other') AS part,
+    SELECT task, response_id, reward, constraint_index, coalesce(relevance_source, 'replay') AS source,
+           coalesce(part, 'other') AS part,
            sum(distance::DOUBLE) AS d, count(*) AS n
     FROM credits
     WHERE distance IS NOT NULL
     GROUP BY ALL
 ), shares AS (
-    SELECT task, reward, part,
+    SELECT task, reward, source, part,
            d / sum(d) OVER replay AS d_share,
            n / sum(n) OVER replay AS n_share
     FROM parts
-    WINDOW replay AS (PARTITION BY task, response_id, reward, constraint_index)
+    WINDOW replay AS (PARTITION BY task, response_id, reward, constraint_index, source)
     QUALIFY sum(d) OVER replay > 0
 ), sums AS (
-    SELECT task, reward, part, sum(d_share) AS d_sum, sum(n_share) AS n_sum
+    SELECT task, reward, source, part, sum(d_share) AS d_sum, sum(n_share) AS n_sum
     FROM shares GROUP BY ALL
 )
 -- each replay's token shares sum to 1, so summing n_sum over parts counts the replays
-SELECT task, reward, part,
+SELECT task, reward, source, part,
        (sum(n_sum) OVER kind)::BIGINT AS replays,
        d_sum / sum(n_sum) OVER kind AS distance_share,
        n_sum / sum(n_sum) OVER kind AS token_share
 FROM sums
-WINDOW kind AS (PARTITION BY task, reward)
-ORDER BY task, reward, part
+WINDOW kind AS (PARTITION BY task, reward, source)
+ORDER BY task, reward, source, part
 """
 
 # Score histogram per task and reward kind: scores in [0, 1] in 10 bins (a score of 1 is in bin 9).
@@ -96,7 +99,8 @@ SELECT (SELECT count(*) FROM responses) AS responses,
        (SELECT count(*) FROM responses WHERE status = 'ok') AS ok,
        (SELECT count(DISTINCT group_id) FROM responses) AS prompts,
        (SELECT count(*) FROM credits) AS credit_rows,
-       (SELECT count(distance) FROM credits) AS replayed_rows
+       (SELECT count(distance) FROM credits) AS replayed_rows,
+       (SELECT count(*) FROM credits WHERE relevance_source = 'verifier') AS verifier_rows
 """
 
 # Responses worth showing token by token, `$n` per task: MRTPO credit computed, mixed scores,
@@ -135,7 +139,7 @@ ORDER BY response_id
 
 RESPONSE_CREDITS_SQL = """
 SELECT reward, constraint_index, position, token_text, char_start, char_end, part, reward_adv, distance,
-       weight, advantage
+       weight, advantage, relevance_source
 FROM credits WHERE response_id = $id
 ORDER BY reward, constraint_index, position
 """
@@ -281,6 +285,7 @@ def _credits_table(columns: dict[str, list[np.ndarray]], ids: list[str], rewards
         "constraint_index": pa.array(flat["constraint_index"], pa.int32(), mask=flat["constraint_index"] < 0),
         "distance": pa.array(flat["distance"], mask=np.isnan(flat["distance"])),
         "js": pa.nulls(len(flat["weight"]), pa.float32()), "floored": np.zeros(len(flat["weight"]), dtype=bool),
+        "relevance_source": _strings(np.isnan(flat["distance"]).astype(np.int32), ["replay", "uniform"]),
         "beta": np.full(len(flat["weight"]), beta)}).select(CREDITS.names)
 
 

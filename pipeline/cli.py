@@ -3,6 +3,8 @@
     tokencredit annotate --out OUT            sample, verify, credit the demo prompts (Prefect flow)
     tokencredit query OUT "SQL"               DuckDB over the run's responses/credits/training views
     tokencredit report OUT                    self-contained HTML credit report
+    tokencredit repair OUT --out DIR          cut failed responses at their top penalty, resample, keep the
+                                              repairs: minimal-edit preference pairs (DPO/KTO)
     tokencredit train --data OUT --out CKPT   token-credited training from a run
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve)
@@ -21,7 +23,8 @@ import logging
 import os
 import sys
 
-from .config import AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig
+from .config import (AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, LOCATES, RELEVANCES, AnnotateConfig, CreditConfig,
+                     SamplingConfig)
 from .prompts import ABLATIONS, FEEDBACK_STYLES
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
@@ -91,6 +94,9 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beta", type=float, default=c.beta, help="MRTPO mixing coefficient")
     p.add_argument("--relevance", choices=RELEVANCES, default=c.relevance,
                    help="MRTPO's per-token relevance from the replay (see pipeline/credit/relevance.py)")
+    p.add_argument("--locate", choices=LOCATES, default=c.locate,
+                   help="where MRTPO's relevance comes from: the replay, the verifier's spans (tokens overlapping "
+                   "what it found wrong), or both (spans where a penalized reward has them, the replay elsewhere)")
     p.add_argument("--ablation", choices=ABLATIONS, default=c.ablation,
                    help="P_\\k removes feedback section k (drop) or fills it with neutral text (null)")
     p.add_argument("--feedback-style", choices=FEEDBACK_STYLES, default=c.feedback_style,
@@ -125,7 +131,8 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
         reward_model=args.reward_model, device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed),
-        credit=CreditConfig(kinds=args.credit, beta=args.beta, relevance=args.relevance, ablation=args.ablation,
+        credit=CreditConfig(kinds=args.credit, beta=args.beta, relevance=args.relevance, locate=args.locate,
+                            ablation=args.ablation,
                             feedback_style=args.feedback_style, relevance_floor=args.relevance_floor,
                             store_js=args.store_js),
     )
@@ -202,6 +209,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = write_report(args.out, args.dest, responses_per_task=args.responses, ids=ids, floor=args.floor,
                         allow_incomplete=args.allow_incomplete)
     print(f"wrote {path}")
+    return 0
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    from .repair import RepairConfig, run_repair
+
+    config = RepairConfig(n=args.n, seed=args.seed, shard_size=args.shard_size, batch_size=args.batch_size,
+                          limit=args.limit)
+    if args.runner == "none":
+        summary = run_repair(args.run, args.out, config, device=args.device)
+    else:
+        from flows.repair import run_repair_flow
+
+        summary = run_repair_flow(args.run, args.out, config, device=args.device, workers=args.workers)
+    print(f"wrote {summary['pairs_written']} preference pairs to {args.out}/pairs (TRL DPOTrainer columns prompt, "
+          "chosen, rejected)")
+    for reward, c in summary["by_reward"].items():
+        print(f"  {reward}: {c['repaired_pairs']}/{c['pairs']} failed pairs repaired, repair rate "
+              f"{c['repair_rate']:.3f} ({c['repairs']} of {c['resamples']} resamples, "
+              f"{c['tokens_resampled']} tokens resampled)")
     return 0
 
 
@@ -324,6 +351,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="advantages with |A| below this are drawn white, and the colour scale starts at it")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_report)
+
+    p = command("repair", "prefix repair: cut each failed response before its most penalized token for the "
+                "failed reward, resample the rest, keep the repairs as preference pairs")
+    p.add_argument("run", help="run directory written by annotate (complete)")
+    p.add_argument("--out", required=True, help="folder for the pairs (pairs/part-*.parquet) and repair.json")
+    p.add_argument("--n", type=int, default=4, help="resamples per failed (response, reward)")
+    p.add_argument("--seed", type=int, default=0, help="resampling seed")
+    p.add_argument("--limit", type=int, default=None, help="failed pairs to repair (default: all)")
+    p.add_argument("--shard-size", type=int, default=16, help="failed pairs per shard (the unit of resumption)")
+    p.add_argument("--batch-size", type=int, default=32, help="resampled rows per forward")
+    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--runner", choices=["threads", "none"], default="threads",
+                   help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
+    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads)")
+    p.set_defaults(func=cmd_repair)
 
     p = command("train", "train a policy from a run's training view")
     p.add_argument("--data", required=True, help="run directory written by annotate")

@@ -84,6 +84,9 @@ DEFAULT_FLOORS = {"js": 0.0022, "logprob_drop": 0.0218, "logprob_abs": 0.0522, "
 
 
 CREDIT_KINDS = ("gdpo", "mrtpo", "p2t")
+# Where MRTPO's relevance comes from (method.md section 2): the leave-one-out replay, the verifier's spans
+# (1 on the tokens that overlap one), or the spans where a penalized reward has them and the replay elsewhere
+LOCATES = ("replay", "verifier", "both")
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class CreditConfig:
     # MRTPO's relevance, ablation and feedback style: the defaults localize best on the dev split of
     # bench/localization with SmolLM2-135M-Instruct (bench/RESULTS.md)
     relevance: str = "logprob_signed"
+    locate: str = "both"  # LOCATES; `both` skips the replay of the pairs the verifier locates
     ablation: str = "drop"
     feedback_style: str = "auto"
     relevance_floor: float | None = None  # None: the option's calibrated floor (relevance.DEFAULT_FLOORS)
@@ -118,7 +122,8 @@ class CreditConfig:
         object.__setattr__(self, "reward_weights", tuple(tuple(w) for w in self.reward_weights))
         if self.condition is not None:
             object.__setattr__(self, "condition", tuple(self.condition))
-        for name, value, allowed in (("relevance", self.relevance, RELEVANCES), ("ablation", self.ablation, ABLATIONS),
+        for name, value, allowed in (("relevance", self.relevance, RELEVANCES), ("locate", self.locate, LOCATES),
+                                     ("ablation", self.ablation, ABLATIONS),
                                      ("feedback_style", self.feedback_style, FEEDBACK_STYLES)):
             if value not in allowed:
                 raise ValueError(f"credit {name} {value!r}: choose from {', '.join(allowed)}")

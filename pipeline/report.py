@@ -148,8 +148,13 @@ def legend(floor: float) -> str:
             f'largest |advantage| (shown in its heading); |A| &lt; {floor:g} is white.</span></div>')
 
 
-def _reward_label(name: str, score: float, adv: float, feedback: str, replayed: bool) -> str:
-    note = "" if replayed else ' · <span class="label">not replayed (uniform)</span>'
+_SOURCE_NOTES = {"verifier": "located by the verifier's spans", "replay": "located by the replay",
+                 "uniform": "not located (uniform)"}
+
+
+def _reward_label(name: str, score: float, adv: float, feedback: str, source: str | None) -> str:
+    """`source`: where the reward's relevance came from (credits.relevance_source); None: a run without it."""
+    note = f' · <span class="label">{_SOURCE_NOTES.get(source, escape(str(source)))}</span>' if source else ""
     return (f'<div class="reward"><b>{escape(name)}</b> <span class="chip">score {score:g}</span> '
             f'A = {adv:+.3f}{note}<div class="feedback">{escape(feedback or "")}</div></div>')
 
@@ -173,7 +178,7 @@ def response_card(response: dict, per_reward: list[list[dict]], floor: float = F
         tips = [f'#{c["position"]} {text!r} · part {c["part"]} · d {_num(c["distance"], 4)} · '
                 f'w {_num(c["weight"], 2)} · A {_num(c["advantage"])}' for c, text in zip(cs, texts)]
         grid += [_reward_label(response["reward_names"][k], response["rewards"][k], adv_k,
-                               (response["feedback"] or [""] * len(per_reward))[k], cs[0]["distance"] is not None),
+                               (response["feedback"] or [""] * len(per_reward))[k], _source(cs[0])),
                  token_strip(texts, [adv_k] * T, tips, scale, floor),
                  token_strip(texts, [c["advantage"] or 0.0 for c in cs], tips, scale, floor)]
     mrtpo_total = (token_strip(texts, adv_mrtpo, [f"#{t} A_mrtpo {a:.3f}" for t, a in enumerate(adv_mrtpo)],
@@ -196,6 +201,13 @@ def response_card(response: dict, per_reward: list[list[dict]], floor: float = F
             f'<div class="head">GDPO: the reward\'s advantage on every token</div>'
             f'<div class="head">MRTPO: reallocated by replay distance</div>{"".join(grid)}</div>'
             f'{p2t}{sibling_list(siblings, floor)}</div>')
+
+
+def _source(credit: dict) -> str | None:
+    """A reward's relevance source; a run of schema 2.1 has none: replayed where it has a distance."""
+    if credit.get("relevance_source") is not None:
+        return credit["relevance_source"]
+    return "replay" if credit["distance"] is not None else "uniform"
 
 
 def sibling_list(siblings: list[tuple[dict, list[list[dict]]]], floor: float) -> str:
@@ -228,12 +240,15 @@ def header(manifest: dict[str, Any], counts: dict[str, int]) -> str:
              ("dataset checksum", (manifest.get("dataset_checksum") or "")[:16]),
              ("responses (ok / all)", f'{counts["ok"]} / {counts["responses"]}'),
              ("prompts", counts["prompts"]), ("credit rows", counts["credit_rows"]),
-             ("credit rows with replay distance", counts["replayed_rows"]),
+             ("credit rows with a relevance (replay or verifier spans)", counts["replayed_rows"]),
+             ("credit rows located by the verifier's spans", counts.get("verifier_rows")),
              ("rejected prompt records", manifest.get("rejected"))]
     if "replays_done" in stats:
         done, skipped = stats["replays_done"], stats.get("replays_skipped", 0)
         items.append(("replays done / skipped (gated)",
                       f"{done} / {skipped} ({skipped / max(done + skipped, 1):.0%} skipped)"))
+    if "verifier_located" in stats:
+        items.append(("pairs located by the verifier (replay skipped)", stats["verifier_located"]))
     if "tokens_replayed" in stats:
         items.append(("tokens replayed", stats["tokens_replayed"]))
     if stats.get("p2t_responses"):
@@ -261,10 +276,10 @@ def share_figures(top: list[dict], parts: list[dict]) -> str:
     if not top:
         return ('<p class="note">No replay distances for this task (MRTPO was not computed, or every '
                 'group was gated).</p>')
-    top_svg = share_bars_svg([("", [(r["reward"], r["top_share"], r["uniform_share"]) for r in top])])
+    top_svg = share_bars_svg([("", [(_by(r), r["top_share"], r["uniform_share"]) for r in top])])
     groups: dict[str, list[tuple[str, float, float]]] = {}
     for r in parts:
-        groups.setdefault(f'{r["reward"]} ({r["replays"]} replays)', []).append(
+        groups.setdefault(f'{_by(r)} ({r["replays"]} replays)', []).append(
             (r["part"], r["distance_share"], r["token_share"]))
     return (f'<div class="figs"><figure>{top_svg}<figcaption>Share of each reward\'s replay distance held '
             f'by the top {analysis.TOP_K} tokens of a response (mean over replays); gray: uniform '
@@ -272,6 +287,12 @@ def share_figures(top: list[dict], parts: list[dict]) -> str:
             f'<figure>{share_bars_svg(list(groups.items()))}<figcaption>Share of each reward\'s replay '
             'distance on each part of the response; gray: the part\'s share of tokens.'
             '</figcaption></figure></div>')
+
+
+def _by(row: dict) -> str:
+    """A figure's label: the reward, and its relevance source where that is not the replay."""
+    source = row.get("source", "replay")
+    return row["reward"] if source == "replay" else f'{row["reward"]} [{source}]'
 
 
 def task_section(task: str, con: duckdb.DuckDBPyConnection, data: dict[str, Any], chosen: list[str],

@@ -99,6 +99,7 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
             js = credit.js[k] if credit.js is not None else None
             columns["js"] += js if js is not None else [None] * T
             columns["floored"] += [bool(credit.floored[k]) if credit.floored is not None else None] * T
+            columns["relevance_source"] += [credit.relevance_source[k] if credit.relevance_source else None] * T
             columns["weight"] += credit.weight[k]
             columns["advantage"] += credit.advantage[k]
             columns["beta"] += [credit.beta] * T

@@ -10,7 +10,9 @@ from importlib.resources import files
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "2.1"  # 2.0: GDPO's batch step moved to the views; 2.1: instruction rewards as kind + constraint_index
+# 2.0: GDPO's batch step moved to the views; 2.1: instruction rewards as kind + constraint_index;
+# 2.2: credits.relevance_source (verifier spans, replay or uniform)
+SCHEMA_VERSION = "2.2"
 
 RESPONSES = pa.schema(
     [
@@ -58,6 +60,9 @@ CREDITS = pa.schema(
         pa.field("distance", pa.float32()),  # replay relevance d of the run's option (manifest: credit.relevance)
         pa.field("js", pa.float32()),  # JS distance, when stored beside another relevance
         pa.field("floored", pa.bool_()),  # d under the noise floor: uniform weights for this (response, reward)
+        # where this (response, reward)'s relevance d came from: 'verifier' (1 on the tokens overlapping the
+        # verifier's spans), 'replay', 'uniform' (neither); NULL when MRTPO did not run (manifest: credit.locate)
+        pa.field("relevance_source", pa.string()),
         pa.field("weight", pa.float32()),
         pa.field("advantage", pa.float32()),
         pa.field("beta", pa.float32()),

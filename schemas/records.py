@@ -102,13 +102,16 @@ class TaskRecord:
 @dataclass(frozen=True)
 class RewardScore:
     """One reward of one response: a score in [0, 1], what the verifier expected (`feedback`: the
-    reference query, the expected call, the constraint; never the response's own tokens) and what it
-    found in the response (`observed`: may quote the response)."""
+    reference query, the expected call, the constraint; never the response's own tokens), what it
+    found in the response (`observed`: may quote the response) and, where the verifier can say where
+    the response violates the reward, those characters (`spans`: [start, end) offsets into the response,
+    sorted, non-overlapping; `verifiers.spans`). Empty `spans`: the verifier does not say where."""
 
     name: str
     score: float
     feedback: str
     observed: str = ""
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -146,6 +149,7 @@ class TokenCredit:
     beta: float
     js: list[list[float] | None] | None = None  # [K][T] JS distance when stored beside another relevance
     floored: list[bool] | None = None  # [K] relevance under the noise floor: uniform weights
+    relevance_source: list[str] | None = None  # [K] 'verifier' | 'replay' | 'uniform'; None without MRTPO
     mrtpo_sum: list[float] | None = None  # [T] sum_k w_k A[i,k,t], before GDPO's batch step
     p2t_raw: list[float] | None = None  # [T] gradient x input
     p2t_reward: list[float] | None = None  # [T] token reward of the chosen form

@@ -19,7 +19,7 @@ LINE = re.compile(r"^(sampling|replay|p2t): ([\d,]+)/([\d,]+) (responses|tokens)
 
 def test_each_long_stage_logs_its_progress_with_tokens_per_second(capsys):
     config = AnnotateConfig(sampling=SamplingConfig(n=4, max_new_tokens=24, seed=4),
-                            credit=CreditConfig(kinds=("gdpo", "mrtpo", "p2t")))
+                            credit=CreditConfig(kinds=("gdpo", "mrtpo", "p2t"), locate="replay"))
     demo = verifiers.load_tasks("demo")[0]
     records = [next(r for r in demo if r.task == task) for task in ("sql", "tools")]
     capsys.readouterr()

@@ -64,7 +64,7 @@ def scored(records, tmp_path_factory):
                            train_dataset=dataset, processing_class=tokenizer)
     ours = MRTPOTrainer(model=model, records=records, args=grpo_config(tmp_path_factory.mktemp("b")),
                         train_dataset=dataset, processing_class=tokenizer,
-                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=0.0, gdpo=preset("trl")))
+                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=0.0, locate="replay", gdpo=preset("trl")))
     ours.verifier = rewards  # the same verification of the same completions
     inputs = generation_inputs(dataset)
     model.train()
@@ -106,7 +106,8 @@ def test_one_mrtpo_step_raises_credited_and_lowers_debited_tokens(records, tmp_p
     model, tokenizer = load_policy()
     trainer = Capturing(model=model, records=records, args=grpo_config(tmp_path, learning_rate=LR, optim="sgd"),
                         train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer,
-                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=1.0, gdpo=preset("trl")), warmup_steps=0)
+                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=1.0, locate="replay", gdpo=preset("trl")),
+                        warmup_steps=0)
     before = copy.deepcopy(trainer.model)  # as TRL prepared it (its fused log-prob head)
     trainer.train()
     out = trainer.captured
@@ -214,7 +215,8 @@ def test_a_plugin_task_of_trl_reward_functions_trains_one_step_with_named_reward
     trainer = Capturing(model=model, records=records, verifiers=specs,
                         args=grpo_config(tmp_path, per_device_train_batch_size=2 * G),
                         train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer,
-                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=1.0, gdpo=preset("trl")), warmup_steps=0)
+                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=1.0, locate="replay", gdpo=preset("trl")),
+                        warmup_steps=0)
     assert trainer.verifier.names == ["length", "on_topic"]
     trainer.train()
     metrics = trainer.state.log_history[0]

@@ -1,7 +1,8 @@
 """Verifiers: one score in [0, 1] and one feedback text per reward.
 
     records, rejected = load_tasks(path)          # validated TaskRecords + bad lines (any format)
-    scores = verify(record, response_text)        # list[RewardScore], fixed reward order
+    scores = verify(record, response_text)        # list[RewardScore], fixed reward order; a failed
+                                                  # reward's `spans` say where the response breaks it
     names = reward_names(record, refs)            # the same order, without a response
     spans = response_parts(record, response_text) # [(char_start, char_end, part)] for analysis
     kind, index = stored_reward(task, name)       # ("keyword_include", 2) for "c2_keyword_include"
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 from schemas.records import RecordError, RewardScore, TaskRecord
 
-from . import instructions, plugins, sql, tools
+from . import instructions, plugins, spans, sql, tools
 from .plugins import PluginRef
 from .tasks import Rejected, load_tasks, parse_record
 
@@ -34,6 +35,11 @@ def verify(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef] =
         scores += plugins.score(ref, record, response)
     if not scores:
         raise plugins.PluginError(f"record {record.id!r}: the verifiers returned no reward")
+    for s in scores:  # a built-in check's spans are validated as a plugin's are
+        try:
+            spans.check(s.spans, response, f"record {record.id!r}: reward {s.name!r}")
+        except ValueError as error:
+            raise plugins.PluginError(str(error)) from None
     names = [s.name for s in scores]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:

@@ -9,6 +9,9 @@ dataset stores the kind as the reward and the index in its own column (`split_re
 Feedback is the constraint's own sentence (the one the prompt uses), "Include the keywords 'river' and
 'stone'.", and `observed` what was found: "Found: 'river'; missing 'stone'."
 
+A failed constraint whose check can say where the response breaks it carries those characters as
+`spans` (`verifiers.instruction_spans`: a comma, a forbidden word, the words past a limit, ...).
+
 Semantics (`InstructionSpec.semantics`): "tokencredit" scores with `verifiers.checkers` (partial
 credit where its docstring says); "ifeval" and "ifeval-loose" score 1 or 0 with the IFEval
 reference's strict and loose checks (`verifiers.ifeval`). In every mode an empty or
@@ -31,6 +34,7 @@ from schemas.records import InstructionSpec, RecordError, RewardScore, TaskRecor
 
 from . import ifeval
 from .checkers import CHECKERS, parse_json, validate_args
+from .instruction_spans import spans_for
 from .parts import label_runs
 
 SEMANTICS = ("tokencredit", *ifeval.SEMANTICS)
@@ -97,7 +101,8 @@ def verify(record: TaskRecord, response: str) -> list[RewardScore]:
             score = ifeval.check(c.kind, response, c.args)
         elif semantics == "ifeval-loose":
             score = ifeval.check_loose(c.kind, response, c.args)
-        scores.append(RewardScore(name, float(score), expected, f"Found: {found}."))
+        spans = spans_for(c.kind, response, c.args) if score < 1 else ()
+        scores.append(RewardScore(name, float(score), expected, f"Found: {found}.", spans))
     return scores
 
 

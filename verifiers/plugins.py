@@ -13,9 +13,11 @@ callable`, or the name of an installed entry point in the group `tokencredit.ver
 (`installed()` lists them). A dotted module is imported as it is, else from the current folder.
 
 The callable gets the record as a dict (every field of its line; built-in records as their
-fields) and the response text, and returns an iterable of `(name, score, feedback[, observed])`
+fields) and the response text, and returns an iterable of `(name, score, feedback[, observed[, spans]])`
 tuples or objects with those attributes: `score` a number in [0, 1], `feedback` what the verifier
-expected (never the response's own tokens), `observed` what it found (may quote the response).
+expected (never the response's own tokens), `observed` what it found (may quote the response),
+`spans` the [start, end) character spans of the response that violate the reward (sorted, disjoint,
+inside the response; `verifiers.spans`), which `--locate verifier|both` turns into token credit.
 It must return the same names, in the same order, for every response of one record.
 
 A `PluginRef` carries the sha256 of the callable's source file: it is part of the annotate
@@ -39,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from schemas.records import PluginSpec, RewardScore, TaskRecord
+
+from . import spans
 
 ENTRY_POINT_GROUP = "tokencredit.verifiers"
 
@@ -173,17 +177,26 @@ def score(ref: PluginRef, record: TaskRecord, response: str) -> list[RewardScore
     if result is None or isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable):
         raise PluginError(f"verifier {ref.target} returned {type(result).__name__}; "
                           "expected an iterable of (name, score, feedback) ")
-    return [_reward(ref, item) for item in result]
+    rewards = [_reward(ref, item) for item in result]
+    for r in rewards:
+        try:
+            spans.check(r.spans, response, f"record {record.id!r}: verifier {ref.target}: reward {r.name!r}")
+        except ValueError as error:
+            raise PluginError(str(error)) from None
+    return rewards
 
 
 def _reward(ref: PluginRef, item: Any) -> RewardScore:
-    if isinstance(item, (tuple, list)) and len(item) in (3, 4):
+    if isinstance(item, (tuple, list)) and len(item) in (3, 4, 5):
         name, value, feedback, *rest = item
         observed = rest[0] if rest else ""
+        where = rest[1] if len(rest) > 1 else ()
     elif all(hasattr(item, a) for a in ("name", "score", "feedback")):
-        name, value, feedback, observed = item.name, item.score, item.feedback, getattr(item, "observed", "")
+        name, value, feedback = item.name, item.score, item.feedback
+        observed, where = getattr(item, "observed", ""), getattr(item, "spans", ())
     else:
-        raise PluginError(f"verifier {ref.target} returned {_short(item)}; expected (name, score, feedback[, observed])")
+        raise PluginError(f"verifier {ref.target} returned {_short(item)}; "
+                          "expected (name, score, feedback[, observed[, spans]])")
     if not isinstance(name, str) or not name.strip():
         raise PluginError(f"verifier {ref.target}: reward name {_short(name)} is not a non-empty string")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= 1:
@@ -191,7 +204,9 @@ def _reward(ref: PluginRef, item: Any) -> RewardScore:
     for what, text in (("feedback", feedback), ("observed", observed)):
         if not isinstance(text, str):
             raise PluginError(f"verifier {ref.target}: reward {name!r} has {what} {_short(text)}, expected a string")
-    return RewardScore(name, float(value), feedback, observed)
+    # checked against the response in `score`; a list of lists becomes a tuple of pairs there
+    where = tuple(tuple(s) if isinstance(s, list) else s for s in where) if isinstance(where, (list, tuple)) else where
+    return RewardScore(name, float(value), feedback, observed, where)
 
 
 def _short(value: Any) -> str:

@@ -4,6 +4,10 @@
     executable  that query runs in the read-only sandbox (`verifiers.sandbox`)      1 / 0
     execution   its result equals the reference query's result                      1 / 0
 
+A failed `format` or `executable` carries the spans that break it (`format_spans`: the extra or
+misplaced tag, where a missing one belongs; `error_spans`: the name or token the database's error
+names). A wrong result (`execution`) has none: nothing in the response says where it goes wrong.
+
 Results are compared as multisets of rows, in order only when the reference query has a
 top-level ORDER BY. Numbers compare numerically (3 == 3.0, floats to a relative 1e-6);
 text, blobs and NULL compare only with their own kind. Column names are ignored.
@@ -19,12 +23,15 @@ from schemas.records import RecordError, RewardScore, SqlSpec, TaskRecord
 
 from .sandbox import QueryResult, SandboxError, has_top_level_order_by, run_select, schema_of
 from .parts import label_runs
+from .spans import Span, merged, word
 
 REWARDS = ("format", "executable", "execution")
 OPEN, CLOSE = "<sql>", "</sql>"
 FORMAT_RULE = "The query must be a single SQL statement between <sql> and </sql>."
 EXECUTABLE_RULE = "The query must run on the database without error."
 _MISSING = re.compile(r"no such (table|column): ([\w.]*\w)")
+_NAMED = re.compile(r"no such (?:table|column): ([\w.]*\w)|near \"([^\"]+)\": syntax error|"
+                    r"ambiguous column name: ([\w.]*\w)")
 _TAG = re.compile(r"</?sql>")
 _BLOCK = re.compile(r"<sql>(.*?)</sql>", re.DOTALL)
 _REL_TOL, _ABS_TOL = 1e-6, 1e-9
@@ -48,7 +55,8 @@ def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     """
     spec: SqlSpec = record.spec
     query, found = extract_query(response)
-    fmt = RewardScore("format", float(query is not None), FORMAT_RULE, found)
+    fmt = RewardScore("format", float(query is not None), FORMAT_RULE, found,
+                      format_spans(response) if query is None else ())
     reference = f"The reference query is: {spec.reference_sql.strip().rstrip(';').strip()}."
     if query is None:
         return [fmt, RewardScore("executable", 0.0, EXECUTABLE_RULE, "Not run: there is no single <sql> block."),
@@ -56,7 +64,8 @@ def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     try:
         got = run_select(spec.db_path, query)
     except SandboxError as e:
-        return [fmt, RewardScore("executable", 0.0, expected_fix(str(e), spec.db_path), str(e)),
+        where = error_spans(str(e), query, response.index(OPEN) + len(OPEN))
+        return [fmt, RewardScore("executable", 0.0, expected_fix(str(e), spec.db_path), str(e), where),
                 RewardScore("execution", 0.0, reference, "The query did not run.")]
     want = reference_result(record.id, spec.db_path, spec.reference_sql)
     note = compare_results(got, want, ordered=has_top_level_order_by(spec.reference_sql))
@@ -78,6 +87,40 @@ def expected_fix(error: str, db_path: str) -> str:
     names = sorted(schema) if kind == "table" else sorted({c for cols in schema.values() for c in cols})
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.0)
     return f"{EXECUTABLE_RULE} Use an existing {kind}: {close[0]}." if close else EXECUTABLE_RULE
+
+
+def format_spans(response: str) -> tuple[Span, ...]:
+    """Where a response breaks `format`: every tag past the first <sql> and the first </sql>, both tags of a
+    </sql> before its <sql>, an empty block, or where a missing tag belongs (the last character for a
+    missing </sql>, the first for a missing <sql>). No block at all: no span."""
+    tags = list(_TAG.finditer(response))
+    opens = [(m.start(), m.end()) for m in tags if m.group() == OPEN]
+    closes = [(m.start(), m.end()) for m in tags if m.group() == CLOSE]
+    if not opens and not closes:
+        return ()
+    spans = opens[1:] + closes[1:]
+    start, end = len(response) - len(response.lstrip()), len(response.rstrip())
+    if not closes:
+        spans.append((end - 1, end))
+    elif not opens:
+        spans.append((start, start + 1))
+    elif closes[0][0] < opens[0][0]:
+        spans += [opens[0], closes[0]]
+    elif not spans and not response[opens[0][1]:closes[0][0]].strip():
+        spans.append((opens[0][0], closes[0][1]))
+    return merged(spans)
+
+
+def error_spans(error: str, query: str, offset: int) -> tuple[Span, ...]:
+    """The name or token the database's error names, where it stands in the query (shifted by `offset`,
+    the query's start in the response): `no such table: X`, `no such column: X`, `near "X": syntax error`,
+    `ambiguous column name: X`. Other errors: no span."""
+    named = _NAMED.search(error)
+    if named is None:
+        return ()
+    name = next(g for g in named.groups() if g is not None)
+    found = word(name, query, offset) or word(name.split(".")[-1], query, offset)
+    return merged(found)
 
 
 def extract_query(response: str) -> tuple[str | None, str]:

@@ -37,6 +37,11 @@ def sentences(text: str) -> list[str]:
     return _punkt().tokenize(text)
 
 
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """[start, end) of each of Punkt's English sentences in `text` (the same sentences as `sentences`)."""
+    return list(_punkt().span_tokenize(text))
+
+
 def word_tokens(text: str) -> list[str]:
     """NLTK's `word_tokenize`: Punkt sentences, then Treebank tokens ("don't" -> "do", "n't")."""
     from nltk.tokenize import NLTKWordTokenizer

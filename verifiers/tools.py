@@ -36,6 +36,10 @@ an integer. Semantics (`ToolSpec.semantics`):
 Parameter types are JSON Schema's (string, integer, number, boolean, array, object) or BFCL's
 (float, dict, tuple, any).
 
+A failed reward carries the spans of the response that break it (`format_spans`, `correctness_spans`):
+the invalid JSON, the stray text, the place of a missing </tool_call>; the value of a wrong argument,
+the closing brace of a call missing one, the name of an unexpected call.
+
 `response_parts` labels: `tags` (every <tool_call> and </tool_call> marker), `name` (the name
 value of a well-formed block, quotes included), `arguments` (its arguments object), `other`.
 """
@@ -52,6 +56,7 @@ from schemas.records import RecordError, RewardScore, TaskRecord, ToolCall, Tool
 
 from . import bfcl_rules
 from .parts import label_runs
+from .spans import Span, merged
 
 REWARDS = ("format", "correctness")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -240,15 +245,23 @@ def _as_bfcl_value(value: Any, prop: dict) -> Any:
 def call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict],
                semantics: str = "tokencredit") -> tuple[float, list[str]]:
     """s(ref, got) of the module docstring and the argument mismatches; `params` is ref's properties."""
+    score, notes, _ = _call_check(ref, got, params, semantics)
+    return score, notes
+
+
+def _call_check(ref: ToolCall, got: ToolCall, params: dict[str, dict],
+                semantics: str) -> tuple[float, list[str], list[tuple[str, str]]]:
+    """(s(ref, got), mismatch notes, faults): a fault is ("missing" | "value" | "extra", argument name)."""
     if got.name != ref.name:
-        return 0.0, []  # `correctness` reports the missing and the unexpected call
+        return 0.0, [], []  # `correctness` reports the missing and the unexpected call
     if semantics == "bfcl":
-        return _bfcl_call_score(ref, got, params)
-    notes, matched, given_defaults = [], 0, 0
+        return _bfcl_call_check(ref, got, params)
+    notes, faults, matched, given_defaults = [], [], 0, 0
     for key, want in [*ref.arguments.items(), *ref.defaults.items()]:
         optional = key in ref.defaults
         if key not in got.arguments:
             notes += [] if optional else [f"missing argument {key!r}"]
+            faults += [] if optional else [("missing", key)]
             continue
         given_defaults += optional
         accepted = [want, *ref.alternatives.get(key, ())]
@@ -256,18 +269,31 @@ def call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict],
             matched += 1
         else:
             notes.append(f"argument {key!r}: got {_show(got.arguments[key])}, expected {_alternatives(accepted)}")
+            faults.append(("value", key))
     extra = [k for k in got.arguments if k not in ref.arguments and k not in ref.defaults]
     notes += [f"unexpected argument {_clip(k)!r}" for k in extra]
+    faults += [("extra", k) for k in extra]
     denom = len(ref.arguments) + given_defaults + len(extra)
-    return (matched / denom if denom else 1.0), notes
+    return (matched / denom if denom else 1.0), notes, faults
 
 
-def _bfcl_call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict]) -> tuple[float, list[str]]:
-    """s(ref, got) with BFCL's verdict per argument: 1 exactly when BFCL's simple checker says valid."""
+def _match(refs: list[ToolCall], calls: list[ToolCall], tools: tuple[dict, ...], semantics: str):
+    """The matching of the module docstring (BFCL's greedy first matches under `bfcl`, then the best one-to-one
+    matching of the rest): (checks [ref][call] of `_call_check`, gain matrix, rows, cols)."""
+    props = {t["name"]: t["parameters"]["properties"] for t in tools}
+    checks = [[_call_check(r, c, props[r.name], semantics) for c in calls] for r in refs]
+    gain = np.array([[s for s, _, _ in row] for row in checks])
+    rows, cols = _best_matching(gain, _greedy_matches(gain) if semantics == "bfcl" else [])
+    return checks, gain, rows, cols
+
+
+def _bfcl_call_check(ref: ToolCall, got: ToolCall,
+                     params: dict[str, dict]) -> tuple[float, list[str], list[tuple[str, str]]]:
+    """`_call_check` with BFCL's verdict per argument: s = 1 exactly when BFCL's simple checker says valid."""
     answer = bfcl_answer(ref, params)
     # must be passed: a required argument, or one whose accepted values lack ""
     needed = {k for k, accepted in answer.items() if k in ref.arguments or "" not in accepted}
-    notes, matched, given_optional, extra = [], 0, 0, []
+    notes, faults, matched, given_optional, extra = [], [], 0, 0, []
     for key, value in got.arguments.items():
         if key not in answer or key not in params:
             extra.append(key)  # BFCL: "Unexpected parameter"
@@ -277,10 +303,13 @@ def _bfcl_call_score(ref: ToolCall, got: ToolCall, params: dict[str, dict]) -> t
             matched += 1
         else:
             notes.append(f"argument {key!r}: got {_show(value)}, expected {_alternatives(answer[key])}")
-    notes += [f"missing argument {k!r}" for k in sorted(needed - set(got.arguments))]
+            faults.append(("value", key))
+    missing = sorted(needed - set(got.arguments))
+    notes += [f"missing argument {k!r}" for k in missing]
     notes += [f"unexpected argument {_clip(k)!r}" for k in extra]
+    faults += [("missing", k) for k in missing] + [("extra", k) for k in extra]
     denom = len(needed) + given_optional + len(extra)
-    return (matched / denom if denom else 1.0), notes
+    return (matched / denom if denom else 1.0), notes, faults
 
 
 def correctness(refs: list[ToolCall], calls: list[ToolCall], tools: tuple[dict, ...],
@@ -288,15 +317,11 @@ def correctness(refs: list[ToolCall], calls: list[ToolCall], tools: tuple[dict, 
     """Best one-to-one matching score of the module docstring (greedy first under `bfcl`), and the mismatch notes."""
     if not calls:
         return 0.0, ["no well-formed call"]
-    props = {t["name"]: t["parameters"]["properties"] for t in tools}
-    pairs = [[call_score(r, c, props[r.name], semantics) for c in calls] for r in refs]
-    gain = np.array([[s for s, _ in row] for row in pairs])
-    fixed = _greedy_matches(gain) if semantics == "bfcl" else []
-    rows, cols = _best_matching(gain, fixed)
+    checks, gain, rows, cols = _match(refs, calls, tools, semantics)
     notes, used = [], set()
     for i, j in zip(rows, cols):
         if refs[i].name == calls[j].name:
-            notes += pairs[i][j][1]
+            notes += checks[i][j][1]
             used.add(j)
         else:
             notes.append(f"no call to {refs[i].name}")
@@ -358,9 +383,12 @@ def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     fmt_found = problem or f"{len(calls)} well-formed call{'s' if len(calls) > 1 else ''}"
     score, notes = correctness(refs, calls, record.spec.tools, record.spec.semantics)
     expected = f"Expected call{'s' if len(refs) > 1 else ''}: {'; '.join(signature(r) for r in refs)}."
+    fmt_spans = format_spans(response) if problem is not None else ()
+    call_spans = correctness_spans(response, refs, record.spec.tools, record.spec.semantics) if score < 1 else ()
     return [
-        RewardScore("format", float(problem is None), FORMAT_RULE, f"Found: {fmt_found}."),
-        RewardScore("correctness", score, expected, f"Found: {'; '.join(notes) if notes else 'all calls match'}."),
+        RewardScore("format", float(problem is None), FORMAT_RULE, f"Found: {fmt_found}.", fmt_spans),
+        RewardScore("correctness", score, expected, f"Found: {'; '.join(notes) if notes else 'all calls match'}.",
+                    call_spans),
     ]
 
 
@@ -392,6 +420,97 @@ def _member_spans(body: str, offset: int) -> dict[str, tuple[int, int]]:
         spans[key] = (offset + i, offset + end)  # a repeated key keeps its last value, as json.loads does
         i = _JSON_WS.match(body, end).end()
         i += body[i] == ","
+
+
+# ---------------------------------------------------------------- spans: where a response breaks a reward
+
+def format_spans(response: str) -> tuple[Span, ...]:
+    """Where a response breaks `format`: the invalid JSON of a block (the parser's error position), the
+    body of a block with no string name or object arguments, text outside the blocks, and after an
+    opening tag never closed what follows its JSON, or the last character (where </tool_call> belongs)."""
+    spans, last = [], 0
+    for m in _BLOCK.finditer(response):
+        spans += _outside(response, last, m.start()) + _block_spans(response, m)
+        last = m.end()
+    return merged(spans + _outside(response, last, len(response)))
+
+
+def _block_spans(response: str, m: re.Match) -> list[Span]:
+    body, offset = m.group(1), m.start(1)
+    if not body.strip():
+        return [(m.start(), m.end())]
+    try:
+        json.loads(body)
+    except json.JSONDecodeError as error:
+        return [_char_at(offset + error.pos, offset, offset + len(body))]
+    except (ValueError, RecursionError):
+        return [(offset, offset + len(body))]
+    return [(offset, offset + len(body))] if _parse_block(body)[0] is None else []
+
+
+def _outside(response: str, start: int, end: int) -> list[Span]:
+    opened = response.find(OPEN, start, end)
+    if opened < 0:
+        return _stray(response, start, end)
+    return _stray(response, start, opened) + _unclosed(response, opened, end)
+
+
+def _stray(response: str, start: int, end: int) -> list[Span]:
+    """The non-blank text of response[start:end] as one span (an unmatched </tool_call> included)."""
+    text = response[start:end]
+    lead, tail = len(text) - len(text.lstrip()), len(text.rstrip())
+    return [(start + lead, start + tail)] if tail > lead else []
+
+
+def _unclosed(response: str, opened: int, end: int) -> list[Span]:
+    body = _JSON_WS.match(response, opened + len(OPEN)).end()
+    try:
+        _, after = json.JSONDecoder().raw_decode(response[:end], body)
+    except json.JSONDecodeError as error:
+        return [_char_at(error.pos, opened, end)]
+    except (ValueError, RecursionError):
+        return [(opened, end)]
+    return _stray(response, after, end) or [(end - 1, end)]
+
+
+def _char_at(pos: int, lo: int, hi: int) -> Span:
+    """The one character at `pos`, kept inside [lo, hi) (a parser error may point just past the end)."""
+    pos = max(lo, min(pos, hi - 1))
+    return pos, pos + 1
+
+
+def _located_calls(response: str) -> list[tuple[ToolCall, Span, Span, dict[str, Span]]]:
+    """Each well-formed call (the order of `parse_calls`) with its name's span, its arguments object's span
+    and the span of each argument's value."""
+    located = []
+    for m in _BLOCK.finditer(response):
+        call = _parse_block(m.group(1))[0]
+        if call is not None:
+            members = _member_spans(m.group(1), m.start(1))
+            start, end = members["arguments"]
+            located.append((call, members["name"], (start, end), _member_spans(response[start:end], start)))
+    return located
+
+
+def correctness_spans(response: str, refs: list[ToolCall], tools: tuple[dict, ...],
+                      semantics: str = "tokencredit") -> tuple[Span, ...]:
+    """Where the calls break `correctness`: the value of a wrong or unexpected argument as it stands in the
+    response, the closing brace of the arguments of a call missing one, the name of an unexpected call.
+    A call that is missing altogether has no place: no span."""
+    located = _located_calls(response)
+    if not located:
+        return ()
+    calls = [c for c, *_ in located]
+    checks, _, rows, cols = _match(refs, calls, tools, semantics)
+    spans, used = [], set()
+    for i, j in zip(rows, cols):
+        if refs[i].name != calls[j].name:
+            continue
+        used.add(j)
+        _, _, (start, end), values = located[j]
+        spans += [(end - 1, end) if kind == "missing" else values[key] for kind, key in checks[i][j][2]]
+    spans += [located[j][1] for j in range(len(calls)) if j not in used]
+    return merged(spans)
 
 
 def _show(value: Any) -> str:

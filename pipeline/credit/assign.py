@@ -22,6 +22,7 @@ from .mrtpo import mrtpo_advantages
 from .p2t import P2TStats, attribute, token_rewards
 from ..progress import Progress
 from ..prompts import feedback_sections
+from .located import verifier_relevance
 from .relevance import apply_floor, relevance, signs
 from .replay import build_replay_item, replay
 
@@ -84,14 +85,16 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
 
     beta = config.beta if "mrtpo" in config.kinds else 0.0
     if "mrtpo" in config.kinds:
-        distance, js, floored = _replay_relevance(ok, records, ungated, result.reward_adv, T, config, policy, tokenizer,
-                                                  progress)
-        stats.update(replays_done=int(ungated.sum()), replays_skipped=int((mask & ~ungated).sum()),
+        distance, js, floored, source = _relevance(ok, records, mask, ungated, result.reward_adv, T, config, policy,
+                                                   tokenizer, progress)
+        replayed = source == SOURCES.index("replay")
+        stats.update(replays_done=int(replayed.sum()), replays_skipped=int((mask & ~replayed).sum()),
                      replays_floored=int(floored.sum()),
-                     tokens_replayed=int((ungated.sum(1) * torch.tensor(lengths)).sum()))
+                     verifier_located=int((source == SOURCES.index("verifier")).sum()),
+                     tokens_replayed=int((replayed.sum(1) * torch.tensor(lengths)).sum()))
     else:
         distance = torch.full((len(ok), rewards.shape[1], T), float("nan"))
-        js, floored = None, torch.zeros(len(ok), rewards.shape[1], dtype=torch.bool)
+        js, floored, source = None, torch.zeros(len(ok), rewards.shape[1], dtype=torch.bool), None
     # floored pairs get uniform weights (their relevance is zeroed); the stored relevance stays raw
     weighted = torch.where(floored[:, :, None], 0.0, distance)
     one, zero = torch.tensor(1.0), torch.tensor(0.0)
@@ -105,15 +108,17 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
 
     for i, v in enumerate(ok):
         K, n = len(v.rewards), lengths[i]
-        replayed = [bool(ungated[i, k]) and "mrtpo" in config.kinds for k in range(K)]
+        sources = [SOURCES[source[i, k]] for k in range(K)] if source is not None else [None] * K
+        relevant = [s in ("verifier", "replay") for s in sources]
         item = annotated[id(v)]
         item.adv_grpo, item.gdpo_sum = float(response_adv[i]), float(result.summed[i])
         item.credit = TokenCredit(
             reward_names=[r.name for r in v.rewards],
             reward_adv=result.reward_adv[i, :K].tolist(),
-            distance=[distance[i, k, :n].tolist() if replayed[k] else None for k in range(K)],
-            js=[js[i, k, :n].tolist() if replayed[k] and js is not None else None for k in range(K)],
+            distance=[distance[i, k, :n].tolist() if relevant[k] else None for k in range(K)],
+            js=[js[i, k, :n].tolist() if sources[k] == "replay" and js is not None else None for k in range(K)],
             floored=[bool(floored[i, k]) for k in range(K)],
+            relevance_source=sources if source is not None else None,
             weight=weights[i, :K, :n].tolist(),
             advantage=token_adv[i, :K, :n].tolist(),
             beta=beta,
@@ -121,6 +126,32 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
             **(p2t[0][i] if p2t is not None else {}),
         )
     return [annotated[id(v)] for v in verified], stats
+
+
+SOURCES = ("verifier", "replay", "uniform")  # where a pair's relevance came from (credits.relevance_source)
+
+
+def _relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], mask: torch.Tensor,
+               ungated: torch.Tensor, reward_adv: torch.Tensor, T: int, config: CreditConfig, policy, tokenizer,
+               progress: bool = True):
+    """MRTPO's relevance under `config.locate` -> (relevance [N, K, T] NaN where none, JS [N, K, T] or None,
+    floored [N, K], source [N, K] long: an index of SOURCES). `both` replays only the ungated pairs the
+    verifier does not locate: the spans are free, a replay costs forwards."""
+    N, K = reward_adv.shape
+    distance = torch.full((N, K, T), float("nan"))
+    located = torch.zeros(N, K, dtype=torch.bool)
+    if config.locate in ("verifier", "both"):
+        distance, located = verifier_relevance(ok, reward_adv, T, tokenizer)
+    to_replay = ungated & ~located if config.locate == "both" else ungated & (config.locate == "replay")
+    js, floored = None, torch.zeros(N, K, dtype=torch.bool)
+    if to_replay.any():
+        replayed, js, floored = _replay_relevance(ok, records, to_replay, reward_adv, T, config, policy, tokenizer,
+                                                  progress)
+        distance = torch.where(to_replay[:, :, None], replayed, distance)
+    source = torch.full((N, K), SOURCES.index("uniform"), dtype=torch.long)
+    source[to_replay] = SOURCES.index("replay")
+    source[located & mask] = SOURCES.index("verifier")
+    return distance, js, floored & to_replay, source
 
 
 def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], ungated: torch.Tensor,

@@ -1,0 +1,354 @@
+"""Prefix repair (method.md section 2, after TTEL): credit checked on the model's own samples, and minimal-edit
+preference pairs out of it.
+
+For each failed (response, reward) of a run: cut the response just before the token with the largest penalty
+on that reward (the most negative token advantage A[i,k,t] of the run's credit; ties go to the earliest token,
+so a uniform credit resamples the whole response), keep y_<t*, resample the rest `n` times from the same policy
+under the sampling prompt, verify, and keep the repairs: resamples that fix that reward (score 1) without
+lowering another. A repair and its original are a preference pair (chosen, rejected).
+
+    OUT/pairs/part-00003.parquet   the repairs of shard 3 (PAIRS): TRL's prompt, chosen, rejected and more;
+                                   none for a shard without repairs
+    OUT/_shards/shard-00003.json   its marker, written last: a shard counts as done only with its marker
+    OUT/repair.json                the config and the repair rate per reward, once every shard is written
+    OUT/config.json                the config of the run in OUT; a different one is refused
+
+A resume skips the shards whose marker exists and whose part file matches the marker's checksum, so a killed
+run ends with the same pairs as an uninterrupted one: the resamples of a pair depend only on (seed, response,
+reward, j), as sampling's do (`sampling.row_seed`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from schemas.records import Sample, TaskRecord
+
+from .config import SamplingConfig
+from .progress import Progress
+from .writer import _read_json, _sha256, _write_atomic, filesystem
+
+PAIRS = pa.schema([
+    pa.field("pair_id", pa.string(), nullable=False),  # RESPONSE_ID#K/J: reward k's j-th resample
+    pa.field("response_id", pa.string(), nullable=False),  # the original (rejected) response
+    pa.field("group_id", pa.string()),
+    pa.field("task", pa.string()),
+    pa.field("reward", pa.string()),  # the reward fixed, as the credits table names it
+    pa.field("constraint_index", pa.int32()),  # which constraint of an instruction record; NULL elsewhere
+    pa.field("cut_position", pa.int32()),  # t*: tokens kept from the original
+    pa.field("cut_char", pa.int32()),  # characters of the original's text before t*
+    pa.field("relevance_source", pa.string()),  # where the credit that chose t* came from (credits)
+    pa.field("prompt", pa.string()),  # the sampling prompt as rendered (chat template included)
+    pa.field("chosen", pa.string()),  # the repair
+    pa.field("rejected", pa.string()),  # the original
+    pa.field("prompt_token_ids", pa.list_(pa.int32())),
+    pa.field("chosen_token_ids", pa.list_(pa.int32())),
+    pa.field("rejected_token_ids", pa.list_(pa.int32())),
+    pa.field("reward_names", pa.list_(pa.string())),
+    pa.field("chosen_rewards", pa.list_(pa.float32())),
+    pa.field("rejected_rewards", pa.list_(pa.float32())),
+])
+PART = "pairs/part-{:05d}.parquet"
+MARKER = "_shards/shard-{:05d}.json"
+
+
+@dataclass(frozen=True)
+class RepairConfig:
+    n: int = 4  # resamples per failed (response, reward)
+    seed: int = 0
+    shard_size: int = 16  # failed pairs per shard (the unit of resumption)
+    batch_size: int = 32  # resampled rows per forward
+    limit: int | None = None  # failed pairs to repair, in response order (None: all)
+
+    def __post_init__(self) -> None:
+        bad = [name for name, ok in (("n", self.n >= 1), ("shard_size", self.shard_size >= 1),
+                                     ("batch_size", self.batch_size >= 1),
+                                     ("limit", self.limit is None or self.limit >= 1)) if not ok]
+        if bad:
+            raise ValueError(f"RepairConfig: invalid {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
+
+    def digest(self, run: str) -> str:
+        return hashlib.sha256(json.dumps({"run": run, **dataclasses.asdict(self)}, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Target:
+    """One failed (response, reward) and where to cut it."""
+
+    response_id: str
+    group_id: str
+    task: str
+    prompt: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    response: str
+    k: int  # the reward's position in the response's rewards
+    reward_names: tuple[str, ...]
+    rewards: tuple[float, ...]
+    cut: int  # t*
+    source: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.response_id}#{self.k}"
+
+
+FAILED_SQL = """
+SELECT r.response_id, r.group_id, r.task, r.prompt, r.prompt_token_ids, r.token_ids, r.response, r.reward_names,
+       r.rewards, c.reward, c.constraint_index, c.adv, c.source
+FROM responses r JOIN (
+    SELECT response_id, reward, constraint_index, list(advantage ORDER BY position) AS adv,
+           any_value(relevance_source) AS source
+    FROM credits GROUP BY ALL
+) c USING (response_id)
+WHERE r.status = 'ok' AND list_min(r.rewards) < 1
+ORDER BY r.response_id, coalesce(c.constraint_index, list_position(r.reward_names, c.reward))
+"""
+
+
+def penalty_cut(advantage: Sequence[float]) -> int:
+    """t* = argmax_t of the penalty -A[k,t] (the earliest of ties: 0 for a uniform credit)."""
+    return min(range(len(advantage)), key=lambda t: (advantage[t], t)) if advantage else 0
+
+
+def failed_targets(run: str, limit: int | None = None) -> list[Target]:
+    """The failed (response, reward) pairs of a complete run with their cut, in response then reward order."""
+    from .query import connect
+
+    targets = []
+    for row in connect(run).execute(FAILED_SQL).fetchall():
+        (rid, gid, task, prompt, prompt_ids, ids, text, names, rewards, reward, index, adv, source) = row
+        k = index if index is not None else names.index(reward)
+        if rewards[k] >= 1 or not ids:
+            continue
+        targets.append(Target(rid, gid, task, prompt, tuple(prompt_ids), tuple(ids), text, k, tuple(names),
+                              tuple(rewards), penalty_cut(adv), source))
+    return targets[:limit] if limit is not None else targets
+
+
+def is_repair(before: Sequence[float], after: Sequence[float], k: int) -> bool:
+    """Reward k fixed (score 1) and no other reward lower than it was."""
+    return after[k] >= 1 and all(a >= b for j, (a, b) in enumerate(zip(after, before)) if j != k)
+
+
+def resample(sampler, targets: Sequence[Target], cuts: Sequence[int], sampling: SamplingConfig, n: int,
+             seed: int, batch_size: int, tag: str = "") -> list[list[list[int]]]:
+    """Per target, n suffixes sampled after prompt + y_<cut (ids), each at most max_new_tokens - cut long.
+
+    Rows are batched by cut so that a batch decodes no further than its longest budget needs."""
+    from .sampling import row_seed
+
+    rows = sorted(((i, j) for i in range(len(targets)) for j in range(n)), key=lambda r: cuts[r[0]])
+    out: list[list[list[int]]] = [[[] for _ in range(n)] for _ in targets]
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start:start + batch_size]
+        budget = {i: max(1, sampling.max_new_tokens - cuts[i]) for i, _ in batch}
+        config = dataclasses.replace(sampling, max_new_tokens=max(budget.values()))
+        prompts = [list(targets[i].prompt_token_ids) + list(targets[i].token_ids[:cuts[i]]) for i, _ in batch]
+        seeds = [row_seed(seed, f"{targets[i].key}{tag}", j) for i, j in batch]
+        tokens, _ = sampler.generate(prompts, seeds, config)
+        for (i, j), new in zip(batch, tokens):
+            out[i][j] = new[:budget[i]]
+    return out
+
+
+def verify_texts(targets: Sequence[Target], texts: Sequence[Sequence[str]], records: dict[str, TaskRecord],
+                 refs, timeout_s: float) -> list[list[list[float] | None]]:
+    """Scores per target and resample (None where the verifiers failed on it)."""
+    from .annotate import verify_samples
+
+    samples = [Sample(f"{t.key}/{j}", t.group_id, t.task, t.prompt, list(t.prompt_token_ids), text, [], [], "", 0)
+               for t, row in zip(targets, texts) for j, text in enumerate(row)]
+    scores = [[s.score for s in v.rewards] if v.status == "ok" else None
+              for v in verify_samples(samples, records, refs, timeout_s)]
+    starts = [0]
+    for row in texts:
+        starts.append(starts[-1] + len(row))
+    return [scores[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def repair_shard(targets: Sequence[Target], records: dict[str, TaskRecord], sampler, tokenizer,
+                 sampling: SamplingConfig, config: RepairConfig, refs=(), timeout_s: float = 5.0
+                 ) -> tuple[pa.Table, dict[str, dict[str, int]]]:
+    """Resample, verify and keep the repairs of one shard -> (PAIRS table, per-reward counts)."""
+    from verifiers import stored_reward
+
+    cuts = [t.cut for t in targets]
+    suffixes = resample(sampler, targets, cuts, sampling, config.n, config.seed, config.batch_size)
+    ids = [[list(t.token_ids[:t.cut]) + s for s in row] for t, row in zip(targets, suffixes)]
+    texts = [[tokenizer.decode(x, skip_special_tokens=True) for x in row] for row in ids]
+    scores = verify_texts(targets, texts, records, refs, timeout_s)
+    rows, counts = [], {}
+    for t, row_ids, row_texts, row_scores, row_suffix in zip(targets, ids, texts, scores, suffixes):
+        reward, index = stored_reward(t.task, t.reward_names[t.k])
+        fixed = [j for j, s in enumerate(row_scores) if s is not None and is_repair(t.rewards, s, t.k)]
+        c = counts.setdefault(reward, dict(pairs=0, repaired_pairs=0, resamples=0, repairs=0, tokens_resampled=0))
+        c["pairs"] += 1
+        c["repaired_pairs"] += bool(fixed)
+        c["resamples"] += len(row_texts)
+        c["repairs"] += len(fixed)
+        c["tokens_resampled"] += sum(map(len, row_suffix))
+        seen = set()
+        for j in fixed:
+            if row_texts[j] in seen or row_texts[j] == t.response:
+                continue
+            seen.add(row_texts[j])
+            rows.append(_pair_row(t, j, reward, index, row_texts[j], row_ids[j], row_scores[j], tokenizer))
+    return pa.Table.from_pylist(rows, schema=PAIRS), counts
+
+
+def _pair_row(t: Target, j: int, reward: str, index: int | None, text: str, ids: list[int], scores: list[float],
+              tokenizer) -> dict[str, Any]:
+    from verifiers import stored_reward
+
+    cut_char = len(tokenizer.decode(list(t.token_ids[:t.cut]), skip_special_tokens=True))
+    return {"pair_id": f"{t.key}/{j}", "response_id": t.response_id, "group_id": t.group_id, "task": t.task,
+            "reward": reward, "constraint_index": index, "cut_position": t.cut, "cut_char": cut_char,
+            "relevance_source": t.source, "prompt": t.prompt, "chosen": text, "rejected": t.response,
+            "prompt_token_ids": list(t.prompt_token_ids), "chosen_token_ids": ids,
+            "rejected_token_ids": list(t.token_ids),
+            "reward_names": [stored_reward(t.task, name)[0] for name in t.reward_names],
+            "chosen_rewards": scores, "rejected_rewards": list(t.rewards)}
+
+
+# ---------------------------------------------------------------- the run: shards, markers, summary
+
+class RepairStore:
+    """OUT's files: parts and markers written atomically, a marker last; the config of the run in OUT."""
+
+    def __init__(self, out: str, run: str, config: RepairConfig):
+        self.out = out
+        self.fs, self.root = filesystem(out)
+        for folder in ("pairs", "_shards"):
+            self.fs.create_dir(f"{self.root}/{folder}", recursive=True)
+            for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}")):
+                if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):  # a killed write's leftover
+                    self.fs.delete_file(info.path)
+        self.digest = config.digest(run)
+        known = _read_json(self.fs, f"{self.root}/config.json")
+        if known is not None and known.get("digest") != self.digest:
+            raise ValueError(f"{out} holds a repair of another run or config ({known.get('run')}, "
+                             f"{known.get('config')}); choose another --out")
+        if known is None:
+            self.write_json("config.json", {"run": run, "config": dataclasses.asdict(config), "digest": self.digest})
+
+    def write_json(self, relpath: str, obj: dict) -> None:
+        payload = json.dumps(obj, indent=2, sort_keys=True).encode()
+
+        def write(tmp: str) -> None:
+            with self.fs.open_output_stream(tmp) as stream:
+                stream.write(payload)
+        _write_atomic(self.fs, f"{self.root}/{relpath}", write)
+
+    def done(self, shard: int) -> dict | None:
+        """The shard's marker when the shard is complete (its part file matches the marker's checksum)."""
+        marker = _read_json(self.fs, f"{self.root}/{MARKER.format(shard)}")
+        if marker is None or marker["rows"] == 0:
+            return marker
+        part = f"{self.root}/{PART.format(shard)}"
+        if self.fs.get_file_info(part).size is None or _sha256(self.fs, part) != marker["sha256"]:
+            return None
+        return marker
+
+    def write_shard(self, shard: int, table: pa.Table, counts: dict) -> dict:
+        """A shard without repairs writes no part: `datasets` refuses a Parquet file of zero rows."""
+        part, digest = f"{self.root}/{PART.format(shard)}", None
+        if table.num_rows:
+            _write_atomic(self.fs, part, lambda tmp: pq.write_table(table, tmp, filesystem=self.fs))
+            digest = _sha256(self.fs, part)
+        marker = {"shard": shard, "rows": table.num_rows, "sha256": digest, "counts": counts}
+        self.write_json(MARKER.format(shard), marker)
+        return marker
+
+
+def summarize(markers: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Per reward: counts summed over shards, `repair_rate` (repairs per resample) and `pairs_repaired`
+    (the share of failed pairs with at least one repair)."""
+    total: dict[str, dict[str, float]] = {}
+    for marker in markers:
+        for reward, counts in marker["counts"].items():
+            into = total.setdefault(reward, {})
+            for key, value in counts.items():
+                into[key] = into.get(key, 0) + value
+    for c in total.values():
+        c["repair_rate"] = c["repairs"] / c["resamples"] if c["resamples"] else 0.0
+        c["pairs_repaired"] = c["repaired_pairs"] / c["pairs"] if c["pairs"] else 0.0
+    return total
+
+
+@dataclass
+class RepairJob:
+    """What every shard of one repair run needs; `shards` are lists of targets."""
+
+    run: str
+    out: str
+    config: RepairConfig
+    shards: list[list[Target]]
+    sampling: SamplingConfig
+    model: str | None
+    timeout_s: float
+
+    def run_shard(self, shard: int, records: dict[str, TaskRecord], refs, models) -> dict:
+        store = RepairStore(self.out, self.run, self.config)
+        marker = store.done(shard)
+        if marker is not None:
+            return marker
+        table, counts = repair_shard(self.shards[shard], records, models[0], models[1], self.sampling, self.config,
+                                     refs, self.timeout_s)
+        return store.write_shard(shard, table, counts)
+
+
+def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
+    """Read the run (complete) and its failed pairs, record the config in OUT, and split the pairs into shards."""
+    from .writer import run_files
+
+    manifest = run_files(run).manifest  # IncompleteRunError for a run still being written
+    settings = manifest["config"]
+    sampling = SamplingConfig(**{**settings["sampling"], "stop": tuple(settings["sampling"].get("stop") or ())})
+    RepairStore(out, run, config)
+    targets = failed_targets(run, config.limit)
+    shards = [targets[i:i + config.shard_size] for i in range(0, len(targets), config.shard_size)]
+    return RepairJob(run, out, config, shards, sampling, settings.get("model"), settings.get("verifier_timeout_s", 5.0))
+
+
+def load_sampler(model: str | None, device: str = "cpu"):
+    """(sampler, tokenizer) of the run's policy: the transformers sampler, whose `generate` continues a prefix."""
+    from .models.loading import load_policy, model_name
+    from .sampling import TransformersSampler
+
+    policy, tokenizer = load_policy(model, device=device)
+    return TransformersSampler(policy, tokenizer, model_name(model), progress=False), tokenizer
+
+
+def finish_repair(job: RepairJob, markers: Sequence[dict]) -> dict:
+    """Write OUT/repair.json (config, per-reward figures, totals) and return it."""
+    summary = {"run": job.run, "config": dataclasses.asdict(job.config), "shards": len(job.shards),
+               "pairs_written": sum(m["rows"] for m in markers), "by_reward": summarize(markers),
+               "files": [PART.format(m["shard"]) for m in sorted(markers, key=lambda m: m["shard"]) if m["rows"]]}
+    RepairStore(job.out, job.run, job.config).write_json("repair.json", summary)
+    return summary
+
+
+def run_repair(run: str, out: str, config: RepairConfig = RepairConfig(), device: str = "cpu",
+               progress: bool = True) -> dict:
+    """Repair every failed pair of `run` not yet done under `out`, in this process; returns the summary."""
+    from .export import run_records
+
+    job = prepare_repair(run, out, config)
+    records, _, refs = run_records(run)
+    store, models, markers = RepairStore(out, run, config), None, []
+    with Progress("repair", total=sum(map(len, job.shards)), unit="pair", enabled=progress) as bar:
+        for shard, targets in enumerate(job.shards):
+            if models is None and store.done(shard) is None:  # load the policy only when a shard needs it
+                models = load_sampler(job.model, device)
+            markers.append(job.run_shard(shard, records, refs, models))
+            bar.update(len(targets), tokens=sum(c["tokens_resampled"] for c in markers[-1]["counts"].values()))
+    return finish_repair(job, markers)
