@@ -11,3 +11,14 @@ os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 # with 2 torch threads beside a busy process an annotation ran 9x slower than with one thread. Passive
 # waiting yields the core; the thread count, and so the dataset's bytes, do not change.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# Exported lazily: `import pipeline` (the CLI's start) must not import torch, which `pipeline.steps` needs.
+_LAZY = {"Pipeline": "steps", "AnnotateConfig": "config", "SamplingConfig": "config", "CreditConfig": "config"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 import verifiers
-from schemas.records import RecordError, TaskRecord, VerifiedSample
+from schemas.records import AnnotatedResponse, RecordError, TaskRecord, VerifiedSample
 from verifiers.plugins import PluginRef, tasks_of
 
 from .bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
@@ -167,19 +167,28 @@ def _verifier_error(error: Exception) -> str:
     return f"verifier_error: {type(error).__name__}: {error}"
 
 
+def use_cpu_threads(config: AnnotateConfig) -> None:
+    """Fix torch's thread count before a model runs: it changes the last bits of every log-prob."""
+    if config.device == "cpu":
+        torch.set_num_threads(config.cpu_threads)
+
+
 def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateConfig,
                    models: Models) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """sample -> verify -> credit for one shard; returns its tables and stats."""
-    if config.device == "cpu":
-        torch.set_num_threads(config.cpu_threads)
+    use_cpu_threads(config)
     by_id = {r.id: r for r in records}
     samples = models.sampler.sample(records, config.sampling)
     verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
                                      models.reward_model)
-    tables = {"responses": responses_table(annotated, shard),
-              "credits": credits_table(annotated, by_id, models.tokenizer)}
-    return tables, stats
+    return shard_tables(annotated, by_id, shard, models.tokenizer), stats
+
+
+def shard_tables(annotated: Sequence[AnnotatedResponse], records: dict[str, TaskRecord], shard: int,
+                 tokenizer) -> dict[str, pa.Table]:
+    """The Parquet tables of one shard's annotated responses, by table name."""
+    return {"responses": responses_table(annotated, shard), "credits": credits_table(annotated, records, tokenizer)}
 
 
 def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) -> None:
@@ -224,22 +233,31 @@ def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
     if not records and not rejected:
         raise ValueError(f"the prompt set {config.prompts} has no record{chosen} to annotate")
     shards = shards_of(records, config.shard_size)
+    writer = open_run(config, out, len(shards), rejected, run_id)
+    if not records:
+        writer.unlock()
+        raise ValueError(f"no prompt record{chosen} to annotate: {len(rejected)} rejected, see {out}/rejected.jsonl")
+    return writer, shards, rejected
+
+
+def open_run(config: AnnotateConfig, out: str, n_shards: int, rejected: Sequence[verifiers.Rejected],
+             run_id: str | None = None) -> RunWriter:
+    """Lock `out`, record the run in the manifest, clean up what a crash left there, write the
+    rejected records. The writer holds the lock on `out` until `writer.unlock()`."""
     writer = RunWriter(out)
     writer.lock()
     try:
         writer.start(run_id or config.digest()[:12], config.to_dict(), config.digest(), code_version(),
-                     n_shards=len(shards), seeds={"sampling": config.sampling.seed})
-        redo = writer.resume_check(len(shards))
+                     n_shards=n_shards, seeds={"sampling": config.sampling.seed})
+        redo = writer.resume_check(n_shards)
         if redo:
             print(f"{out}: the files of shards {redo} differ from their checksums; writing them again",
                   file=sys.stderr)
         write_rejected(writer, rejected)
-        if not records:
-            raise ValueError(f"no prompt record{chosen} to annotate: {len(rejected)} rejected, see {out}/rejected.jsonl")
     except BaseException:
         writer.unlock()
         raise
-    return writer, shards, rejected
+    return writer
 
 
 def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Rejected]) -> dict[str, Any]:

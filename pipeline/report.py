@@ -4,14 +4,17 @@ One file, no network: inline CSS, inline SVG charts, and a few lines of inline J
 cross-highlighting; it sets `data-ok` on <body> once it ran, which the headless-browser test
 checks). Per task it shows the reward distributions, where the replay distance falls (the MRTPO
 paper's Figure 6) and a few responses shaded token by token by each reward's advantage under GDPO
-and MRTPO (its Figures 1 and 2). Every text from the run is HTML-escaped.
+and MRTPO (its Figures 1 and 2). Each response shown is anchored at its row id, so
+`report.html#<response_id>` opens it (`responses.response_id`). Every text from the run is HTML-escaped.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 from html import escape
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import duckdb
 
@@ -159,13 +162,24 @@ def _reward_label(name: str, score: float, adv: float, feedback: str, source: st
             f'A = {adv:+.3f}{note}<div class="feedback">{escape(feedback or "")}</div></div>')
 
 
+def response_link(response_id: str) -> str:
+    """A response's row id (`responses.response_id`), shown as a link to its anchor: `report.html#<response_id>`."""
+    return f'<a href="#{escape(quote(response_id, safe="/"))}">{escape(response_id)}</a>'
+
+
+def anchor(response_id: str) -> str:
+    return f'id="{escape(response_id)}"'
+
+
 def response_card(response: dict, per_reward: list[list[dict]], floor: float = FLOOR,
-                  siblings: list[tuple[dict, list[list[dict]]]] = ()) -> str:
-    """One response: its prompt, then per reward its score and feedback beside that reward's token
-    advantages, GDPO (uniform) and MRTPO side by side; the prompt group's other responses on demand."""
+                  siblings: list[tuple[dict, list[list[dict]]]] = (), anchored_siblings: Container[str] = ()) -> str:
+    """One response, anchored at its row id: its prompt, then per reward its score and feedback beside
+    that reward's token advantages, GDPO (uniform) and MRTPO side by side; the prompt group's other
+    responses on demand (those in `anchored_siblings` carry their anchor here)."""
     rows = [(k, cs) for k, cs in enumerate(per_reward) if cs]
+    rid = response["response_id"]
     if not rows:
-        return f'<div class="card"><b>{escape(response["response_id"])}</b>: no credit rows.</div>'
+        return f'<div class="card" {anchor(rid)}><b>{response_link(rid)}</b>: no credit rows.</div>'
     texts = token_texts(response["response"], rows[0][1])
     T = len(rows[0][1])
     adv_mrtpo = response["adv_mrtpo"] or []
@@ -193,14 +207,14 @@ def response_card(response: dict, per_reward: list[list[dict]], floor: float = F
         p2t = (f'<div class="row"><div class="label">P2T token advantage (own scale, max |A| {p2t_scale:.3f})</div>'
                + token_strip(texts, adv_p2t, [f"#{t} A_p2t {a:.3f}" for t, a in enumerate(adv_p2t)], p2t_scale, floor)
                + "</div>")
-    return (f'<div class="card"><h3>{escape(response["response_id"])} '
+    return (f'<div class="card" {anchor(rid)}><h3>{response_link(rid)} '
             f'<span class="label">prompt {escape(response["group_id"])} · {T} tokens · '
             f'colour scale ±{scale:.3f}</span></h3>'
             f'<details class="prompt"><summary>prompt</summary><pre>{escape(response["prompt"] or "")}</pre></details>'
             f'<div class="grid"><div class="head">reward, score and feedback</div>'
             f'<div class="head">GDPO: the reward\'s advantage on every token</div>'
             f'<div class="head">MRTPO: reallocated by replay distance</div>{"".join(grid)}</div>'
-            f'{p2t}{sibling_list(siblings, floor)}</div>')
+            f'{p2t}{sibling_list(siblings, floor, anchored_siblings)}</div>')
 
 
 def _source(credit: dict) -> str | None:
@@ -210,8 +224,9 @@ def _source(credit: dict) -> str | None:
     return "replay" if credit["distance"] is not None else "uniform"
 
 
-def sibling_list(siblings: list[tuple[dict, list[list[dict]]]], floor: float) -> str:
-    """The prompt group's other responses, folded: scores and total token advantage of each."""
+def sibling_list(siblings: list[tuple[dict, list[list[dict]]]], floor: float, anchored: Container[str] = ()) -> str:
+    """The prompt group's other responses, folded: scores and total token advantage of each, its row id
+    a link to its anchor, which those in `anchored` carry here."""
     if not siblings:
         return ""
     items = []
@@ -225,7 +240,9 @@ def sibling_list(siblings: list[tuple[dict, list[list[dict]]]], floor: float) ->
         strip = (token_strip(token_texts(response["response"], credits), values,
                              [f"#{t} {kind} {a:.3f}" for t, a in enumerate(values)], colour_scale(values, floor), floor)
                  if credits and len(values) == len(credits) else f'<pre>{escape(response["response"] or "")}</pre>')
-        items.append(f'<div class="sibling"><div class="label">{escape(response["response_id"])} · '
+        rid = response["response_id"]
+        items.append(f'<div class="sibling"{" " + anchor(rid) if rid in anchored else ""}>'
+                     f'<div class="label">{response_link(rid)} · '
                      f'A_gdpo {_num(adv_gdpo)} · shaded by {kind} (own scale)</div>{chips}{strip}</div>')
     return (f'<details class="siblings"><summary>the other {len(siblings)} responses to this prompt</summary>'
             f'{"".join(items)}</details>')
@@ -300,16 +317,19 @@ def task_section(task: str, con: duckdb.DuckDBPyConnection, data: dict[str, Any]
     def of_task(rows: list[dict]) -> list[dict]:
         return [r for r in rows if r["task"] == task]
 
-    cards = "".join(response_card(*analysis.response_detail(con, rid), floor=floor,
-                                  siblings=[analysis.response_detail(con, other)
-                                            for other in analysis.siblings(con, rid)])
-                    for rid in chosen)
+    cards, anchored = [], set(chosen)  # an id anchors once: at its card, else at its first listing as a sibling
+    for rid in chosen:
+        others = analysis.siblings(con, rid)
+        cards.append(response_card(*analysis.response_detail(con, rid), floor=floor,
+                                   siblings=[analysis.response_detail(con, other) for other in others],
+                                   anchored_siblings={o for o in others if o not in anchored}))
+        anchored.update(others)
     return (f'<section id="task-{escape(task)}"><h2>{escape(task)}</h2><h3>Rewards</h3>'
             f'{reward_table(of_task(data["summary"]), data["hist"])}'
             f'<h3>Where the replay distance falls</h3>{share_figures(of_task(data["top"]), of_task(data["parts"]))}'
             f'<h3>Responses</h3><p class="label">Token shading: green positive, red negative advantage, '
             f'intensity by magnitude on one scale per response; hover a token for its distance d, weight w '
-            f'and advantage A.</p>{cards or "<p>No credited responses.</p>"}</section>')
+            f'and advantage A.</p>{"".join(cards) or "<p>No credited responses.</p>"}</section>')
 
 
 def render(con: duckdb.DuckDBPyConnection, manifest: dict[str, Any], responses_per_task: int = 2,

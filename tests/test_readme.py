@@ -1,4 +1,4 @@
-"""The README's "Use with TRL" and "Use with verl" snippets, run as written (in a scratch folder)."""
+"""The README's "From Python", "Use with TRL" and "Use with verl" snippets, run as written (in a scratch folder)."""
 from __future__ import annotations
 
 import re
@@ -75,3 +75,25 @@ def test_the_datasets_example(demo_run, monkeypatch):
     row = scope["row"]
     assert len(row["completion_tokens"]) == len(row["advantages"]) == len(row["completion_token_ids"])
     assert len(row["reward_names"]) == len(row["rewards"]) > 0
+
+
+def test_from_python(tmp_path, monkeypatch, capsys):
+    """The "From Python" example as written, then the report anchor and the query line that the README gives
+    for a response of its run."""
+    from pipeline.cli import main
+    from pipeline.report import write_report
+
+    section = README.read_text().split("\n### From Python\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "README From Python", "exec"), scope)
+    run = scope["run"]
+    assert run.manifest["complete"] and run.manifest["totals"]["responses"] == len(scope["samples"]) == 3 * 4
+    assert len(capsys.readouterr().out.splitlines()) == 4
+
+    anchor, sql = re.search(r"`report\.html#([^`]+)`.*?`tokencredit query OUT \"([^\"]+)\"`", README.read_text(),
+                            flags=re.S).groups()
+    assert f'id="{anchor}"' in write_report(run.path).read_text()
+    assert main(["query", str(run.path), sql]) == 0
+    assert capsys.readouterr().out.count(f"│ {anchor} ") == 1

@@ -41,7 +41,7 @@ def test_report_shows_every_task_and_reward(run, report):
         assert f">{kind}</td>" in text  # the reward tables group instruction constraints by kind
     for ids in analysis.chosen_responses(con, 2).values():
         for rid in ids:
-            assert text.count(f"<h3>{rid} ") == 1
+            assert text.count(f'<div class="card" id="{rid}"><h3><a href="#{rid}">{rid}</a> ') == 1
     assert "replays done / skipped" in text and "P2T near-flat rate" in text and "P2T token advantage" in text
 
 
@@ -112,7 +112,7 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
 
 
 def cards(text: str) -> list[str]:
-    return re.findall(r'<div class="card"><h3>([^ <]+) ', text)
+    return re.findall(r'<div class="card" id="([^"]+)"><h3>', text)
 
 
 def test_responses_per_task_and_ids_choose_the_cards(run, tmp_path, capsys):
@@ -132,7 +132,7 @@ def test_responses_per_task_and_ids_choose_the_cards(run, tmp_path, capsys):
 def test_a_card_shows_prompt_feedback_siblings_and_the_legend(run, tmp_path):
     rid = "r00000005"
     text = write_report(run, tmp_path / "one.html", ids=[rid]).read_text()
-    card = text[text.index(f"<h3>{rid} "):]
+    card = text[text.index(f'<div class="card" id="{rid}">'):]
     response, _ = analysis.response_detail(connect(run), rid)
     assert f'<details class="prompt"><summary>prompt</summary><pre>{html.escape(response["prompt"])}</pre>' in card
     for feedback in response["feedback"]:
@@ -140,7 +140,8 @@ def test_a_card_shows_prompt_feedback_siblings_and_the_legend(run, tmp_path):
     siblings = analysis.siblings(connect(run), rid)
     assert len(siblings) == 3 and rid not in siblings  # groups of 4
     folded = card[card.index('<details class="siblings">'):]
-    assert all(f"{s} · A_gdpo" in folded for s in siblings) and "<details class=\"siblings\" open" not in text
+    assert all(f'<a href="#{s}">{s}</a> · A_gdpo' in folded for s in siblings)
+    assert '<details class="siblings" open' not in text
     assert '<div class="legend">' in text and "|A| &lt; 0.01 is white" in text
 
 
@@ -169,7 +170,8 @@ def test_an_advantage_below_the_floor_is_white(run, tmp_path):
 
     def alphas(floor: float) -> set[str]:
         text = write_report(tiny, tmp_path / f"floor-{floor}.html", ids=[rid], floor=floor).read_text()
-        card = text[text.index(f"<h3>{rid} "):text.index('<div class="row">') if '<div class="row">' in text
+        start = text.index(f'<div class="card" id="{rid}">')
+        card = text[start:text.index('<div class="row">') if '<div class="row">' in text
                     else text.index('<details class="siblings">')]
         return set(re.findall(r'class="tok" data-p="\d+" style="background:rgba\([\d,]+,([\d.]+)\)', card))
 
