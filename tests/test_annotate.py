@@ -37,8 +37,6 @@ def test_a_crashing_verifier_keeps_the_row_with_a_failed_status():
 # --- checked at load: prompt length, nothing to annotate --------------------------------------------
 import json  # noqa: E402
 
-import pytest  # noqa: E402
-
 from pipeline.annotate import AnnotateConfig, load_prompt_set  # noqa: E402
 from pipeline.cli import main  # noqa: E402
 

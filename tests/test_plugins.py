@@ -2,7 +2,6 @@
 the source hash in the dataset identity, and a misbehaving plugin marking only its responses."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import re
