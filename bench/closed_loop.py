@@ -500,21 +500,23 @@ def plot(evals: dict[str, dict], path: Path, decoding: str = "both") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    start = mean_reward_of(evals["start"], decoding)
     arms = [arm for arm in ("offline", "iterated") if curves(evals, arm, decoding)]
     fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.4), squeeze=False)
     for ax, arm in zip(axes[0], arms):
+        first = next(iter(next(iter(curves(evals, arm, decoding).values())).values()))[0]
+        shown = decoding if "sampled" in first else "greedy"  # an arm scored greedily only: its start too
+        start = mean_reward_of(evals["start"], shown, ids=set(first["greedy"]))
         for method, curve in sorted(curves(evals, arm, decoding).items()):
             steps = [0, *sorted(curve)]
-            values = [[start]] + [[mean_reward_of(r, decoding) for r in curve[s]] for s in steps[1:]]
+            values = [[start]] + [[mean_reward_of(r, shown) for r in curve[s]] for s in steps[1:]]
             line, = ax.plot(steps, [statistics.fmean(v) for v in values], marker="o", label=method)
             ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.15,
                             color=line.get_color())
-        ax.set_title(f"{arm} arm (seed min-max band)")
+        ax.set_title(f"{arm} arm, {shown} (seed min-max band)")
         ax.set_xlabel("training steps")
         ax.grid(alpha=0.3)
+        ax.legend()
     axes[0][0].set_ylabel("held-out mean reward")
-    axes[0][-1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -539,6 +541,10 @@ def cmd_report(args) -> list[dict]:
     if args.quick:
         return rows
     RESULTS_JSON.write_text(json.dumps(rows, indent=1) + "\n")
+    (ROOT / "bench" / "results" / "closed_loop_per_prompt.json").write_text(json.dumps(
+        {label: {decoding: {k: round(v["reward"], 4) for k, v in result[decoding].items()}
+                 for decoding in ("greedy", "sampled") if decoding in result}
+         for label, result in evals.items()}, sort_keys=True) + "\n")
     (ROOT / "bench" / "results" / "closed_loop_details.json").write_text(json.dumps(
         {"diagnosis": diagnosis, "pool": pool_stats(pool) if complete else {}, "pass_rates": rates,
          "settings": vars(args)}, indent=1) + "\n")
@@ -576,7 +582,8 @@ def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, 
         "reward (greedy and one sample per prompt, same seeds for every policy); MRTPO - GDPO with a 95% bootstrap "
         "interval over prompts; the detectable difference is 2.8 standard errors of the paired mean. Rows: "
         "`bench/results/closed_loop.json`; plot: `bench/closed_loop.png`; pass rates per kind and the diagnosis: "
-        "`bench/results/closed_loop_details.json`.",
+        "`bench/results/closed_loop_details.json`; every policy's reward per held-out prompt: "
+        "`bench/results/closed_loop_per_prompt.json`.",
         "full",
         f"temperature {args.temperature}; max_new_tokens {args.max_new_tokens}; pool {args.train_prompts or 256} "
         f"train prompts x {args.n}; LoRA r 8, lr {args.lr}, batch {args.batch_size}; held-out "
