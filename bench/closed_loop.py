@@ -161,7 +161,8 @@ def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, pro
                             cpu_threads=torch.get_num_threads(),
                             sampling=SamplingConfig(n=n, max_new_tokens=args.max_new_tokens,
                                                     temperature=args.temperature, seed=seed, batch_size=64),
-                            credit=CreditConfig(kinds=("gdpo", "mrtpo")))
+                            # the replay alone, as the recorded run (before --locate existed) credited
+                            credit=CreditConfig(kinds=("gdpo", "mrtpo"), locate="replay"))
     start = time.perf_counter()
     run_annotation(config, str(out), progress=True)
     return time.perf_counter() - start
