@@ -328,10 +328,11 @@ def run_model(data: str | Path, allow_incomplete: bool = False) -> str | None:
     return run_files(str(data), allow_incomplete).manifest.get("config", {}).get("model")
 
 
-def check_vocabulary(examples: list[Example], config: TrainConfig, model, tokenizer) -> None:
+def check_vocabulary(examples: list[Example], config: TrainConfig, sampled_with: str | None, model,
+                     tokenizer) -> None:
     """Raise ValueError (one line, both models named) when the run's tokens are not this model's tokens:
     an id past the embedding table, or responses whose ids decode to other text."""
-    sampled_with = run_model(config.data, config.allow_incomplete) or "the shipped tiny policy"
+    sampled_with = sampled_with or "the shipped tiny policy"
     training = config.model or "the shipped tiny policy"
     size = model.get_input_embeddings().num_embeddings
     largest = max(max(e.prompt_ids + e.token_ids) for e in examples)
@@ -439,10 +440,11 @@ def train(config: TrainConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)  # only once the data is usable: a refusal leaves no folder
     torch.manual_seed(config.seed)  # LoRA init; a resume then restores the saved RNG state
     checkpoint = latest_checkpoint(out)
+    sampled_with = run_model(config.data, config.allow_incomplete)
     if config.model is None:
-        config.model = run_model(config.data, config.allow_incomplete)
+        config.model = sampled_with
     model, tokenizer = load_model(config, checkpoint)
-    check_vocabulary(examples, config, model, tokenizer)
+    check_vocabulary(examples, config, sampled_with, model, tokenizer)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
     start = restore(checkpoint, config, optimizer) if checkpoint else 0
     reference = reference_policy(config, model) if config.kl_coef else None
