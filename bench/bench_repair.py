@@ -8,6 +8,9 @@ reward), the response is cut just before the token each credit penalizes most (`
 P2T: the response's lowest token reward), and the rest resampled `n` times; against that, a cut at a token
 drawn uniformly from the response (GDPO's uniform credit) and a resample of the whole response, with as many
 resamples. A resample repairs when it fixes the reward without lowering another (`pipeline.repair.is_repair`).
+Every cut of a pair draws its resamples from the same seeds (common random numbers), so two credits that cut
+at the same token get the same resamples, computed once, and the comparison between cuts is paired.
+The annotated runs stay in `--work` (default `bench/.repair/`), so a stopped run resumes.
 
 Per (locate, reward family): `pairs`, `repair_rate` (repairs per resample at the credit's cut),
 `random_cut_rate`, `full_resample_rate`, and the tokens each resampled, so fixes per resampled token compare.
@@ -31,12 +34,13 @@ def annotate(args, locate: str, out) -> str:
     from pipeline.config import CreditConfig, SamplingConfig
 
     kinds = ("gdpo", "mrtpo", "p2t") if locate == "replay" else ("gdpo", "mrtpo")
-    config = AnnotateConfig(prompts=args.prompts, tasks=tuple(args.tasks.split(",")), limit=args.limit,
-                            model=args.model, sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens,
-                                                                      seed=args.seed),
+    config = AnnotateConfig(prompts=args.prompts, tasks=tuple(args.tasks.split(",")), split=args.split,
+                            limit=args.limit, model=args.model,
+                            sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens,
+                                                    temperature=args.temperature, seed=args.seed),
                             credit=CreditConfig(kinds=kinds, locate=locate))
     path = str(out / locate)
-    run_annotation(config, path, progress=False)
+    run_annotation(config, path, progress=not args.quick)
     return path
 
 
@@ -50,16 +54,23 @@ def p2t_cuts(run: str, targets) -> list[int]:
     return [int(lowest.get(t.response_id) or 0) for t in targets]
 
 
-def measure(sampler, tokenizer, targets, cuts, records, sampling, n: int, seed: int, tag: str) -> list[dict]:
-    """Per target: repairs and resampled tokens at the given cuts."""
+def measure_cuts(sampler, tokenizer, targets, cuts: dict[str, list[int]], records, sampling, n: int,
+                 seed: int) -> dict[str, list[dict]]:
+    """Per cut kind and target: repairs and resampled tokens. Each distinct (target, cut) is resampled once,
+    with the target's seeds whatever the cut (common random numbers)."""
     from pipeline.repair import is_repair, resample, verify_texts
 
-    suffixes = resample(sampler, targets, cuts, sampling, n, seed, batch_size=32, tag=tag)
+    distinct = sorted({(i, c[i]) for c in cuts.values() for i in range(len(targets))})
+    print(f"resampling {len(distinct)} distinct cuts of {len(targets)} pairs x {n}", flush=True)
+    rows = [targets[i] for i, _ in distinct]
+    suffixes = resample(sampler, rows, [c for _, c in distinct], sampling, n, seed, batch_size=32)
     texts = [[tokenizer.decode(list(t.token_ids[:c]) + s, skip_special_tokens=True) for s in row]
-             for t, c, row in zip(targets, cuts, suffixes)]
-    scores = verify_texts(targets, texts, records, (), 5.0)
-    return [{"repairs": sum(s is not None and is_repair(t.rewards, s, t.k) for s in row_scores),
-             "tokens": sum(map(len, row))} for t, row_scores, row in zip(targets, scores, suffixes)]
+             for t, (_, c), row in zip(rows, distinct, suffixes)]
+    scores = verify_texts(rows, texts, records, (), 5.0)
+    result = {key: {"repairs": sum(s is not None and is_repair(t.rewards, s, t.k) for s in row_scores),
+                    "tokens": sum(map(len, row))}
+              for key, t, row_scores, row in zip(distinct, rows, scores, suffixes)}
+    return {kind: [result[(i, c[i])] for i in range(len(targets))] for kind, c in cuts.items()}
 
 
 def family(target) -> str:
@@ -100,16 +111,12 @@ def run(args, out) -> list[dict]:
     targets = by_kind["replay"]
     sampling = dataclasses.replace(_sampling(runs["replay"]))
     rng = random.Random(args.seed)
-    baselines = {"random": [rng.randrange(len(t.token_ids)) for t in targets], "full": [0] * len(targets)}
-    results = {name: measure(sampler, tokenizer, targets, cuts, records, sampling, args.resamples, args.seed, name)
-               for name, cuts in baselines.items()}
-    table = []
-    for kind in KINDS:
-        cuts = p2t_cuts(runs["replay"], targets) if kind == "p2t" else [t.cut for t in by_kind[kind]]
-        located = measure(sampler, tokenizer, targets, cuts, records, sampling, args.resamples, args.seed, kind)
-        table += rows_for(args.model or "tiny", kind, targets, located, results["random"], results["full"],
-                          args.resamples)
-    return table
+    cuts = {"random": [rng.randrange(len(t.token_ids)) for t in targets], "full": [0] * len(targets),
+            **{kind: [t.cut for t in by_kind[kind]] for kind in ("replay", "verifier", "both")},
+            "p2t": p2t_cuts(runs["replay"], targets)}
+    results = measure_cuts(sampler, tokenizer, targets, cuts, records, sampling, args.resamples, args.seed)
+    return [row for kind in KINDS for row in rows_for(args.model or "tiny", kind, targets, results[kind],
+                                                       results["random"], results["full"], args.resamples)]
 
 
 def _sampling(run: str):
@@ -144,7 +151,10 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="registry name or folder")
     parser.add_argument("--prompts", default="demo", help="prompt file (default: the demo set)")
     parser.add_argument("--tasks", default="instructions", help="comma list of tasks")
+    parser.add_argument("--split", default=None, help="only the prompts of this split (default: all)")
     parser.add_argument("--limit", type=int, default=None, help="prompts per task (default: all)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (pool and resamples)")
+    parser.add_argument("--work", default=str(ROOT / "bench" / ".repair"), help="folder of the annotated runs")
     parser.add_argument("--n", type=int, default=8, help="responses per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--resamples", type=int, default=4, help="resamples per failed pair and cut")
@@ -154,8 +164,11 @@ def main() -> None:
     if args.quick:
         args.model, args.prompts, args.tasks, args.limit, args.n, args.max_new_tokens = \
             None, "demo", "instructions,tools", 2, 4, 32
-    with tempfile.TemporaryDirectory() as tmp:
-        table = run(args, Path(tmp))
+    if args.quick:
+        with tempfile.TemporaryDirectory() as tmp:
+            table = run(args, Path(tmp))
+    else:
+        table = run(args, Path(args.work))
     report(table, args)
     if args.quick:
         return
@@ -179,7 +192,8 @@ def write_results_md(table: list[dict], args) -> None:
         "Failed (response, reward) pairs of the model's own samples, cut at each credit's top penalty (MRTPO replay, "
         "verifier spans, both, P2T) against a uniformly random cut and a whole-response resample, same resamples; "
         "`bench/results/repair.json`.",
-        "full", f"{args.prompts} {args.tasks}, n {args.n}, {args.resamples} resamples per cut",
+        "full", f"{args.prompts} {args.tasks} (split {args.split or 'all'}, {args.limit or 'all'} prompts), n {args.n}, "
+        f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens}, {args.resamples} resamples per cut",
         " | ".join(lines),
         "issue 19: >= 200 pairs; both >= 1.5x the random cut's fixes per resampled token and >= the full resample's",
     )
