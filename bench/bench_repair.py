@@ -33,7 +33,7 @@ def annotate(args, locate: str, out) -> str:
     from pipeline.annotate import AnnotateConfig, run_annotation
     from pipeline.config import CreditConfig, SamplingConfig
 
-    kinds = ("gdpo", "mrtpo", "p2t") if locate == "replay" else ("gdpo", "mrtpo")
+    kinds = ("gdpo", "mrtpo", "p2t") if locate == "replay" and with_p2t(args) else ("gdpo", "mrtpo")
     config = AnnotateConfig(prompts=args.prompts, tasks=tuple(args.tasks.split(",")), split=args.split,
                             limit=args.limit, model=args.model,
                             sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens,
@@ -42,6 +42,12 @@ def annotate(args, locate: str, out) -> str:
     path = str(out / locate)
     run_annotation(config, path, progress=not args.quick)
     return path
+
+
+def with_p2t(args) -> bool:
+    """P2T needs a reward model sharing the policy's tokenizer: the shipped tiny pair has one; SmolLM2 has none
+    (and none may be downloaded), so its P2T row is left out."""
+    return args.model is None
 
 
 def p2t_cuts(run: str, targets) -> list[int]:
@@ -113,9 +119,11 @@ def run(args, out) -> list[dict]:
     rng = random.Random(args.seed)
     cuts = {"random": [rng.randrange(len(t.token_ids)) for t in targets], "full": [0] * len(targets),
             **{kind: [t.cut for t in by_kind[kind]] for kind in ("replay", "verifier", "both")},
-            "p2t": p2t_cuts(runs["replay"], targets)}
+            **({"p2t": p2t_cuts(runs["replay"], targets)} if with_p2t(args) else {})}
+    if not with_p2t(args):
+        print(f"P2T left out: no reward model shares {args.model}'s tokenizer", flush=True)
     results = measure_cuts(sampler, tokenizer, targets, cuts, records, sampling, args.resamples, args.seed)
-    return [row for kind in KINDS for row in rows_for(args.model or "tiny", kind, targets, results[kind],
+    return [row for kind in KINDS if kind in cuts for row in rows_for(args.model or "tiny", kind, targets, results[kind],
                                                        results["random"], results["full"], args.resamples)]
 
 
