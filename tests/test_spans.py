@@ -30,8 +30,12 @@ def located(score, response: str) -> list[str]:
     ("sentence_count", {"max": 1}, "It rains. It pours. Stop.", ["It pours. Stop."]),
     ("char_count", {"max": 5}, "  abcdefgh ", ["fgh"]),
     ("punctuation_ban", {"chars": "!?"}, "Hi! Why?", ["!", "?"]),
-    ("ends_with", {"phrase": "That is all."}, "Done here, bye now.", ["re, bye now."]),
-    ("starts_with", {"phrase": "Dear"}, "Hello you", ["Hell"]),
+    ("ends_with", {"phrase": "That is all."}, "Done here, bye now.", ["here,", "bye", "now."]),
+    ("ends_with", {"phrase": "Thank you for your patience."}, "Hi. Thank you for your understanding.",
+     ["understanding."]),  # the word that differs, aligned from the end
+    ("ends_with", {"phrase": "That is all."}, "That is all. Bye now.", ["Bye now."]),  # text after the phrase
+    ("starts_with", {"phrase": "Dear"}, "Hello you", ["Hello"]),
+    ("starts_with", {"phrase": "Dear Ms. Lee,"}, "Dear Mr. Lee, hello", ["Mr."]),
     ("lowercase", {}, "all fine But not This", ["But", "This"]),
     ("quotation", {}, '"quoted but open', ["n"]),
     ("keyword_frequency", {"keyword": "go", "max": 1}, "go go go", ["go", "go"]),
@@ -58,10 +62,13 @@ def call(name: str, arguments: dict) -> str:
 
 
 @pytest.mark.parametrize("response, want", [
-    (call("get_weather", {"city": "Rome", "unit": "celsius"}), ['"Rome"']),  # the wrong value as it stands
-    (call("get_weather", {"unit": "celsius"}), ["}"]),  # missing argument: the closing brace of its arguments
+    (call("get_weather", {"city": "Rome", "unit": "celsius"}), ['Rome"']),  # a wrong value, from its 1st char
+    (call("get_weather", {"city": "Parma", "unit": "celsius"}), ['ma"']),  # from where it departs
+    (call("get_weather", {"city": "Par", "unit": "celsius"}), ['"']),  # a prefix: where it stops short
+    (call("get_weather", {"unit": "celsius"}), ['"']),  # missing first argument: the first key's quote
+    (call("get_weather", {"city": "Paris"}), ["}"]),  # missing after "city": right after city's value
     (call("get_weather", {"city": "Paris", "unit": "celsius", "days": 3}), ["3"]),  # unexpected argument
-    (call("get_weather", {"city": "Paris", "unit": "celsius"}) + call("get_time", {}), ['"get_time"']),
+    (call("get_weather", {"city": "Paris", "unit": "celsius"}) + call("get_time", {}), ['time"']),
 ])
 def test_a_wrong_tool_call_says_where(response, want):
     fmt, correct = tools.verify(tool_record(ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})), response)

@@ -11,8 +11,9 @@ A kind is here when the check can say which characters break it:
     char_count          max: the characters past the limit
     keyword_frequency   max: the occurrences past the limit
     letter_frequency    max: the occurrences past the limit
-    starts_with         the opening characters, as many as the phrase has, where the phrase belongs
-    ends_with           the closing characters, as many as the phrase has, where the phrase belongs
+    starts_with         the opening words that differ from the phrase's, word against word
+    ends_with           the closing words that differ from the phrase's, aligned from the end; text after
+                        the phrase's last occurrence when the response goes on past it
     quotation           the first and/or last character where a double quote is missing
     lowercase           every word with a capital letter
     uppercase           every word with a lowercase letter
@@ -81,12 +82,25 @@ def _letter_frequency(r: str, letter: str, min: int | None = None, max: int | No
 
 def _starts_with(r: str, phrase: str) -> list[Span]:
     start, end = _bounds(r)
-    return [(start, min(end, start + len(phrase.strip())))]
+    return _differing_words(r, phrase, from_end=False) or [(start, min(end, start + len(phrase.strip())))]
 
 
 def _ends_with(r: str, phrase: str) -> list[Span]:
     start, end = _bounds(r)
-    return [(max(start, end - len(phrase.strip())), end)]
+    at = r.rfind(phrase.strip(), start, end)
+    if at >= 0:  # the phrase is there, followed by more text: that text is what is wrong
+        after = at + len(phrase.strip())
+        return [(after + len(r[after:end]) - len(r[after:end].lstrip()), end)]
+    return _differing_words(r, phrase, from_end=True) or [(max(start, end - len(phrase.strip())), end)]
+
+
+def _differing_words(r: str, phrase: str, from_end: bool) -> list[Span]:
+    """The whitespace-separated words of the response that differ from the phrase's, word against word from
+    the start (or the end); none when every compared word matches (a difference in spacing)."""
+    got, want = list(re.finditer(r"\S+", r)), phrase.split()
+    if from_end:
+        got, want = got[::-1], want[::-1]
+    return sorted((m.start(), m.end()) for m, w in zip(got, want) if m.group() != w)
 
 
 def _quotation(r: str) -> list[Span]:

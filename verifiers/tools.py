@@ -37,8 +37,9 @@ Parameter types are JSON Schema's (string, integer, number, boolean, array, obje
 (float, dict, tuple, any).
 
 A failed reward carries the spans of the response that break it (`format_spans`, `correctness_spans`):
-the invalid JSON, the stray text, the place of a missing </tool_call>; the value of a wrong argument,
-the closing brace of a call missing one, the name of an unexpected call.
+the invalid JSON, the stray text, the place of a missing </tool_call>; in a wrong argument value or an
+unexpected call's name, the characters from where it departs from the closest accepted one (as JSON) to
+its end; for a missing argument, the character after the argument that precedes it in the reference call.
 
 `response_parts` labels: `tags` (every <tool_call> and </tool_call> marker), `name` (the name
 value of a well-formed block, quotes included), `arguments` (its arguments object), `other`.
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from typing import Any
 
@@ -494,9 +496,10 @@ def _located_calls(response: str) -> list[tuple[ToolCall, Span, Span, dict[str, 
 
 def correctness_spans(response: str, refs: list[ToolCall], tools: tuple[dict, ...],
                       semantics: str = "tokencredit") -> tuple[Span, ...]:
-    """Where the calls break `correctness`: the value of a wrong or unexpected argument as it stands in the
-    response, the closing brace of the arguments of a call missing one, the name of an unexpected call.
-    A call that is missing altogether has no place: no span."""
+    """Where the calls break `correctness`: in a wrong value, from where it departs from the closest accepted
+    value; the value of an unexpected argument; the place of a missing argument (`_gap`); in the name of an
+    unexpected call, from where it departs from the closest expected name. A call missing altogether has no
+    place: no span."""
     located = _located_calls(response)
     if not located:
         return ()
@@ -507,10 +510,48 @@ def correctness_spans(response: str, refs: list[ToolCall], tools: tuple[dict, ..
         if refs[i].name != calls[j].name:
             continue
         used.add(j)
-        _, _, (start, end), values = located[j]
-        spans += [(end - 1, end) if kind == "missing" else values[key] for kind, key in checks[i][j][2]]
-    spans += [located[j][1] for j in range(len(calls)) if j not in used]
+        _, _, arguments, values = located[j]
+        for kind, key in checks[i][j][2]:
+            if kind == "missing":
+                spans.append(_gap(response, key, refs[i], arguments, values))
+            elif kind == "value":
+                spans.append(_departure(response, values[key], _accepted_values(refs[i], key)))
+            else:
+                spans.append(values[key])
+    names = [r.name for r in refs]
+    spans += [_departure(response, located[j][1], names) for j in range(len(calls)) if j not in used]
     return merged(spans)
+
+
+def _accepted_values(ref: ToolCall, key: str) -> list[Any]:
+    want = ref.arguments[key] if key in ref.arguments else ref.defaults.get(key)
+    return [want, *ref.alternatives.get(key, ())]
+
+
+def _departure(response: str, span: Span, accepted: list[Any]) -> Span:
+    """The part of a value's JSON text from the first character where it departs from the closest accepted
+    value's JSON text to its end (its last character when it is a prefix of one): a wrong digit, a wrong word
+    in a string, not the quotes around it."""
+    start, end = span
+    text = response[start:end]
+    common = max((len(os.path.commonprefix([text, json.dumps(a, ensure_ascii=False)])) for a in accepted),
+                 default=0)
+    return (start + common, end) if common < len(text) else (end - 1, end)
+
+
+def _gap(response: str, key: str, ref: ToolCall, arguments: Span, values: dict[str, Span]) -> Span:
+    """Where a missing argument belongs: the character just after the value of the argument before it in the
+    reference call's order, or the first character inside the arguments object when none is before it."""
+    order = [*ref.arguments, *ref.defaults]
+    before = [k for k in order[:order.index(key)] if k in values]
+    start, end = arguments
+    if before:
+        at = values[before[-1]][1]
+    else:
+        inner = response[start + 1:end]
+        at = start + 1 + len(inner) - len(inner.lstrip())
+    at = min(at, end - 1)
+    return at, at + 1
 
 
 def _show(value: Any) -> str:
