@@ -147,7 +147,7 @@ def cmd_pilot(args) -> None:
 
 
 def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, prompts: int | None, n: int,
-                  seed: int) -> float:
+                  seed: int, locate: str = "replay") -> float:
     """Sample `n` responses per train prompt with `model` and annotate them with gdpo,mrtpo; seconds taken
     (0 when the run is already complete: run_annotation resumes shard by shard)."""
     import torch
@@ -156,27 +156,36 @@ def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, pro
     from pipeline.credit.assign import CreditConfig
     from pipeline.sampling import SamplingConfig
 
+    if complete(out):  # a finished pool is kept as it is, whatever code wrote it (its manifest says which)
+        return 0.0
     config = AnnotateConfig(prompts=str(records_path), split="train", limit=prompts, model=model, shard_size=16,
                             device=args.device,
                             cpu_threads=torch.get_num_threads(),
                             sampling=SamplingConfig(n=n, max_new_tokens=args.max_new_tokens,
                                                     temperature=args.temperature, seed=seed, batch_size=64),
                             # the replay alone, as the recorded run (before --locate existed) credited
-                            credit=CreditConfig(kinds=("gdpo", "mrtpo"), locate="replay"))
+                            credit=CreditConfig(kinds=("gdpo", "mrtpo"), locate=locate))
     start = time.perf_counter()
     run_annotation(config, str(out), progress=True)
     return time.perf_counter() - start
 
 
-def train_arm(method: str, data: Path, base: str | None, out: Path, seed: int, steps: int, args) -> float:
-    """LoRA training of one arm on a pool; checkpoints every `args.eval_every` steps; seconds taken."""
+def complete(run: Path) -> bool:
+    manifest = run / "manifest.json"
+    return manifest.is_file() and json.loads(manifest.read_text()).get("complete", False)
+
+
+def train_arm(method: str, data: Path, base: str | None, out: Path, seed: int, steps: int, args, *,
+              lr: float | None = None, save_every: int | None = None) -> float:
+    """LoRA training of one arm on a pool; checkpoints every `save_every` (default `args.eval_every`) steps;
+    seconds taken."""
     from pipeline.train.trainer import TrainConfig, train
 
-    objective, advantage = ("rs", None) if method == "rs" else ("pg", method)
+    objective, advantage = ("rs", None) if method == "rs" else ("pg", ADVANTAGES.get(method, method))
     start = time.perf_counter()
     train(TrainConfig(data=str(data), out=str(out), advantage=advantage, objective=objective, model=base,
-                      steps=steps, batch_size=args.batch_size, lr=args.lr, seed=seed, lora=True, device=args.device,
-                      save_every=min(args.eval_every or steps, steps)))
+                      steps=steps, batch_size=args.batch_size, lr=lr or args.lr, seed=seed, lora=True,
+                      device=args.device, save_every=save_every or min(args.eval_every or steps, steps)))
     return time.perf_counter() - start
 
 
@@ -211,6 +220,26 @@ def evaluate_policy(label: str, load, records, args) -> dict:
 
 OFFLINE_METHODS = ("gdpo", "mrtpo", "rs")
 ITERATED_METHODS = ("gdpo", "mrtpo")
+# Methods beyond the advantage columns: MRTPO at beta 1 from the beta-0.5 pool (the token advantage is linear in
+# beta, A(b) = A_gdpo + (b / 0.5) (A_mrtpo(0.5) - A_gdpo), so no new replay is needed), and MRTPO located by
+# the verifier's spans where it has them (`--locate both`, its own pool: the same responses, credited anew).
+ADVANTAGES = {"mrtpobeta1": "mrtpo:2,gdpo:-1", "mrtpo_both": "mrtpo"}
+POOLS = {"mrtpo_both": ("pool-both", "both")}  # method -> (pool folder, locate); others: ("pool", "replay")
+# The hypotheses, one change each against MRTPO (or GDPO, for the learning rate), screened on train prompts
+# outside the pool (`dev`): name -> (method, learning-rate factor).
+DEV_VARIANTS = {"gdpo": ("gdpo", 1.0), "mrtpo": ("mrtpo", 1.0), "mrtpobeta1": ("mrtpobeta1", 1.0),
+                "gdpolr2": ("gdpo", 2.0), "mrtpolr2": ("mrtpo", 2.0), "mrtpo_both": ("mrtpo_both", 1.0)}
+
+
+def method_pool(method: str, args) -> Path:
+    """The annotated pool a method trains on (sampled with the same seed: the same responses)."""
+    folder, locate = POOLS.get(method, ("pool", "replay"))
+    pool = STATE / folder
+    seconds = annotate_pool(pool, PROMPTS / "prompts.jsonl", args.model, args, prompts=args.train_prompts or None,
+                            n=args.n, seed=args.pool_seed, locate=locate)
+    if seconds:
+        log(f"{folder}: {seconds:.0f} s")
+    return pool
 
 
 def cmd_offline(args) -> None:
@@ -220,28 +249,91 @@ def cmd_offline(args) -> None:
     held_out = load_records(prompts, "test")[: args.eval_prompts or None]
     base = lambda: load_policy(args.model, device=args.device)  # noqa: E731
     evaluate_policy("start", base, held_out, args)
-    pool = STATE / "pool"
-    seconds = annotate_pool(pool, prompts, args.model, args, prompts=args.train_prompts or None, n=args.n,
-                            seed=args.pool_seed)
-    log(f"pool: {seconds:.0f} s")
     every = args.eval_every or args.steps
     checkpoints = sorted({*range(every, args.steps + 1, every), args.steps})
-    accepted = passing(pool)
+    accepted = passing(method_pool("rs", args))
     log(f"pool: {accepted} responses pass every reward (the rejection-sampling arm's data)")
     for seed in [int(x) for x in args.seeds.split(",")]:
-        for method in OFFLINE_METHODS:
+        for method in args.methods.split(","):
             out = STATE / "offline" / f"{method}-{seed}"
             if method == "rs" and not accepted:  # nothing accepted: rejection sampling leaves the policy as is
                 for step in checkpoints:
                     evaluate_policy(f"offline-rs-{seed}-{step}", base, held_out, args)
                 continue
             if not (out / "final").is_dir():
-                seconds = train_arm(method, pool, args.model, out, seed, args.steps, args)
+                seconds = train_arm(method, method_pool(method, args), args.model, out, seed, args.steps, args)
                 log(f"train offline {method} seed {seed}: {seconds:.0f} s")
             for step in checkpoints:
                 adapter = out / ("final" if step == args.steps else f"checkpoint-{step}")
                 trained = lambda: lora_policy(args.model, adapter, args.device)  # noqa: E731
                 evaluate_policy(f"offline-{method}-{seed}-{step}", trained, held_out, args)
+            if args.midpoint:
+                adapter = midpoint_checkpoint(method, seed, out, args)
+                evaluate_policy(f"offline-{method}-{seed}-{args.midpoint}",
+                                lambda: lora_policy(args.model, adapter, args.device), held_out, args)
+
+
+def midpoint_checkpoint(method: str, seed: int, arm: Path, args) -> Path:
+    """The adapter after `args.midpoint` steps of an arm trained before without that checkpoint: the arm is
+    trained again (same data, seed and batch order) saving it, and its final adapter is compared with the
+    stored one (`same_final.json`: the largest weight difference), so the checkpoint is that run's."""
+    out = arm.with_name(f"{arm.name}-mid{args.midpoint}")
+    if not (out / f"checkpoint-{args.midpoint}").is_dir():
+        train_arm(method, method_pool(method, args), args.model, out, seed, args.steps, args,
+                  save_every=args.midpoint)
+        diff = adapter_difference(arm / "final", out / "final")
+        (out / "same_final.json").write_text(json.dumps({"max_abs_difference": diff}))
+        log(f"offline {method} seed {seed} trained again to save step {args.midpoint}: final adapter differs from "
+            f"the stored one by at most {diff:.3g}")
+    return out / f"checkpoint-{args.midpoint}"
+
+
+def adapter_difference(a: Path, b: Path) -> float:
+    from safetensors.torch import load_file
+
+    x, y = load_file(str(a / "adapter_model.safetensors")), load_file(str(b / "adapter_model.safetensors"))
+    return max(float((x[k] - y[k]).abs().max()) for k in x)
+
+
+def cmd_dev(args) -> None:
+    """One change per hypothesis, screened on train prompts outside the pool (the held-out ones are never
+    used to choose): each variant of DEV_VARIANTS trained once (seed 0) and scored on `--dev-prompts`."""
+    from pipeline.models.loading import load_policy
+
+    train = load_records(PROMPTS / "prompts.jsonl", "train")
+    dev = train[-args.dev_prompts:]
+    if len(train) - args.dev_prompts < (args.train_prompts or len(train)):
+        raise SystemExit("--dev-prompts overlaps the pool's train prompts")
+    evaluate_policy("devstart", lambda: load_policy(args.model, device=args.device), dev, args)
+    for name in args.variants.split(","):
+        method, factor = DEV_VARIANTS[name]
+        out = STATE / "dev" / name
+        if not (out / "final").is_dir():
+            seconds = train_arm(method, method_pool(method, args), args.model, out, 0, args.steps, args,
+                                lr=args.lr * factor, save_every=args.steps)
+            log(f"train dev {name}: {seconds:.0f} s")
+        evaluate_policy(f"dev-{name}-0-{args.steps}", lambda: lora_policy(args.model, out / "final", args.device),
+                        dev, args)
+
+
+def dev_rows(evals: dict[str, dict]) -> list[dict]:
+    """Per screened variant: its dev reward (greedy and sampled) and its difference from MRTPO and GDPO with
+    95% bootstrap intervals over the dev prompts."""
+    runs = {label.split("-")[1]: prompt_rewards(r, "both") for label, r in evals.items() if label.startswith("dev-")}
+    if "devstart" not in evals or not runs:
+        return []
+    start = prompt_rewards(evals["devstart"], "both")
+    rows = []
+    for name, rewards in sorted(runs.items()):
+        ids = sorted(rewards)
+        row = {"variant": name, "prompts": len(ids), "start": statistics.fmean(start[i] for i in ids),
+               "reward": statistics.fmean(rewards.values())}
+        for base in ("gdpo", "mrtpo"):
+            if base in runs and base != name:
+                vs = paired(rewards, runs[base], ids)
+                row[f"vs_{base}"] = [round(vs["diff"], 4), round(vs["ci_low"], 4), round(vs["ci_high"], 4)]
+        rows.append(row)
+    return rows
 
 
 def passing(pool: Path) -> int:
@@ -284,6 +376,12 @@ def cmd_iterated(args) -> None:
                 if round_ >= done:  # the rounds before the latest kept policy were evaluated when they ran
                     evaluate_policy(f"iterated-{method}-{seed}-{round_ * args.round_steps}",
                                     lambda: load_policy(policy, device=args.device), held_out, args)
+        if args.final_eval:  # the last round's policies on every held-out prompt, greedy and sampled
+            every_prompt = load_records(prompts, "test")[: args.eval_prompts or None]
+            both = argparse.Namespace(**{**vars(args), "greedy_only": False})
+            for method, (_, policy) in current.items():
+                evaluate_policy(f"iteratedfinal-{method}-{seed}-{args.rounds * args.round_steps}",
+                                lambda: load_policy(policy, device=args.device), every_prompt, both)
 
 
 def latest_policy(method: str, seed: int) -> tuple[int, str | None]:
@@ -522,10 +620,24 @@ def plot(evals: dict[str, dict], path: Path, decoding: str = "both") -> None:
     fig.savefig(path, dpi=110)
 
 
+def final_rows(evals: dict[str, dict], model: str) -> list[dict]:
+    """The iterated arm's rows from its last round scored on every held-out prompt (`iteratedfinal`), with
+    the steps to GDPO's final read off the per-round curve (greedy, every k-th prompt)."""
+    curve = {(r["method"]): r["steps_to_gdpo_final"] for r in arm_rows(evals, "iterated", "greedy", model)}
+    rows = [row for decoding in ("both", "greedy", "sampled") for row in arm_rows(evals, "iteratedfinal", decoding, model)]
+    return [{**row, "arm": "iterated", "steps_to_gdpo_final": curve.get(row["method"]),
+             "evaluation": "last round, every held-out prompt"} for row in rows]
+
+
 def cmd_report(args) -> list[dict]:
     evals = load_evals()
     rows = [row for arm in ("offline", "iterated") for decoding in ("both", "greedy", "sampled")
             for row in arm_rows(evals, arm, decoding, args.model)]
+    rows = [{**row, "evaluation": "per round, every k-th held-out prompt"} if row["arm"] == "iterated" else row
+            for row in rows] + final_rows(evals, args.model)
+    hypotheses = dev_rows(evals)
+    for row in hypotheses:
+        log(f"dev: {json.dumps(row)}")
     for row in rows:
         log(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
     pool = STATE / "pool"
@@ -548,7 +660,7 @@ def cmd_report(args) -> list[dict]:
          for label, result in evals.items()}, sort_keys=True) + "\n")
     (ROOT / "bench" / "results" / "closed_loop_details.json").write_text(json.dumps(
         {"diagnosis": diagnosis, "pool": pool_stats(pool) if complete else {}, "pass_rates": rates,
-         "settings": vars(args)}, indent=1) + "\n")
+         "hypotheses": hypotheses, "settings": vars(args)}, indent=1) + "\n")
     plot(evals, ROOT / "bench" / "closed_loop.png")
     write_results_md(rows, evals, diagnosis, args)
     return rows
@@ -606,15 +718,22 @@ def cmd_quick(args) -> list[dict]:
         args.model, args.quick, args.seeds, args.max_new_tokens = None, True, "0", 16
         args.train_prompts, args.n, args.eval_prompts, args.steps, args.eval_every = 4, 2, 4, 2, 1
         args.rounds, args.round_prompts, args.round_steps, args.batch_size = 2, 2, 1, 4
+        args.methods, args.midpoint = ",".join([*OFFLINE_METHODS, *ADVANTAGES]), 1
         cmd_offline(args)
-        args.greedy_only, args.round_eval_stride = True, 2  # as the CPU run evaluates its rounds
+        args.greedy_only, args.round_eval_stride, args.final_eval = True, 2, True  # as the CPU run
         cmd_iterated(args)
+        args.dev_prompts, args.variants = 2, "gdpo,mrtpo,mrtpobeta1,mrtpo_both"
+        cmd_dev(args)
         rows = cmd_report(args)
+        hypotheses = dev_rows(load_evals())
     arms = {(r["arm"], r["method"]) for r in rows}
-    expected = {("offline", m) for m in OFFLINE_METHODS} | {("iterated", m) for m in ITERATED_METHODS}
-    if arms != expected:
-        raise SystemExit(f"quick run: rows for {sorted(arms)}, expected {sorted(expected)}")
-    print(f"quick run: {len(rows)} rows, arms and methods {sorted(arms)}")
+    expected = ({("offline", m) for m in [*OFFLINE_METHODS, *ADVANTAGES]}
+                | {("iterated", m) for m in ITERATED_METHODS})
+    if arms != expected or len(hypotheses) != 4:
+        raise SystemExit(f"quick run: rows for {sorted(arms)}, expected {sorted(expected)}; "
+                         f"{len(hypotheses)} dev variants, expected 4")
+    print(f"quick run: {len(rows)} rows, arms and methods {sorted(arms)}; dev variants "
+          f"{[h['variant'] for h in hypotheses]}")
     return rows
 
 
@@ -622,7 +741,7 @@ def main() -> None:
     import common  # noqa: F401 - sets the torch thread count (BENCH_THREADS) before torch runs anything
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["pilot", "offline", "iterated", "report", "quick"])
+    parser.add_argument("command", choices=["pilot", "offline", "iterated", "dev", "report", "quick"])
     parser.add_argument("--model", default=SMOLLM2)
     parser.add_argument("--device", default="cpu", help="torch device (cuda: the full-size run on a GPU)")
     parser.add_argument("--temperatures", default="0.5,0.7,1.0")
@@ -648,10 +767,18 @@ def main() -> None:
     parser.add_argument("--round-eval-stride", type=int, default=1,
                         help="iterated: evaluate every k-th held-out prompt (seen and unseen alike)")
     parser.add_argument("--greedy-only", action="store_true", help="evaluate greedy decoding only")
+    parser.add_argument("--methods", default=",".join(OFFLINE_METHODS),
+                        help=f"offline arms (also {', '.join(ADVANTAGES)})")
+    parser.add_argument("--midpoint", type=int, default=0,
+                        help="offline: also evaluate this step (training again to save it where it was not)")
+    parser.add_argument("--final-eval", action="store_true",
+                        help="iterated: score the last round's policies on every held-out prompt, greedy and sampled")
+    parser.add_argument("--dev-prompts", type=int, default=64, help="dev: train prompts after the pool's, from the end")
+    parser.add_argument("--variants", default=",".join(DEV_VARIANTS), help="dev: the variants to screen")
     args = parser.parse_args()
     args.quick = False
     STATE.mkdir(parents=True, exist_ok=True)
-    {"pilot": cmd_pilot, "offline": cmd_offline, "iterated": cmd_iterated, "report": cmd_report,
+    {"pilot": cmd_pilot, "offline": cmd_offline, "iterated": cmd_iterated, "dev": cmd_dev, "report": cmd_report,
      "quick": cmd_quick}[args.command](args)
 
 

@@ -78,6 +78,6 @@ def test_quick_mode_runs_both_arms_and_keeps_nothing(tmp_path):
     done = subprocess.run([sys.executable, "bench/closed_loop.py", "quick"], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "quick run: 11 rows" in done.stdout
+    assert "quick run: 23 rows" in done.stdout and "dev variants" in done.stdout
     assert "('iterated', 'mrtpo')" in done.stdout and "('offline', 'rs')" in done.stdout
     assert sorted(p.name for p in (ROOT / "bench" / "results").iterdir()) == before
