@@ -1,0 +1,93 @@
+"""What `--locate both` costs against `--locate replay` (issue 19): the pairs with verifier spans skip the replay.
+
+    python bench/bench_locate_cost.py [--model smollm2-135m-instruct] [--limit 4] [--repeats 3] [--quick]
+
+The demo prompt set (every task, `--limit` prompts each, n responses) is annotated with `gdpo,mrtpo` under each
+option, in turns (replay, both, replay, both, ...) so that load from other processes falls on both alike; each
+run samples the same responses (same seed). Reported: the median wall time of a whole annotation, the replays
+run and the response tokens replayed (from the run's manifest, exact), and their ratios both / replay.
+Target: both <= replay. Writes its row to bench/RESULTS.md and `locate_both_over_replay_seconds`,
+`locate_both_over_replay_tokens` to bench/results/speed.json (`--quick`: a smaller run, nothing written).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from common import machine, update_figures, upsert_result, verdict  # noqa: F401  (sets torch threads)
+
+LOCATES = ("replay", "both")
+
+
+def annotate_once(args, locate: str) -> dict:
+    """Seconds and replay statistics of one whole annotation of the demo set under `locate`."""
+    from pipeline.annotate import AnnotateConfig, run_annotation
+    from pipeline.config import CreditConfig, SamplingConfig
+
+    config = AnnotateConfig(prompts="demo", limit=args.limit, model=args.model,
+                            sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, seed=args.seed),
+                            credit=CreditConfig(kinds=("gdpo", "mrtpo"), locate=locate))
+    with tempfile.TemporaryDirectory(prefix="tokencredit-locate-") as out:
+        start = time.perf_counter()
+        run_annotation(config, out, progress=False)
+        seconds = time.perf_counter() - start
+        stats = json.loads((Path(out) / "manifest.json").read_text())["stats"]
+    return {"seconds": seconds, "replays_done": stats["replays_done"], "tokens_replayed": stats["tokens_replayed"],
+            "verifier_located": stats.get("verifier_located", 0)}
+
+
+def measure(args) -> dict[str, dict]:
+    annotate_once(args, "replay")  # warm-up: model loading and first-call costs fall on neither side
+    runs: dict[str, list[dict]] = {locate: [] for locate in LOCATES}
+    for _ in range(args.repeats):
+        for locate in LOCATES:
+            runs[locate].append(annotate_once(args, locate))
+    return {locate: {"seconds": statistics.median(r["seconds"] for r in rs),
+                     **{k: rs[0][k] for k in ("replays_done", "tokens_replayed", "verifier_located")}}
+            for locate, rs in runs.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="registry name or folder (default: the shipped tiny policy)")
+    parser.add_argument("--limit", type=int, default=4, help="demo prompts per task")
+    parser.add_argument("--n", type=int, default=4, help="responses per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="one prompt per task, one repeat; writes nothing")
+    args = parser.parse_args()
+    if args.quick:
+        args.limit, args.repeats = 1, 1
+    result = measure(args)
+    replay, both = result["replay"], result["both"]
+    ratio_s = both["seconds"] / replay["seconds"]
+    ratio_t = both["tokens_replayed"] / max(replay["tokens_replayed"], 1)
+    for locate, r in result.items():
+        print(f"{locate:>6}: {r['seconds']:.1f} s, {r['replays_done']} replays, {r['tokens_replayed']} tokens replayed, "
+              f"{r['verifier_located']} pairs located by spans")
+    print(f"both / replay: time {ratio_s:.2f}, tokens replayed {ratio_t:.2f} (target <= 1: {verdict(ratio_s <= 1)})")
+    if args.quick:
+        return
+    update_figures({"locate_both_over_replay_seconds": round(ratio_s, 3),
+                    "locate_both_over_replay_tokens": round(ratio_t, 3)})
+    upsert_result(
+        "Annotation cost: --locate both against replay (bench_locate_cost.py)",
+        "The demo set annotated with gdpo,mrtpo under `--locate replay` and `--locate both`, in turns, the same "
+        "responses; median wall time of a whole annotation and the replays run (the manifest's counts).",
+        "full", f"model {args.model or 'tiny'}; demo, {args.limit} prompts per task x {args.n}, "
+                f"max_new_tokens {args.max_new_tokens}; {args.repeats} repeats",
+        f"replay {replay['seconds']:.1f} s ({replay['replays_done']} replays, {replay['tokens_replayed']} tokens) | "
+        f"both {both['seconds']:.1f} s ({both['replays_done']} replays, {both['tokens_replayed']} tokens, "
+        f"{both['verifier_located']} pairs located by spans) | both / replay: time {ratio_s:.2f}, tokens "
+        f"{ratio_t:.2f}",
+        f"issue 19: both <= replay: {verdict(ratio_s <= 1)}",
+    )
+
+
+if __name__ == "__main__":
+    main()
