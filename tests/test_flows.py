@@ -58,8 +58,9 @@ def test_rerun_skips_completed_shards(prefect_harness, tmp_path):
 
 def test_killed_run_resumes_without_duplicates_or_gaps(prefect_harness, tmp_path):
     out = tmp_path / "killed"
+    # a wall-clock bound must not decide a score here: under load a verifier call could run past the default
     args = ["annotate", "--out", str(out), "--limit", "3", "--shard-size", "1", "--n", "3",
-            "--max-new-tokens", "40", "--seed", "7", "--run-id", "kill-test"]
+            "--max-new-tokens", "40", "--seed", "7", "--run-id", "kill-test", "--verifier-timeout", "120"]
     env = {**os.environ, "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "")}
     # its own process group: the kill takes the run and its temporary Prefect server down together, as a
     # crash of the job would (killing the CLI alone leaves that server running after the test)

@@ -331,3 +331,11 @@ def test_temporary_storage_stays_in_the_bounded_memory_and_no_file_is_written(db
     assert time.monotonic() - started < 3.0
     sandbox.close_workers()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fresh_workers_start_is_not_counted_as_query_time(db):
+    # an interpreter can take seconds to start on a loaded machine: the worker reports ready first, and
+    # the query's clock (here 1 ms plus the kill grace) starts only then
+    sandbox.close_workers()
+    limits = sandbox.Limits(timeout_s=0.001)
+    assert sandbox.run_select(db, "SELECT COUNT(*) FROM singer", limits).rows == [(4,)]

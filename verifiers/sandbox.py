@@ -239,6 +239,7 @@ def _cell_size(value) -> int:
 # ---------------------------------------------------------------- worker processes
 
 _KILL_GRACE_S = 0.2  # past `timeout_s`: the worker's own progress handler answers first when it can
+_START_TIMEOUT_S = 60.0  # an interpreter's start, not counted in any query's time
 _AS_MARGIN_BYTES = 256_000_000  # address space beyond the SQLite heap: the interpreter, the result
 _MAX_IDLE = 16
 _HEADER = struct.Struct("<Q")
@@ -247,24 +248,34 @@ _idle_lock = threading.Lock()
 
 
 class _Worker:
-    """One `python -I sandbox.py` process, serving one query at a time over its stdin/stdout."""
+    """One `python -I sandbox.py` process, serving one query at a time over its stdin/stdout. It is
+    started before a query's clock runs: on a loaded machine an interpreter can take seconds to start,
+    and that must not count as the query's time."""
 
     def __init__(self, max_memory: int):
         self.max_memory = max_memory
         self.proc = subprocess.Popen([sys.executable, "-I", __file__, str(max_memory)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        if not self._answers_within(_START_TIMEOUT_S) or _receive(self.proc.stdout) != ("ready",):
+            self.close()
+            raise SandboxError(f"The SQLite worker process did not start within {_START_TIMEOUT_S:g} s.")
 
     def ask(self, request: tuple, seconds: float) -> tuple:
-        deadline = time.monotonic() + seconds
         _send(self.proc.stdin, request)
-        fd = self.proc.stdout.fileno()
-        while not select.select([fd], [], [], max(deadline - time.monotonic(), 0))[0]:
-            if time.monotonic() >= deadline:
-                raise SandboxError(f"Refused: the query ran longer than {request[2][0]:g} s.")
+        if not self._answers_within(seconds):
+            raise SandboxError(f"Refused: the query ran longer than {request[2][0]:g} s.")
         reply = _receive(self.proc.stdout)
         if reply is None:
             raise SandboxError(f"The query failed: its SQLite process ended with status {self.proc.wait()}.")
         return reply
+
+    def _answers_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        fd = self.proc.stdout.fileno()
+        while not select.select([fd], [], [], max(deadline - time.monotonic(), 0))[0]:
+            if time.monotonic() >= deadline:
+                return False
+        return True
 
     def close(self) -> None:
         self.proc.kill()
@@ -317,6 +328,7 @@ def _serve(max_memory: int) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails instead of killing
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     requests, replies = os.fdopen(0, "rb"), os.fdopen(1, "wb")
+    _send(replies, ("ready",))
     while (request := _receive(requests)) is not None:
         path, sql, fields = request
         _send(replies, _serve_one(path, sql, Limits(*fields)))
