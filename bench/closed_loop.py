@@ -491,53 +491,13 @@ def arm_rows(evals: dict[str, dict], arm: str, decoding: str, model: str) -> lis
     return rows
 
 
-def violation_spans(kind: str, args: dict, response: str) -> list[tuple[int, int]] | None:
-    """Character spans of `response` that break a constraint of `kind`, for the kinds where the violation sits
-    somewhere (None for kinds whose failure is something missing: a keyword, a title, a postscript)."""
-    import re
-
-    text_start = len(response) - len(response.lstrip())
-    text_end = len(response.rstrip())
-    words = list(re.finditer(r"\w+(?:'\w+)*", response))
-    if kind == "no_commas":
-        return [(m.start(), m.end()) for m in re.finditer("[,\uff0c]", response)]
-    if kind == "keyword_exclude":
-        return [(m.start(), m.end()) for k in args["keywords"]
-                for m in re.finditer(rf"(?<!\w){re.escape(k)}(?!\w)", response, re.IGNORECASE)]
-    if kind == "lowercase":
-        return [(m.start(), m.end()) for m in words if m.group() != m.group().lower()]
-    if kind == "word_count" and args.get("max") is not None and len(words) > args["max"]:
-        return [(words[args["max"]].start(), text_end)]
-    if kind in ("sentence_count", "bullet_count", "paragraph_count"):
-        return past_limit(kind, args, response)
-    if kind == "starts_with":
-        return [(text_start, min(text_end, text_start + len(args["phrase"].strip())))]
-    if kind == "ends_with":
-        return [(max(text_start, text_end - len(args["phrase"].strip())), text_end)]
-    return None
-
-
-def past_limit(kind: str, args: dict, response: str) -> list[tuple[int, int]] | None:
-    """From the first sentence, bullet or paragraph past the allowed number to the end (None: not too many)."""
-    from verifiers import checkers
-
-    limit = args.get("max") if kind == "sentence_count" else args["n"]
-    pieces = {"sentence_count": checkers.sentences, "bullet_count": checkers.bullets,
-              "paragraph_count": checkers.paragraphs}[kind](response)
-    if limit is None or len(pieces) <= limit:
-        return None
-    at = 0
-    for piece in pieces[:limit + 1]:
-        at = response.find(piece.strip(), at)
-    return [(at, len(response.rstrip()))] if at >= 0 else None
-
-
 def diagnose(pool: Path, records_path: Path) -> dict:
-    """Where each credit puts a failed constraint's penalty, on the pool: per kind with a violation span,
-    the share of the reward's negative advantage mass on the span's tokens (GDPO: the span's share of the
-    tokens, which is also the chance that a uniformly drawn token lies in it) and how often the reward's most
-    penalized token under MRTPO lies in the span."""
+    """Where each credit puts a failed constraint's penalty, on a pool: per kind whose verifier says where the
+    violation is (`verifiers.instruction_spans`), the share of the reward's negative advantage mass on the
+    violating tokens (GDPO: their share of the tokens, which is also the chance that a uniformly drawn token
+    lies there) and how often the reward's most penalized token under the pool's MRTPO lies there."""
     from pipeline.query import connect
+    from verifiers.instruction_spans import spans_for
 
     by_id = {r.id: r for r in load_records(records_path)}
     rows = connect(str(pool)).sql(
@@ -551,7 +511,7 @@ def diagnose(pool: Path, records_path: Path) -> dict:
     for (_, index), tokens in pairs.items():
         record = by_id[tokens[0][1]]
         constraint = record.spec.constraints[index]
-        spans = violation_spans(constraint.kind, constraint.args, tokens[0][2])
+        spans = spans_for(constraint.kind, tokens[0][2], constraint.args)  # binary scores: a < 0 one failed
         if not spans:
             continue
         inside = [any(t[5] < ce and t[6] > cs for cs, ce in spans) for t in tokens]
@@ -641,9 +601,9 @@ def cmd_report(args) -> list[dict]:
     for row in rows:
         log(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
     pool = STATE / "pool"
-    complete = (pool / "manifest.json").is_file()
-    diagnosis = diagnose(pool, PROMPTS / "prompts.jsonl") if complete else {}
-    if complete:
+    diagnosis = {method: diagnose(STATE / folder, PROMPTS / "prompts.jsonl")
+                 for method, folder in (("mrtpo", "pool"), ("mrtpo_both", "pool-both")) if complete(STATE / folder)}
+    if complete(pool):
         log(f"pool: {json.dumps(pool_stats(pool))}")
     log(f"diagnosis: {json.dumps(diagnosis)}")
     rates = {"start": kind_rates([evals["start"]])}
@@ -659,7 +619,7 @@ def cmd_report(args) -> list[dict]:
                  for decoding in ("greedy", "sampled") if decoding in result}
          for label, result in evals.items()}, sort_keys=True) + "\n")
     (ROOT / "bench" / "results" / "closed_loop_details.json").write_text(json.dumps(
-        {"diagnosis": diagnosis, "pool": pool_stats(pool) if complete else {}, "pass_rates": rates,
+        {"diagnosis": diagnosis, "pool": pool_stats(pool) if complete(pool) else {}, "pass_rates": rates,
          "hypotheses": hypotheses, "settings": vars(args)}, indent=1) + "\n")
     plot(evals, ROOT / "bench" / "closed_loop.png")
     write_results_md(rows, evals, diagnosis, args)
@@ -686,8 +646,9 @@ def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, 
                 + "; ".join(parts) + f"; MRTPO gain / GDPO gain {ratio:.2f}; detectable difference "
                 f"{both[0]['mde']:.3f}; steps to GDPO's final: "
                 + ", ".join(f"{r['method']} {r['steps_to_gdpo_final']}" for r in both))
-    mass = "; ".join(f"{k} {v['mrtpo_share']:.2f} vs {v['gdpo_share']:.2f} (top-1 {v['mrtpo_top1']:.2f}, "
-                     f"{v['pairs']} pairs)" for k, v in diagnosis.items())
+    mass = " / ".join(f"{method}: " + "; ".join(
+        f"{k} {v['mrtpo_share']:.2f} vs {v['gdpo_share']:.2f} (top-1 {v['mrtpo_top1']:.2f}, {v['pairs']} pairs)"
+        for k, v in kinds.items()) for method, kinds in diagnosis.items())
     upsert_result(
         "Closed loop, SmolLM2: does token credit train better? (closed_loop.py)",
         "SmolLM2-135M-Instruct with LoRA on the instruction prompts of `bench/closed_loop_prompts/` (kinds and "

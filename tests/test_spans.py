@@ -28,6 +28,8 @@ def located(score, response: str) -> list[str]:
     ("keyword_exclude", {"keywords": ["river"]}, "The River and the rivers meet a river.", ["River", "river"]),
     ("word_count", {"max": 3}, "one two three four five", ["four five"]),
     ("sentence_count", {"max": 1}, "It rains. It pours. Stop.", ["It pours. Stop."]),
+    ("paragraph_count", {"n": 1}, "One.\n\nTwo.\n \nThree.\n", ["Two.\n \nThree."]),
+    ("bullet_count", {"n": 1}, "Tips:\n* one\n- two\n* three\nBye.", ["- two\n* three"]),
     ("char_count", {"max": 5}, "  abcdefgh ", ["fgh"]),
     ("punctuation_ban", {"chars": "!?"}, "Hi! Why?", ["!", "?"]),
     ("ends_with", {"phrase": "That is all."}, "Done here, bye now.", ["here,", "bye", "now."]),
@@ -50,7 +52,8 @@ def test_a_passing_or_placeless_constraint_has_no_span():
     (ok,) = instructions.verify(instruction("no_commas", {}), "No commas here.")
     (missing,) = instructions.verify(instruction("keyword_include", {"keywords": ["stone"]}), "A river.")
     (short,) = instructions.verify(instruction("word_count", {"min": 10}), "Too short.")
-    assert ok.spans == missing.spans == short.spans == ()
+    (few,) = instructions.verify(instruction("bullet_count", {"n": 3}), "* one\n* two")
+    assert ok.spans == missing.spans == short.spans == few.spans == ()
 
 
 def tool_record(*calls: ToolCall) -> TaskRecord:

@@ -8,6 +8,8 @@ A kind is here when the check can say which characters break it:
     punctuation_ban     every banned character
     word_count          max: the words past the limit (from the first word too many to the last word)
     sentence_count      max: the sentences past the limit
+    paragraph_count     too many: the paragraphs past the asked number
+    bullet_count        too many: the bullet points past the asked number
     char_count          max: the characters past the limit
     keyword_frequency   max: the occurrences past the limit
     letter_frequency    max: the occurrences past the limit
@@ -65,6 +67,22 @@ def _word_count(r: str, min: int | None = None, max: int | None = None) -> list[
 def _sentence_count(r: str, min: int | None = None, max: int | None = None) -> list[Span]:
     spans = [(s, e) for s, e in _text.sentence_spans(r) if re.search(r"\w", r[s:e])]
     return _past(spans, max)
+
+
+def _paragraph_count(r: str, n: int) -> list[Span]:
+    """Paragraphs as `checkers.paragraphs` splits them (at blank lines), as spans without their whitespace."""
+    pieces, start = [], 0
+    for gap in [*re.finditer(r"\n[ \t]*\n", r), None]:
+        end = gap.start() if gap else len(r)
+        text = r[start:end]
+        if text.strip():
+            pieces.append((start + len(text) - len(text.lstrip()), start + len(text.rstrip())))
+        start = gap.end() if gap else end
+    return _past(pieces, n)
+
+
+def _bullet_count(r: str, n: int) -> list[Span]:
+    return _past(matches(r"^[ \t]*[*-][ \t]+\S.*$", r, re.MULTILINE), n)  # `checkers.bullets`' pattern
 
 
 def _char_count(r: str, min: int | None = None, max: int | None = None) -> list[Span]:
@@ -129,6 +147,8 @@ SPANS: dict[str, Callable[..., list[Span]]] = {
     "punctuation_ban": _punctuation_ban,
     "word_count": _word_count,
     "sentence_count": _sentence_count,
+    "paragraph_count": _paragraph_count,
+    "bullet_count": _bullet_count,
     "char_count": _char_count,
     "keyword_frequency": _keyword_frequency,
     "letter_frequency": _letter_frequency,
