@@ -3,6 +3,7 @@
     python bench/closed_loop.py pilot     [--temperatures 0.5,0.7,1.0]   # pass rate per kind, train split
     python bench/closed_loop.py offline   [--seeds 0,1,2] [--steps S]      # one pool, three credits
     python bench/closed_loop.py iterated  [--seeds 0,1] [--rounds R]       # annotate -> train, repeated
+    python bench/closed_loop.py dev       [--variants gdpo,mrtpo,...]      # one change per hypothesis
     python bench/closed_loop.py report                                     # json, plot, RESULTS.md
     python bench/closed_loop.py quick                                      # CI: both arms, a few steps, tiny
 
@@ -14,7 +15,12 @@ Design (fixed before running; the README and RESULTS.md follow the numbers whate
 - Offline arm: one pool (train prompts x 8 responses) sampled once and annotated once with gdpo,mrtpo;
   then, from the same base policy, the same steps, learning rate, batch order and seed per arm: PG on GDPO's
   advantages, PG on MRTPO's, and rejection sampling (SFT on the responses that pass every reward).
-- Iterated arm: rounds of sample -> annotate -> train from the current policy, GDPO against MRTPO.
+  `--methods` adds MRTPO at beta 1 (`mrtpobeta1`) and MRTPO located by the verifier's spans (`mrtpo_both`);
+  `--midpoint S` also scores step S (S <= 0.7 x steps decides the steps-to-GDPO's-final target).
+- Iterated arm: rounds of sample -> annotate -> train from the current policy, GDPO against MRTPO; per round
+  scored greedily on every k-th held-out prompt, the last round (`--final-eval`) on all of them, both decodings.
+- Hypotheses (`dev`): one change each (beta, learning rate, the verifier's spans), trained once on the pool
+  and scored on the last `--dev-prompts` train prompts, which the pool does not use: never on held-out ones.
 - Evaluation, paired: every policy on the same held-out prompts with the same sampling seeds, greedy and
   sampled; a prompt's reward is the mean of its constraint scores. MRTPO - GDPO with a 95% bootstrap
   interval over prompts (seed means per prompt), seen and unseen kinds apart; the smallest difference the
@@ -24,7 +30,13 @@ Every stage writes its result as it finishes under `bench/.closed_loop/` (a pool
 JSON file per evaluated policy), and a re-run skips what is there, so a stopped run resumes.
 
 Sizes. The 2-core CPU run (bench/RESULTS.md) used a pool of 64 train prompts x 8, 16 steps of batch 8 per
-offline arm, and iterated rounds of 8 prompts x 4, 4 steps, scored greedily on every 4th held-out prompt.
+offline arm (midpoint 11), and iterated rounds of 8 prompts x 4, 4 steps, scored greedily on every 4th
+held-out prompt, the last round on all 256; the hypotheses on 64 dev prompts:
+    python bench/closed_loop.py offline --train-prompts 64 --steps 16 --batch-size 8 --lr 3e-4 \
+        --methods gdpo,mrtpo,rs,mrtpo_both --midpoint 11
+    python bench/closed_loop.py iterated --seeds 0,1 --round-prompts 8 --n 4 --round-steps 4 --batch-size 8 \
+        --lr 3e-4 --greedy-only --round-eval-stride 4 --final-eval
+    python bench/closed_loop.py dev --train-prompts 64 --steps 16 --batch-size 8 --lr 3e-4
 The full-size run, for a GPU:
     python bench/closed_loop.py offline --device cuda --train-prompts 0 --steps 128 --eval-every 32 --batch-size 16
     python bench/closed_loop.py iterated --device cuda --seeds 0,1 --rounds 6 --round-prompts 64 --n 8 \
