@@ -462,8 +462,11 @@ def curves(evals: dict[str, dict], arm: str, decoding: str) -> dict[str, dict[in
 
 
 def steps_to_reach(curve: dict[int, list[dict]], target: float, decoding: str) -> int | None:
+    """The first checkpoint whose seed-mean reward reaches `target`, among those scored for every seed."""
+    seeds = max(len(results) for results in curve.values())
     for steps in sorted(curve):
-        if statistics.fmean(mean_reward_of(r, decoding) for r in curve[steps]) >= target - 1e-12:
+        if (len(curve[steps]) == seeds
+                and statistics.fmean(mean_reward_of(r, decoding) for r in curve[steps]) >= target - 1e-12):
             return steps
     return None
 
