@@ -23,7 +23,7 @@ import dataclasses
 import json
 import random
 
-from common import ROOT, upsert_result  # noqa: F401  (also sets torch threads)
+from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch threads)
 
 RESULTS_JSON = ROOT / "bench" / "results" / "repair.json"
 KINDS = ("replay", "verifier", "both", "p2t")
@@ -195,6 +195,17 @@ def write_results_md(table: list[dict], args) -> None:
                          f"{1000 * per_token(r['repair_rate'], res, r['tokens_resampled']):.2f} / "
                          f"{1000 * per_token(r['random_cut_rate'], res, r['random_tokens_resampled']):.2f} / "
                          f"{1000 * per_token(r['full_resample_rate'], res, r['full_tokens_resampled']):.2f}")
+    both = next((r for r in table if r["locate"] == "both" and r["reward_family"] == "all"), None)
+    if both:
+        res = args.resamples * both["pairs"]
+        mine = per_token(both["repair_rate"], res, both["tokens_resampled"])
+        vs_random = mine / max(per_token(both["random_cut_rate"], res, both["random_tokens_resampled"]), 1e-12)
+        vs_full = mine / max(per_token(both["full_resample_rate"], res, both["full_tokens_resampled"]), 1e-12)
+        lines.append(f"both's fixes per resampled token: {vs_random:.2f}x the random cut's (target 1.5x: "
+                     f"{verdict(vs_random >= 1.5)}), {vs_full:.2f}x the whole resample's (target 1x: "
+                     f"{verdict(vs_full >= 1)}); pairs {both['pairs']} (target 200: {verdict(both['pairs'] >= 200)})")
+    if not with_p2t(args):
+        lines.append(f"P2T left out: no reward model shares {args.model}'s tokenizer")
     upsert_result(
         "Prefix repair on the model's own samples (bench_repair.py)",
         "Failed (response, reward) pairs of the model's own samples, cut at each credit's top penalty (MRTPO replay, "
