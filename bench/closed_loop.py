@@ -637,11 +637,12 @@ def cmd_report(args) -> list[dict]:
         {"diagnosis": diagnosis, "pool": pool_stats(pool) if complete(pool) else {}, "pass_rates": rates,
          "hypotheses": hypotheses, "settings": vars(args)}, indent=1) + "\n")
     plot(evals, ROOT / "bench" / "closed_loop.png")
-    write_results_md(rows, evals, diagnosis, args)
+    write_results_md(rows, evals, diagnosis, hypotheses, args)
     return rows
 
 
-def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, args) -> None:
+def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, hypotheses: list[dict],
+                     args) -> None:
     from common import upsert_result
 
     def arm_line(arm: str) -> str:
@@ -659,7 +660,7 @@ def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, 
         return (f"{arm} ({both[0]['seeds']} seeds, {both[0]['steps']} steps, {both[0]['eval_prompts']} prompts, "
                 f"{both[0]['decoding']}): start {start:.3f}; "
                 + "; ".join(parts) + f"; MRTPO gain / GDPO gain {ratio:.2f}; detectable difference "
-                f"{both[0]['mde']:.3f}; steps to GDPO's final: "
+                f"{mrtpo['mde'] if mrtpo else float('nan'):.3f} (MRTPO - GDPO); steps to GDPO's final: "
                 + ", ".join(f"{r['method']} {r['steps_to_gdpo_final']}" for r in both))
     mass = " / ".join(f"{method}: " + "; ".join(
         f"{k} {v['mrtpo_share']:.2f} vs {v['gdpo_share']:.2f} (top-1 {v['mrtpo_top1']:.2f}, {v['pairs']} pairs)"
@@ -678,7 +679,10 @@ def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, 
         f"train prompts x {args.n}; LoRA r 8, lr {args.lr}, batch {args.batch_size}; held-out "
         f"{len(evals['start']['greedy'])} prompts",
         f"{arm_line('offline')} | {arm_line('iterated')} | negative mass of a failed constraint on its violating "
-        f"tokens, MRTPO vs GDPO: {mass}",
+        f"tokens, MRTPO vs GDPO: {mass} | hypotheses on {hypotheses[0]['prompts'] if hypotheses else 0} dev "
+        "(train) prompts, 1 seed, vs MRTPO [95%]: " + "; ".join(
+            f"{h['variant']} {h['reward']:.3f}" + (" ({:+.3f} [{:+.3f}, {:+.3f}])".format(*h["vs_mrtpo"])
+                                                   if "vs_mrtpo" in h else "") for h in hypotheses),
         "issue 18: MRTPO's gain >= 1.3x GDPO's, 95% interval of MRTPO - GDPO above 0 in one arm, MRTPO at GDPO's "
         "final in <= 0.7x the steps",
     )
