@@ -33,7 +33,9 @@ Sizes. The 2-core CPU run (bench/RESULTS.md) used a pool of 64 train prompts x 8
 offline arm (midpoint 11), and iterated rounds of 8 prompts x 4, 4 steps, scored greedily on every 4th
 held-out prompt, the last round on all 256; the hypotheses on 64 dev prompts:
     python bench/closed_loop.py offline --train-prompts 64 --steps 16 --batch-size 8 --lr 3e-4 \
-        --methods gdpo,mrtpo,rs,mrtpo_both --midpoint 11
+        --methods gdpo,mrtpo,rs,mrtpo_both
+    python bench/closed_loop.py offline --train-prompts 64 --steps 16 --batch-size 8 --lr 3e-4 \
+        --methods mrtpo --midpoint 11
     python bench/closed_loop.py iterated --seeds 0,1 --round-prompts 8 --n 4 --round-steps 4 --batch-size 8 \
         --lr 3e-4 --greedy-only --round-eval-stride 4 --final-eval
     python bench/closed_loop.py dev --train-prompts 64 --steps 16 --batch-size 8 --lr 3e-4
