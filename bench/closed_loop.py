@@ -600,8 +600,9 @@ def plot(evals: dict[str, dict], path: Path, decoding: str = "both") -> None:
 def final_rows(evals: dict[str, dict], model: str) -> list[dict]:
     """The iterated arm's rows from its last round scored on every held-out prompt (`iteratedfinal`), with
     the steps to GDPO's final read off the per-round curve (greedy, every k-th prompt)."""
-    curve = {(r["method"]): r["steps_to_gdpo_final"] for r in arm_rows(evals, "iterated", "greedy", model)}
-    rows = [row for decoding in ("both", "greedy", "sampled") for row in arm_rows(evals, "iteratedfinal", decoding, model)]
+    curve = {r["method"]: r["steps_to_gdpo_final"] for r in arm_rows(evals, "iterated", "greedy", model)}
+    rows = [row for decoding in ("both", "greedy", "sampled")
+            for row in arm_rows(evals, "iteratedfinal", decoding, model)]
     return [{**row, "arm": "iterated", "steps_to_gdpo_final": curve.get(row["method"]),
              "evaluation": "last round, every held-out prompt"} for row in rows]
 
