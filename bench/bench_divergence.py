@@ -32,7 +32,7 @@ def logits_pair(T: int, V: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tens
 
 def child(kind: str, T: int, V: int, chunk: int) -> None:
     """Print the peak extra RSS of one call of `kind` on fresh [1, T, V] inputs, as JSON."""
-    from pipeline.credit.divergence import js_divergence, js_divergence_naive
+    from tokencredit.pipeline.credit.divergence import js_divergence, js_divergence_naive
 
     p, q = logits_pair(T, V)
     fn = (lambda: js_divergence(p, q, chunk)) if kind == "chunked" else (lambda: js_divergence_naive(p, q))
@@ -53,7 +53,7 @@ def main() -> None:
         kind, T, V, chunk = args.child
         return child(kind, int(T), int(V), int(chunk))
 
-    from pipeline.credit.divergence import js_divergence, js_divergence_naive
+    from tokencredit.pipeline.credit.divergence import js_divergence, js_divergence_naive
 
     chunk = 128
     t_time, repeats = (128, 3) if args.quick else (512, 5)

@@ -30,11 +30,11 @@ import references  # noqa: E402
 from bfcl_edge_cases import CASES as EDGE_CASES, write_files  # noqa: E402
 from common import ROOT, upsert_result, verdict  # noqa: E402
 
-import verifiers  # noqa: E402
-from schemas.records import InstructionSpec, RecordError, TaskRecord, ToolCall  # noqa: E402
-from verifiers import ifeval, tools  # noqa: E402
-from verifiers.formats import resolve_db  # noqa: E402
-from verifiers.tasks import load_tasks  # noqa: E402
+from tokencredit import verifiers  # noqa: E402
+from tokencredit.schemas.records import InstructionSpec, RecordError, TaskRecord, ToolCall  # noqa: E402
+from tokencredit.verifiers import ifeval, tools  # noqa: E402
+from tokencredit.verifiers.formats import resolve_db  # noqa: E402
+from tokencredit.verifiers.tasks import load_tasks  # noqa: E402
 
 SEED = 11
 BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")

@@ -65,7 +65,7 @@ class Case:
 
 
 def load_cases() -> list[Case]:
-    import verifiers
+    from tokencredit import verifiers
 
     records, rejected = verifiers.load_tasks(CASES / "tasks.jsonl")
     if rejected:
@@ -80,17 +80,17 @@ def load_cases() -> list[Case]:
 
 
 def _cache_file(model: str, ablation: str, style: str) -> Path:
-    from pipeline.prompts import TEMPLATE_VERSION
+    from tokencredit.pipeline.prompts import TEMPLATE_VERSION
 
     return CACHE / f"{model}-{ablation}-{style.replace('+', '_')}-{TEMPLATE_VERSION}.jsonl"
 
 
 def _item(tokenizer, case: Case, ablation: str, style: str, extra: tuple[str, str] | None = None):
     """(replay item, which sections point at the response) of a case, every reward replayed."""
-    import verifiers
-    from pipeline.credit.probe import response_ids
-    from pipeline.prompts import feedback_sections
-    from pipeline.credit.replay import build_replay_item
+    from tokencredit import verifiers
+    from tokencredit.pipeline.credit.probe import response_ids
+    from tokencredit.pipeline.prompts import feedback_sections
+    from tokencredit.pipeline.credit.replay import build_replay_item
 
     sections, points = feedback_sections(verifiers.verify(case.record, case.response), case.record.prompt, style)
     mask = [True] * len(sections)
@@ -111,9 +111,9 @@ def replay_cases(model: str, cases: list[Case], ablation: str, style: str, place
     """case id -> replay record (scores, spans, log-probs, JS, pointing sections; the placebo pair on dev).
 
     A cached record is reused when the case and the exact model input are unchanged."""
-    from pipeline.models.loading import load_policy, load_tokenizer
-    from pipeline.credit.replay import replay
-    from pipeline.tables import token_spans
+    from tokencredit.pipeline.models.loading import load_policy, load_tokenizer
+    from tokencredit.pipeline.credit.replay import replay
+    from tokencredit.pipeline.tables import token_spans
 
     tokenizer = load_tokenizer(None if model == "tiny" else model)
     path = _cache_file(model, ablation, style)
@@ -147,7 +147,7 @@ def replay_cases(model: str, cases: list[Case], ablation: str, style: str, place
 
 
 def verifiers_of(case: Case):
-    import verifiers
+    from tokencredit import verifiers
 
     return verifiers.verify(case.record, case.response)
 
@@ -160,7 +160,7 @@ def _key(case: Case) -> str:
 
 def _placebo(policy, tokenizer, case: Case, ablation: str, style: str) -> dict:
     """Log-probs and JS with and without one extra, content-free feedback section: the noise level."""
-    from pipeline.credit.replay import replay
+    from tokencredit.pipeline.credit.replay import replay
 
     item, _ = _item(tokenizer, case, ablation, style, extra=PLACEBO)
     (out,) = replay(policy, [item], js=True)
@@ -172,9 +172,9 @@ def _placebo(policy, tokenizer, case: Case, ablation: str, style: str) -> dict:
 
 
 def relevance_rows(row: dict, kind: str) -> torch.Tensor:
-    """[K, T] relevance of a cached replay, signs from the scores and pointing sections (as `pipeline.credit.probe`)."""
-    from pipeline.credit.relevance import relevance, signs
-    from pipeline.credit.replay import ReplayOutput
+    """[K, T] relevance of a cached replay, signs from the scores and pointing sections (as `tokencredit.pipeline.credit.probe`)."""
+    from tokencredit.pipeline.credit.relevance import relevance, signs
+    from tokencredit.pipeline.credit.replay import ReplayOutput
 
     replayed = ReplayOutput(torch.tensor(row["logprob_all"]), torch.tensor(row["logprob_drop"]), torch.tensor(row["js"]))
     advantage = torch.tensor([1.0 if s >= 1.0 else -1.0 for s in row["scores"]])
@@ -183,8 +183,8 @@ def relevance_rows(row: dict, kind: str) -> torch.Tensor:
 
 def placebo_means(rows: list[dict], kind: str) -> list[float]:
     """Mean relevance of each dev case's placebo pair (both signs for the signed option)."""
-    from pipeline.credit.relevance import relevance
-    from pipeline.credit.replay import ReplayOutput
+    from tokencredit.pipeline.credit.relevance import relevance
+    from tokencredit.pipeline.credit.replay import ReplayOutput
 
     means = []
     for row in rows:
@@ -231,7 +231,7 @@ def located(case: Case, row: dict, values: torch.Tensor, locate: str) -> tuple[t
     overlap them; `verifier` leaves the other rewards without signal, `both` keeps their replay values."""
     if locate == "replay":
         return values, [False] * values.shape[0]
-    from pipeline.credit.located import span_relevance
+    from tokencredit.pipeline.credit.located import span_relevance
 
     starts, ends = zip(*row["spans"]) if row["spans"] else ((), ())
     out = values.clone() if locate == "both" else torch.zeros_like(values)
@@ -244,7 +244,7 @@ def located(case: Case, row: dict, values: torch.Tensor, locate: str) -> tuple[t
 
 
 def case_metrics(case: Case, row: dict, kind: str, floor: float, tokenizer, locate: str = "replay") -> dict:
-    from pipeline.credit.relevance import apply_floor
+    from tokencredit.pipeline.credit.relevance import apply_floor
 
     values, floored = apply_floor(relevance_rows(row, kind), floor)
     values, hits = located(case, row, values, locate)
@@ -304,7 +304,7 @@ def run(models: list[str], quick: bool, ablations: tuple[str, ...] = ABLATIONS,
         cases = [c for i, c in enumerate(cases) if i % 8 == 0]
     table = []
     for model in models:
-        from pipeline.models.loading import load_tokenizer
+        from tokencredit.pipeline.models.loading import load_tokenizer
 
         tokenizer = load_tokenizer(None if model == "tiny" else model)
         for ablation in ablations:
@@ -363,7 +363,7 @@ def merged(table: list[dict]) -> list[dict]:
 
 
 def write_results_md(table: list[dict]) -> None:
-    from pipeline.credit.assign import CreditConfig
+    from tokencredit.pipeline.credit.assign import CreditConfig
 
     default = CreditConfig()
     lines = []

@@ -25,8 +25,8 @@ LOCATES = ("replay", "both")
 
 def annotate_once(args, locate: str) -> dict:
     """Seconds and replay statistics of one whole annotation of the demo set under `locate`."""
-    from pipeline.annotate import AnnotateConfig, run_annotation
-    from pipeline.config import CreditConfig, SamplingConfig
+    from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
+    from tokencredit.pipeline.config import CreditConfig, SamplingConfig
 
     config = AnnotateConfig(prompts="demo", limit=args.limit, model=args.model,
                             sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, seed=args.seed),

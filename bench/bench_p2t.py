@@ -19,8 +19,8 @@ TARGET = 3.5
 
 def demo_batch(tokenizer, n: int) -> tuple[list[list[int]], list[list[int]]]:
     """(prompt ids, response ids) of the first n demo records, cycling if there are fewer."""
-    import verifiers
-    from pipeline.prompts import sampling_prompt
+    from tokencredit import verifiers
+    from tokencredit.pipeline.prompts import sampling_prompt
 
     records, _ = verifiers.load_tasks("demo")
     chosen = [records[i % len(records)] for i in range(n)]
@@ -47,8 +47,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer responses and repeats")
     args = parser.parse_args()
 
-    from pipeline.models.loading import load_reward_model
-    from pipeline.credit.p2t import attribute
+    from tokencredit.pipeline.models.loading import load_reward_model
+    from tokencredit.pipeline.credit.p2t import attribute
 
     _, rm_path, note = model_paths()
     model, tokenizer = load_reward_model(rm_path)

@@ -42,8 +42,8 @@ START_TIMEOUT_S = 300  # a temporary server on a busy 2-core machine can take mi
 
 def child(mode: str) -> None:
     """Annotate in this process; prints {"checksum"} as its last line."""
-    from pipeline.annotate import AnnotateConfig, load_models, run_annotation
-    from pipeline.credit.assign import CreditConfig
+    from tokencredit.pipeline.annotate import AnnotateConfig, load_models, run_annotation
+    from tokencredit.pipeline.credit.assign import CreditConfig
 
     config = AnnotateConfig(limit=1, cpu_threads=1, credit=CreditConfig(kinds=("gdpo",)))
     load_models(config)
@@ -52,7 +52,7 @@ def child(mode: str) -> None:
         if mode == "plain":
             manifest = run_annotation(config, out, progress=False)
         else:
-            from flows.annotate import run_annotate_flow
+            from tokencredit.flows.annotate import run_annotate_flow
 
             manifest = run_annotate_flow(config, out, progress=False)
     finally:

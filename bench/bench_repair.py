@@ -4,10 +4,10 @@
 
 One prompt set is annotated once per `--locate` option (replay, verifier, both; the replay run also computes
 P2T), with the same sampling seed, so every option credits the same responses. For each failed (response,
-reward), the response is cut just before the token each credit penalizes most (`pipeline.repair.penalty_cut`;
+reward), the response is cut just before the token each credit penalizes most (`tokencredit.pipeline.repair.penalty_cut`;
 P2T: the response's lowest token reward), and the rest resampled `n` times; against that, a cut at a token
 drawn uniformly from the response (GDPO's uniform credit) and a resample of the whole response, with as many
-resamples. A resample repairs when it fixes the reward without lowering another (`pipeline.repair.is_repair`).
+resamples. A resample repairs when it fixes the reward without lowering another (`tokencredit.pipeline.repair.is_repair`).
 Every cut of a pair draws its resamples from the same seeds (common random numbers), so two credits that cut
 at the same token get the same resamples, computed once, and the comparison between cuts is paired.
 The annotated runs stay in `--work` (default `bench/.repair/`), so a stopped run resumes.
@@ -30,8 +30,8 @@ KINDS = ("replay", "verifier", "both", "p2t")
 
 
 def annotate(args, locate: str, out) -> str:
-    from pipeline.annotate import AnnotateConfig, run_annotation
-    from pipeline.config import CreditConfig, SamplingConfig
+    from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
+    from tokencredit.pipeline.config import CreditConfig, SamplingConfig
 
     kinds = ("gdpo", "mrtpo", "p2t") if locate == "replay" and with_p2t(args) else ("gdpo", "mrtpo")
     config = AnnotateConfig(prompts=args.prompts, tasks=tuple(args.tasks.split(",")), split=args.split,
@@ -52,7 +52,7 @@ def with_p2t(args) -> bool:
 
 def p2t_cuts(run: str, targets) -> list[int]:
     """The lowest P2T token reward of each target's response (P2T has one token reward for all rewards)."""
-    from pipeline.query import connect
+    from tokencredit.pipeline.query import connect
 
     lowest = dict(connect(run).execute(
         "SELECT response_id, list_position(p2t_reward, list_min(p2t_reward)) - 1 FROM responses "
@@ -64,7 +64,7 @@ def measure_cuts(sampler, tokenizer, targets, cuts: dict[str, list[int]], record
                  seed: int) -> dict[str, list[dict]]:
     """Per cut kind and target: repairs and resampled tokens. Each distinct (target, cut) is resampled once,
     with the target's seeds whatever the cut (common random numbers)."""
-    from pipeline.repair import is_repair, resample, verify_texts
+    from tokencredit.pipeline.repair import is_repair, resample, verify_texts
 
     distinct = sorted({(i, c[i]) for c in cuts.values() for i in range(len(targets))})
     print(f"resampling {len(distinct)} distinct cuts of {len(targets)} pairs x {n}", flush=True)
@@ -80,7 +80,7 @@ def measure_cuts(sampler, tokenizer, targets, cuts: dict[str, list[int]], record
 
 
 def family(target) -> str:
-    from verifiers import stored_reward
+    from tokencredit.verifiers import stored_reward
 
     return f"{target.task}/{stored_reward(target.task, target.reward_names[target.k])[0]}"
 
@@ -105,8 +105,8 @@ def rows_for(model: str, locate: str, targets, located, random_cut, full, n: int
 
 
 def run(args, out) -> list[dict]:
-    from pipeline.export import run_records
-    from pipeline.repair import failed_targets, load_sampler
+    from tokencredit.pipeline.export import run_records
+    from tokencredit.pipeline.repair import failed_targets, load_sampler
 
     runs = {locate: annotate(args, locate, out) for locate in ("replay", "verifier", "both")}
     sampler, tokenizer = load_sampler(args.model)
@@ -128,8 +128,8 @@ def run(args, out) -> list[dict]:
 
 
 def _sampling(run: str):
-    from pipeline.config import SamplingConfig
-    from pipeline.writer import run_files
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.writer import run_files
 
     settings = run_files(run).manifest["config"]["sampling"]
     return SamplingConfig(**{**settings, "stop": tuple(settings.get("stop") or ())})

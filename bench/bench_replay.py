@@ -38,9 +38,9 @@ TARGET_MODEL_ANNOTATION = 1.10
 
 def replay_items(tokenizer, verified, records, gate: bool):
     """ReplayItems of the ok responses; gate=False replays every (response, reward) pair."""
-    from pipeline.credit.advantages import group_has_variance
-    from pipeline.credit.assign import reward_tensors
-    from pipeline.credit.replay import build_replay_item
+    from tokencredit.pipeline.credit.advantages import group_has_variance
+    from tokencredit.pipeline.credit.assign import reward_tensors
+    from tokencredit.pipeline.credit.replay import build_replay_item
 
     ok = [v for v in verified if v.status == "ok"]
     rewards, mask, group = reward_tensors(ok)
@@ -84,9 +84,9 @@ def profile(fn, top: int = 18) -> str:
 def annotation_ratio(policy_path, rm_path, limit: int, repeats: int,
                      max_new_tokens: int = 96) -> tuple[dict[str, float], dict]:
     """Median seconds of run_annotation with and without MRTPO, and the MRTPO run's manifest stats."""
-    from pipeline.annotate import AnnotateConfig, load_models, run_annotation
-    from pipeline.credit.assign import CreditConfig
-    from pipeline.sampling import SamplingConfig
+    from tokencredit.pipeline.annotate import AnnotateConfig, load_models, run_annotation
+    from tokencredit.pipeline.credit.assign import CreditConfig
+    from tokencredit.pipeline.sampling import SamplingConfig
 
     base = AnnotateConfig(limit=limit, model=policy_path, reward_model=rm_path, cpu_threads=THREADS,
                           sampling=SamplingConfig(max_new_tokens=max_new_tokens))
@@ -155,10 +155,10 @@ def main() -> None:
     if args.model:
         return model_annotation_ratio(args.model, args.max_new_tokens, args.quick)
 
-    from pipeline.annotate import AnnotateConfig, load_prompt_set, verify_samples
-    from pipeline.models.loading import load_policy
-    from pipeline.credit.replay import ReplayStats, replay_distances
-    from pipeline.sampling import SamplingConfig, TransformersSampler
+    from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set, verify_samples
+    from tokencredit.pipeline.models.loading import load_policy
+    from tokencredit.pipeline.credit.replay import ReplayStats, replay_distances
+    from tokencredit.pipeline.sampling import SamplingConfig, TransformersSampler
 
     policy_path, rm_path, note = model_paths()
     model, tokenizer = load_policy(policy_path)

@@ -60,7 +60,7 @@ def model_gemm_rate(model, rows: int = 2048, repeats: int = 5) -> float:
 def replay_flops(model, items) -> float:
     """Model FLOPs of what `replay` forwards: each P_all with its response, each P_\\k from its first token
     that differs from P_all (the cached part is not recomputed), the LM head at the response positions."""
-    from pipeline.credit.replay import _common_length
+    from tokencredit.pipeline.credit.replay import _common_length
 
     config = model.config
     embed = model.get_input_embeddings().weight.numel()
@@ -79,11 +79,11 @@ def replay_flops(model, items) -> float:
 
 
 def smollm2_fraction(roofline: float, limit: int | None) -> dict:
-    import verifiers  # noqa: F401
+    from tokencredit import verifiers  # noqa: F401
     from bench_localization import _item, load_cases
 
-    from pipeline.models.loading import load_policy
-    from pipeline.credit.replay import ReplayStats, replay
+    from tokencredit.pipeline.models.loading import load_policy
+    from tokencredit.pipeline.credit.replay import ReplayStats, replay
 
     model, tokenizer = load_policy("smollm2-135m-instruct")
     items = [_item(tokenizer, c, "drop", "auto")[0] for c in load_cases()[:limit]]
@@ -102,7 +102,7 @@ def peak_memory(T: int, batch: int, vocab: int = 152_064) -> int:
     """Peak extra RSS of replaying `batch` responses of T tokens with a config-built Llama of `vocab`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline.credit.replay import ReplayItem, replay
+    from tokencredit.pipeline.credit.replay import ReplayItem, replay
 
     config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=T + 256)

@@ -23,7 +23,7 @@ FACTORS = (1, 4, 16)
 
 def config_for(prompts: int, policy_path, rm_path):
     """AnnotateConfig with `prompts` demo prompts spread over the tasks (limit per task)."""
-    from pipeline.annotate import AnnotateConfig, load_prompt_set
+    from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set
 
     tasks = sorted({r.task for r in load_prompt_set(AnnotateConfig(limit=None))[0]})
     if prompts % len(tasks):
@@ -33,7 +33,7 @@ def config_for(prompts: int, policy_path, rm_path):
 
 
 def child(prompts: int) -> None:
-    from pipeline.annotate import load_models, run_annotation
+    from tokencredit.pipeline.annotate import load_models, run_annotation
 
     policy_path, rm_path, _ = model_paths()
     config = config_for(prompts, policy_path, rm_path)

@@ -1,6 +1,6 @@
 """Annotation with 2 torch threads while another process keeps a core busy: OpenMP's default wait
 policy (threads spin while they wait for each other) against OMP_WAIT_POLICY=PASSIVE, which
-`import pipeline` sets unless the user did.
+`import tokencredit.pipeline` sets unless the user did.
 
     python bench/bench_threads.py [--quick]
 
@@ -26,13 +26,13 @@ SETTINGS = {"spinning": ("default", 2), "passive": ("PASSIVE", 2), "one thread":
 
 def child(policy: str, threads: int, limit: int) -> None:
     """Annotate in this process; prints {"seconds", "checksum"} as its last line."""
-    import pipeline  # noqa: F401 - sets OMP_WAIT_POLICY=PASSIVE unless it is set
+    from tokencredit import pipeline  # noqa: F401 - sets OMP_WAIT_POLICY=PASSIVE unless it is set
 
     if policy == "default":  # what OpenMP does without tokencredit's setting
         os.environ.pop("OMP_WAIT_POLICY", None)
     else:
         os.environ["OMP_WAIT_POLICY"] = policy
-    from pipeline.annotate import AnnotateConfig, load_models, run_annotation
+    from tokencredit.pipeline.annotate import AnnotateConfig, load_models, run_annotation
 
     config = AnnotateConfig(limit=limit, cpu_threads=threads)
     load_models(config)
@@ -86,7 +86,7 @@ def main() -> None:
         "Thread waiting under load (bench_threads.py)",
         "`run_annotation` with 2 torch threads while a busy loop holds one of the 2 cores (the machine was also "
         "shared with other jobs), OpenMP's default wait policy (spinning) against OMP_WAIT_POLICY=PASSIVE (set by "
-        "`import pipeline`), one thread for reference; fresh process per run, medians of interleaved runs.",
+        "`import tokencredit.pipeline`), one thread for reference; fresh process per run, medians of interleaved runs.",
         "quick" if args.quick else "full",
         f"{3 * limit} demo prompts x 4 samples (shipped tiny policy, GDPO + MRTPO); {repeats} reps, median",
         "; ".join(f"{name} {median[name]:.1f} s ({spans[name]})" for name in SETTINGS)

@@ -66,7 +66,7 @@ def log(message: str) -> None:
 
 
 def load_records(path: Path, split: str | None = None):
-    import verifiers
+    from tokencredit import verifiers
 
     records, rejected = verifiers.load_tasks(path)
     if rejected:
@@ -79,7 +79,7 @@ def load_records(path: Path, split: str | None = None):
 
 def score_samples(samples, by_id) -> dict[str, dict]:
     """Per prompt: mean reward of its samples and the pass rate (score 1) of each constraint kind."""
-    import verifiers
+    from tokencredit import verifiers
 
     per: dict[str, dict] = {}
     for s in samples:
@@ -95,7 +95,7 @@ def score_samples(samples, by_id) -> dict[str, dict]:
 def sample_and_score(policy, records, *, n: int, temperature: float, seed: int, max_new_tokens: int,
                      batch_size: int = 64) -> tuple[dict[str, dict], float, int]:
     """(per-prompt scores, seconds, tokens) of `n` samples per record; `policy` is (model, tokenizer, name)."""
-    from pipeline.sampling import SamplingConfig, TransformersSampler
+    from tokencredit.pipeline.sampling import SamplingConfig, TransformersSampler
 
     model, tokenizer, name = policy
     sampler = TransformersSampler(model, tokenizer, name, progress=False)
@@ -136,7 +136,7 @@ def mean_reward(per_prompt: dict[str, dict], ids=None) -> float:
 
 
 def cmd_pilot(args) -> None:
-    from pipeline.models.loading import load_policy
+    from tokencredit.pipeline.models.loading import load_policy
 
     records = load_records(PROMPTS / "pilot.jsonl")[: args.pilot_prompts]
     model, tokenizer = load_policy(args.model, device=args.device)
@@ -166,9 +166,9 @@ def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, pro
     (0 when the run is already complete: run_annotation resumes shard by shard)."""
     import torch
 
-    from pipeline.annotate import AnnotateConfig, run_annotation
-    from pipeline.credit.assign import CreditConfig
-    from pipeline.sampling import SamplingConfig
+    from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
+    from tokencredit.pipeline.credit.assign import CreditConfig
+    from tokencredit.pipeline.sampling import SamplingConfig
 
     if complete(out):  # a finished pool is kept as it is, whatever code wrote it (its manifest says which)
         return 0.0
@@ -193,7 +193,7 @@ def train_arm(method: str, data: Path, base: str | None, out: Path, seed: int, s
               lr: float | None = None, save_every: int | None = None) -> float:
     """LoRA training of one arm on a pool; checkpoints every `save_every` (default `args.eval_every`) steps;
     seconds taken."""
-    from pipeline.train.trainer import TrainConfig, train
+    from tokencredit.pipeline.train.trainer import TrainConfig, train
 
     objective, advantage = ("rs", None) if method == "rs" else ("pg", ADVANTAGES.get(method, method))
     start = time.perf_counter()
@@ -207,7 +207,7 @@ def lora_policy(base: str | None, adapter: Path, device: str = "cpu"):
     """(model, tokenizer) of `base` with the LoRA adapter in `adapter` merged in."""
     from peft import PeftModel
 
-    from pipeline.models.loading import load_policy
+    from tokencredit.pipeline.models.loading import load_policy
 
     model, tokenizer = load_policy(base, device=device)
     return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval(), tokenizer
@@ -257,7 +257,7 @@ def method_pool(method: str, args) -> Path:
 
 
 def cmd_offline(args) -> None:
-    from pipeline.models.loading import load_policy
+    from tokencredit.pipeline.models.loading import load_policy
 
     prompts = PROMPTS / "prompts.jsonl"
     held_out = load_records(prompts, "test")[: args.eval_prompts or None]
@@ -312,7 +312,7 @@ def adapter_difference(a: Path, b: Path) -> float:
 def cmd_dev(args) -> None:
     """One change per hypothesis, screened on train prompts outside the pool (the held-out ones are never
     used to choose): each variant of DEV_VARIANTS trained once (seed 0) and scored on `--dev-prompts`."""
-    from pipeline.models.loading import load_policy
+    from tokencredit.pipeline.models.loading import load_policy
 
     train = load_records(PROMPTS / "prompts.jsonl", "train")
     dev = train[-args.dev_prompts:]
@@ -351,7 +351,7 @@ def dev_rows(evals: dict[str, dict]) -> list[dict]:
 
 
 def passing(pool: Path) -> int:
-    from pipeline.query import connect
+    from tokencredit.pipeline.query import connect
 
     return connect(str(pool)).sql("SELECT count(*) FROM training WHERE passed_all").fetchall()[0][0]
 
@@ -374,7 +374,7 @@ def round_prompts(prompts: Path, round_: int, count: int) -> Path:
 def cmd_iterated(args) -> None:
     """Rounds of sample -> annotate -> train from each method's current policy; the methods take turns
     within a round, so a stopped run has both methods at the same round."""
-    from pipeline.models.loading import load_policy
+    from tokencredit.pipeline.models.loading import load_policy
 
     prompts = PROMPTS / "prompts.jsonl"
     held_out = load_records(prompts, "test")[: args.eval_prompts or None][:: args.round_eval_stride]
@@ -510,11 +510,11 @@ def arm_rows(evals: dict[str, dict], arm: str, decoding: str, model: str) -> lis
 
 def diagnose(pool: Path, records_path: Path) -> dict:
     """Where each credit puts a failed constraint's penalty, on a pool: per kind whose verifier says where the
-    violation is (`verifiers.instruction_spans`), the share of the reward's negative advantage mass on the
+    violation is (`tokencredit.verifiers.instruction_spans`), the share of the reward's negative advantage mass on the
     violating tokens (GDPO: their share of the tokens, which is also the chance that a uniformly drawn token
     lies there) and how often the reward's most penalized token under the pool's MRTPO lies there."""
-    from pipeline.query import connect
-    from verifiers.instruction_spans import spans_for
+    from tokencredit.pipeline.query import connect
+    from tokencredit.verifiers.instruction_spans import spans_for
 
     by_id = {r.id: r for r in load_records(records_path)}
     rows = connect(str(pool)).sql(
@@ -547,7 +547,7 @@ def pool_stats(pool: Path) -> dict:
     """How far MRTPO's token advantages move from GDPO's on the pool: the share of failed (response, reward)
     pairs whose replay fell under the noise floor (uniform weights), the share of response tokens whose
     advantage changes sign, and the mean |A_mrtpo - A_gdpo| over the mean |A_gdpo|."""
-    from pipeline.query import connect
+    from tokencredit.pipeline.query import connect
 
     db = connect(str(pool))
     floored = db.sql("SELECT avg(floored::INT) FROM (SELECT response_id, reward, bool_or(floored) AS floored "

@@ -199,9 +199,9 @@ def verdict(ok: bool) -> str:
 def model_paths() -> tuple[str | None, str | None, str]:
     """(policy path, reward-model path, description) for `AnnotateConfig(model=, reward_model=)`:
     the shipped tiny models (None means them); fails clearly when they are missing."""
-    from pipeline.models.loading import DEFAULT_POLICY, DEFAULT_REWARD_MODEL
+    from tokencredit.pipeline.models.loading import DEFAULT_POLICY, DEFAULT_REWARD_MODEL
 
     for folder in (DEFAULT_POLICY, DEFAULT_REWARD_MODEL):
         if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{folder} is missing: build it with `python -m pipeline.models.tiny all`")
+            raise FileNotFoundError(f"{folder} is missing: build it with `python -m tokencredit.pipeline.models.tiny all`")
     return None, None, "shipped tiny policy + reward model"

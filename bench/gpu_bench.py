@@ -61,7 +61,7 @@ def timed(fn, device: str, repeats: int) -> float:
 
 def random_items(n: int, prompt: int, section: int, k: int, response: int, vocab: int, seed: int = 0):
     """ReplayItems with every pair ungated: P_all = task + K sections + marker, P_\\k drops section k."""
-    from pipeline.credit.replay import ReplayItem
+    from tokencredit.pipeline.credit.replay import ReplayItem
 
     rng = random.Random(seed)
     ids = lambda m: [rng.randrange(2, vocab) for _ in range(m)]  # noqa: E731 - 0, 1 are pad and eos
@@ -79,7 +79,7 @@ def figure(seconds: float, tokens: int, params: int, peak: float) -> dict:
 
 
 def bench_replay(model, items, device, repeats, params, peak, batch_size=16) -> dict:
-    from pipeline.credit.replay import replay_distances
+    from tokencredit.pipeline.credit.replay import replay_distances
 
     seqs = [p + it.response_ids for it in items for p in [it.all_prompt_ids, *it.drop_prompt_ids]]
     seconds = timed(lambda: replay_distances(model, items, batch_size=batch_size, chunk_size=128), device, repeats)
@@ -101,7 +101,7 @@ def bench_replay(model, items, device, repeats, params, peak, batch_size=16) -> 
 
 
 def bench_p2t(rm, items, device, repeats, params, peak, batch_size=8) -> dict:
-    from pipeline.credit.p2t import attribute
+    from tokencredit.pipeline.credit.p2t import attribute
 
     prompts, responses = [it.all_prompt_ids for it in items], [it.response_ids for it in items]
     seconds = timed(lambda: attribute(rm, prompts, responses, batch_size=batch_size), device, repeats)

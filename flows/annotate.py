@@ -19,10 +19,10 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm.auto import tqdm
 
-from pipeline.annotate import (AnnotateConfig, annotate_shard, code_version, finish_run, load_models, prepare_run,
+from tokencredit.pipeline.annotate import (AnnotateConfig, annotate_shard, code_version, finish_run, load_models, prepare_run,
                                shard_bar)
-from pipeline.writer import RunWriter
-from schemas.records import TaskRecord
+from tokencredit.pipeline.writer import RunWriter
+from tokencredit.schemas.records import TaskRecord
 
 
 # Errors that say something about the input, the model or the code: a retry would fail the same way.

@@ -1,4 +1,4 @@
-"""Prefect flow: prefix repair (`pipeline.repair`) as shard tasks, like the annotate flow.
+"""Prefect flow: prefix repair (`tokencredit.pipeline.repair`) as shard tasks, like the annotate flow.
 
 Each shard of failed (response, reward) pairs is one Prefect task (resample -> verify -> keep the repairs ->
 write its part and marker); a re-run skips the shards whose marker matches their part file, so a killed run
@@ -14,8 +14,8 @@ from prefect.cache_policies import NONE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from pipeline.progress import Progress
-from pipeline.repair import RepairConfig, RepairJob, finish_repair, load_sampler, prepare_repair
+from tokencredit.pipeline.progress import Progress
+from tokencredit.pipeline.repair import RepairConfig, RepairJob, finish_repair, load_sampler, prepare_repair
 
 
 @functools.lru_cache(maxsize=2)
@@ -33,7 +33,7 @@ def repair_shard_task(job: RepairJob, shard: int, records: dict, refs: tuple, de
 def repair_flow(run: str, out: str, config: RepairConfig = RepairConfig(), device: str = "cpu",
                 progress: bool = True) -> dict[str, Any]:
     """Repair every failed pair of `run` not yet done under `out`; returns the summary (OUT/repair.json)."""
-    from pipeline.export import run_records
+    from tokencredit.pipeline.export import run_records
 
     logger = get_run_logger()
     job = prepare_repair(run, out, config)

@@ -1,9 +1,9 @@
 """Scheduled annotation: the annotate flow as a Prefect deployment on a cron schedule."""
 from __future__ import annotations
 
-from pipeline.annotate import AnnotateConfig
+from tokencredit.pipeline.annotate import AnnotateConfig
 
-from .annotate import annotate_flow
+from tokencredit.flows.annotate import annotate_flow
 
 
 def annotate_deployment(config: AnnotateConfig, out: str, cron: str, name: str = "nightly-annotate"):

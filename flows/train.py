@@ -6,10 +6,10 @@ from typing import Any
 
 from prefect import flow, task
 
-from pipeline.annotate import AnnotateConfig
-from pipeline.train.trainer import TrainConfig, train
+from tokencredit.pipeline.annotate import AnnotateConfig
+from tokencredit.pipeline.train.trainer import TrainConfig, train
 
-from .annotate import annotate_flow
+from tokencredit.flows.annotate import annotate_flow
 
 
 @task(name="train", retries=1, retry_delay_seconds=5)

@@ -12,13 +12,13 @@ os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 # waiting yields the core; the thread count, and so the dataset's bytes, do not change.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# Exported lazily: `import pipeline` (the CLI's start) must not import torch, which `pipeline.steps` needs.
+# Exported lazily: importing this package (the CLI's start) must not import torch, which `steps` needs.
 _LAZY = {"Pipeline": "steps", "AnnotateConfig": "config", "SamplingConfig": "config", "CreditConfig": "config"}
 
 
 def __getattr__(name: str):
     if name not in _LAZY:
-        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
     return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

@@ -19,10 +19,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from schemas import CREDITS, RESPONSES
+from tokencredit.schemas import CREDITS, RESPONSES
 
-from .query import SUMMARY_SQL
-from .writer import RunWriter
+from tokencredit.pipeline.query import SUMMARY_SQL
+from tokencredit.pipeline.writer import RunWriter
 
 TOP_K = 3
 

@@ -20,16 +20,16 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-import verifiers
-from schemas.records import AnnotatedResponse, RecordError, TaskRecord, VerifiedSample
-from verifiers.plugins import PluginRef, tasks_of
+from tokencredit import verifiers
+from tokencredit.schemas.records import AnnotatedResponse, RecordError, TaskRecord, VerifiedSample
+from tokencredit.verifiers.plugins import PluginRef, tasks_of
 
-from .bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
-from .config import AnnotateConfig
-from .credit.assign import assign_credit
-from .sampling import make_sampler
-from .tables import credits_table, responses_table
-from .writer import RunWriter
+from tokencredit.pipeline.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
+from tokencredit.pipeline.config import AnnotateConfig
+from tokencredit.pipeline.credit.assign import assign_credit
+from tokencredit.pipeline.sampling import make_sampler
+from tokencredit.pipeline.tables import credits_table, responses_table
+from tokencredit.pipeline.writer import RunWriter
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,11 +68,11 @@ def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[veri
 def prompt_fits(config: AnnotateConfig):
     """A load-time check: RecordError (field `prompt`) when the rendered prompt plus
     `max_new_tokens` does not fit the model's context (`max_position_embeddings`), or when the
-    chat template refuses the record. The template renders under a time bound (`pipeline.bounds`):
+    chat template refuses the record. The template renders under a time bound (`tokencredit.pipeline.bounds`):
     one that runs past it, or that Jinja's sandbox refuses, stops the run (ValueError)."""
     from jinja2.exceptions import TemplateError
 
-    from .models.loading import DEFAULT_POLICY, load_tokenizer, resolve_model_path
+    from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer, resolve_model_path
 
     model_config = json.loads((resolve_model_path(config.model, DEFAULT_POLICY) / "config.json").read_text())
     context = model_config.get("max_position_embeddings")
@@ -121,7 +121,7 @@ def load_models(config: AnnotateConfig) -> Models:
 @functools.lru_cache(maxsize=2)
 def _load_models(backend: str, model: str | None, reward_model: str | None, device: str, p2t: bool) -> Models:
     """Load once per process (a Dask worker loads its own copy); sampling and replay share the policy."""
-    from .models.loading import load_policy, load_reward_model
+    from tokencredit.pipeline.models.loading import load_policy, load_reward_model
 
     policy, tokenizer = load_policy(model, device=device)
     sampler = make_sampler(backend, model, device=device, policy=(policy, tokenizer))  # one copy of the weights
@@ -263,7 +263,7 @@ def open_run(config: AnnotateConfig, out: str, n_shards: int, rejected: Sequence
 def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Rejected]) -> dict[str, Any]:
     """After the last shard: the manifest, with GDPO's batch scale c and shift m over the whole run
     (the views apply them; recorded for provenance). Raises if a shard is missing."""
-    from .query import connect
+    from tokencredit.pipeline.query import connect
 
     scale, shift = connect(writer.out, allow_incomplete=True).execute(
         "SELECT any_value(gdpo_scale), any_value(gdpo_shift) FROM responses").fetchone()

@@ -1,6 +1,6 @@
 """Time bounds on code the pipeline runs but did not write: chat templates and verifiers.
 
-The annotate stage renders every prompt before any model loads (`pipeline.annotate.prompt_fits`:
+The annotate stage renders every prompt before any model loads (`tokencredit.pipeline.annotate.prompt_fits`:
 a record whose prompt plus `max_new_tokens` does not fit the model's context is rejected there);
 this module bounds the template's time while it does. Each verifier call (built-in or plugin)
 runs through a `BoundedCaller`, so one that hangs costs its response, not the run.
@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from schemas.records import TaskRecord
+from tokencredit.schemas.records import TaskRecord
 
 TEMPLATE_SECONDS = 5.0  # a real chat template renders in milliseconds
 _TEMPLATE_CODE = "<template>"  # the file name of the code Jinja compiles a template into
@@ -62,7 +62,7 @@ def render_bounded(tokenizer, record: TaskRecord, seconds: float = TEMPLATE_SECO
     """
     from jinja2.exceptions import SecurityError
 
-    from .sampling import render_prompt
+    from tokencredit.pipeline.sampling import render_prompt
 
     try:
         with template_time_limit(seconds):

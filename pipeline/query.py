@@ -17,9 +17,9 @@ from pathlib import Path
 import duckdb
 import pyarrow.dataset as ds
 
-from schemas import SCHEMA_VERSION, TABLES, views_sql
+from tokencredit.schemas import SCHEMA_VERSION, TABLES, views_sql
 
-from .writer import run_files
+from tokencredit.pipeline.writer import run_files
 
 SUMMARY_SQL = """
 SELECT task,

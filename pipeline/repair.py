@@ -30,11 +30,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from schemas.records import Sample, TaskRecord
+from tokencredit.schemas.records import Sample, TaskRecord
 
-from .config import SamplingConfig
-from .progress import Progress
-from .writer import _read_json, _sha256, _write_atomic, filesystem
+from tokencredit.pipeline.config import SamplingConfig
+from tokencredit.pipeline.progress import Progress
+from tokencredit.pipeline.writer import _read_json, _sha256, _write_atomic, filesystem
 
 PAIRS = pa.schema([
     pa.field("pair_id", pa.string(), nullable=False),  # RESPONSE_ID#K/J: reward k's j-th resample
@@ -121,7 +121,7 @@ def penalty_cut(advantage: Sequence[float]) -> int:
 
 def failed_targets(run: str, limit: int | None = None) -> list[Target]:
     """The failed (response, reward) pairs of a complete run with their cut, in response then reward order."""
-    from .query import connect
+    from tokencredit.pipeline.query import connect
 
     targets = []
     for row in connect(run).execute(FAILED_SQL).fetchall():
@@ -144,7 +144,7 @@ def resample(sampler, targets: Sequence[Target], cuts: Sequence[int], sampling: 
     """Per target, n suffixes sampled after prompt + y_<cut (ids), each at most max_new_tokens - cut long.
 
     Rows are batched by cut so that a batch decodes no further than its longest budget needs."""
-    from .sampling import row_seed
+    from tokencredit.pipeline.sampling import row_seed
 
     rows = sorted(((i, j) for i in range(len(targets)) for j in range(n)), key=lambda r: cuts[r[0]])
     out: list[list[list[int]]] = [[[] for _ in range(n)] for _ in targets]
@@ -163,7 +163,7 @@ def resample(sampler, targets: Sequence[Target], cuts: Sequence[int], sampling: 
 def verify_texts(targets: Sequence[Target], texts: Sequence[Sequence[str]], records: dict[str, TaskRecord],
                  refs, timeout_s: float) -> list[list[list[float] | None]]:
     """Scores per target and resample (None where the verifiers failed on it)."""
-    from .annotate import verify_samples
+    from tokencredit.pipeline.annotate import verify_samples
 
     samples = [Sample(f"{t.key}/{j}", t.group_id, t.task, t.prompt, list(t.prompt_token_ids), text, [], [], "", 0)
                for t, row in zip(targets, texts) for j, text in enumerate(row)]
@@ -179,7 +179,7 @@ def repair_shard(targets: Sequence[Target], records: dict[str, TaskRecord], samp
                  sampling: SamplingConfig, config: RepairConfig, refs=(), timeout_s: float = 5.0
                  ) -> tuple[pa.Table, dict[str, dict[str, int]]]:
     """Resample, verify and keep the repairs of one shard -> (PAIRS table, per-reward counts)."""
-    from verifiers import stored_reward
+    from tokencredit.verifiers import stored_reward
 
     cuts = [t.cut for t in targets]
     suffixes = resample(sampler, targets, cuts, sampling, config.n, config.seed, config.batch_size)
@@ -207,7 +207,7 @@ def repair_shard(targets: Sequence[Target], records: dict[str, TaskRecord], samp
 
 def _pair_row(t: Target, j: int, reward: str, index: int | None, text: str, ids: list[int], scores: list[float],
               tokenizer) -> dict[str, Any]:
-    from verifiers import stored_reward
+    from tokencredit.verifiers import stored_reward
 
     cut_char = len(tokenizer.decode(list(t.token_ids[:t.cut]), skip_special_tokens=True))
     return {"pair_id": f"{t.key}/{j}", "response_id": t.response_id, "group_id": t.group_id, "task": t.task,
@@ -308,7 +308,7 @@ class RepairJob:
 
 def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
     """Read the run (complete) and its failed pairs, record the config in OUT, and split the pairs into shards."""
-    from .writer import run_files
+    from tokencredit.pipeline.writer import run_files
 
     manifest = run_files(run).manifest  # IncompleteRunError for a run still being written
     settings = manifest["config"]
@@ -321,8 +321,8 @@ def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
 
 def load_sampler(model: str | None, device: str = "cpu"):
     """(sampler, tokenizer) of the run's policy: the transformers sampler, whose `generate` continues a prefix."""
-    from .models.loading import load_policy, model_name
-    from .sampling import TransformersSampler
+    from tokencredit.pipeline.models.loading import load_policy, model_name
+    from tokencredit.pipeline.sampling import TransformersSampler
 
     policy, tokenizer = load_policy(model, device=device)
     return TransformersSampler(policy, tokenizer, model_name(model), progress=False), tokenizer
@@ -340,7 +340,7 @@ def finish_repair(job: RepairJob, markers: Sequence[dict]) -> dict:
 def run_repair(run: str, out: str, config: RepairConfig = RepairConfig(), device: str = "cpu",
                progress: bool = True) -> dict:
     """Repair every failed pair of `run` not yet done under `out`, in this process; returns the summary."""
-    from .export import run_records
+    from tokencredit.pipeline.export import run_records
 
     job = prepare_repair(run, out, config)
     records, _, refs = run_records(run)

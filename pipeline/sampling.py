@@ -19,13 +19,13 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache
 
-from schemas.records import RecordError, Sample, TaskRecord
+from tokencredit.schemas.records import RecordError, Sample, TaskRecord
 
-from .config import SamplingConfig
-from .detokenize import StopChecker
-from .models.loading import cache_keyword, load_policy, model_name
-from .progress import Progress
-from .prompts import sampling_prompt
+from tokencredit.pipeline.config import SamplingConfig
+from tokencredit.pipeline.detokenize import StopChecker
+from tokencredit.pipeline.models.loading import cache_keyword, load_policy, model_name
+from tokencredit.pipeline.progress import Progress
+from tokencredit.pipeline.prompts import sampling_prompt
 
 BACKENDS = ("transformers", "vllm")
 
@@ -246,7 +246,7 @@ def make_sampler(backend: str, model_path: str | None = None, *, device: str = "
                                                  trust_remote_code=trust_remote_code)
         return TransformersSampler(model, tokenizer, model_name(model_path))
     if backend == "vllm":
-        from .vllm_backend import VllmSampler  # vllm is an optional GPU extra: import only when asked
+        from tokencredit.pipeline.vllm_backend import VllmSampler  # vllm is an optional GPU extra: import only when asked
 
         return VllmSampler(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
     raise ValueError(f"unknown sampling backend {backend!r}; choose from {', '.join(BACKENDS)}")

@@ -3,7 +3,7 @@
 Each step calls the function that `run_annotation` (the CLI's `tokencredit annotate`) calls for it,
 shard by shard (`config.shard_size` prompts, as the CLI splits them), so the steps one after the
 other write the same rows as `Pipeline.run` and the CLI. Each step takes and returns plain records
-(`schemas.records`), so one can be inspected, or replaced by a function of your own that returns
+(`tokencredit.schemas.records`), so one can be inspected, or replaced by a function of your own that returns
 the same type:
 
     pipe = Pipeline(AnnotateConfig(prompts="demo", limit=1))
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import verifiers
-from schemas.records import AnnotatedResponse, Sample, TaskRecord, VerifiedSample
+from tokencredit import verifiers
+from tokencredit.schemas.records import AnnotatedResponse, Sample, TaskRecord, VerifiedSample
 
-from .annotate import (Models, code_version, finish_run, load_models, load_prompt_set, open_run, run_annotation,
+from tokencredit.pipeline.annotate import (Models, code_version, finish_run, load_models, load_prompt_set, open_run, run_annotation,
                        shard_tables, shards_of, use_cpu_threads, verify_samples)
-from .config import AnnotateConfig
-from .credit.assign import assign_credit
+from tokencredit.pipeline.config import AnnotateConfig
+from tokencredit.pipeline.credit.assign import assign_credit
 
 
 @dataclass

@@ -5,11 +5,11 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-import verifiers
-from schemas import CREDITS, RESPONSES
-from schemas.records import AnnotatedResponse, TaskRecord
+from tokencredit import verifiers
+from tokencredit.schemas import CREDITS, RESPONSES
+from tokencredit.schemas.records import AnnotatedResponse, TaskRecord
 
-from .detokenize import CONTEXT_CHARS, WINDOW_TOKENS, decoded_tail
+from tokencredit.pipeline.detokenize import CONTEXT_CHARS, WINDOW_TOKENS, decoded_tail
 
 
 def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[int], list[int]]:

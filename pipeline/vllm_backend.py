@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.records import Sample, TaskRecord
+from tokencredit.schemas.records import Sample, TaskRecord
 
-from .detokenize import truncate_at_stop
-from .models.loading import DEFAULT_POLICY, load_tokenizer, model_name, resolve_model_path
-from .sampling import SamplingConfig, build_sample, check_records, render_prompt, row_seed
+from tokencredit.pipeline.detokenize import truncate_at_stop
+from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer, model_name, resolve_model_path
+from tokencredit.pipeline.sampling import SamplingConfig, build_sample, check_records, render_prompt, row_seed
 
 NEEDS_GPU = "the vllm backend needs the [gpu] extra and a CUDA device; use --backend transformers"
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from schemas import SCHEMA_VERSION, TABLES, with_version
+from tokencredit.schemas import SCHEMA_VERSION, TABLES, with_version
 
 MANIFEST = "manifest.json"
 SHARDS = "_shards"

@@ -91,7 +91,7 @@ def views_sql(sources: dict[str, str], gdpo: dict | None = None) -> str:
     options = {**BATCH_DEFAULTS, **{k: v for k, v in (gdpo or {}).items() if k in BATCH_DEFAULTS}}
     if options["batch"] not in ("std", "whiten", "none"):
         raise ValueError(f"GDPO batch step {options['batch']!r} is not one of std, whiten, none")
-    text = files("schemas").joinpath("views.sql").read_text()
+    text = files("tokencredit.schemas").joinpath("views.sql").read_text()
     text = text.replace("{batch}", options["batch"])
     text = text.replace("{batch_ddof}", str(int(options["batch_ddof"])))
     text = text.replace("{batch_eps}", repr(float(options["batch_eps"])))

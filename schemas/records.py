@@ -12,7 +12,7 @@ the rest depends on the task:
                    "reference_calls": [{"name": "...", "arguments": {...},
                                         "defaults": {...}, "alternatives": {...},
                                         "possible_answer": {...} (BFCL's, optional)}, ...]}
-    any other     a task of a plugin verifier (`verifiers.plugins`): every other field of
+    any other     a task of a plugin verifier (`tokencredit.verifiers.plugins`): every other field of
                   the line reaches the verifier in the record dict.
 
 `reference_response` is a correct response, optional (it trains the shipped tiny policy
@@ -52,7 +52,7 @@ class Constraint:
 class InstructionSpec:
     constraints: tuple[Constraint, ...]
     # "tokencredit" (the project's own checks, partial credit), "ifeval" or "ifeval-loose"
-    # (the IFEval reference's strict and loose checks); see `verifiers.instructions`
+    # (the IFEval reference's strict and loose checks); see `tokencredit.verifiers.instructions`
     semantics: str = "tokencredit"
 
 
@@ -62,7 +62,7 @@ class ToolCall:
     with that value), `alternatives[name]` lists further accepted values of an argument.
     `possible_answer` is BFCL's own answer {parameter: [accepted values, "" = may be left out]}
     where the call came from BFCL (`--format bfcl`): the `bfcl` semantics judges by it, since
-    BFCL reads it in ways the three fields above cannot say (see `verifiers.bfcl_rules`)."""
+    BFCL reads it in ways the three fields above cannot say (see `tokencredit.verifiers.bfcl_rules`)."""
 
     name: str
     arguments: dict[str, Any]
@@ -105,7 +105,7 @@ class RewardScore:
     reference query, the expected call, the constraint; never the response's own tokens), what it
     found in the response (`observed`: may quote the response) and, where the verifier can say where
     the response violates the reward, those characters (`spans`: [start, end) offsets into the response,
-    sorted, non-overlapping; `verifiers.spans`). Empty `spans`: the verifier does not say where."""
+    sorted, non-overlapping; `tokencredit.verifiers.spans`). Empty `spans`: the verifier does not say where."""
 
     name: str
     score: float

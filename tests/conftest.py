@@ -1,5 +1,5 @@
 """Shared pytest fixtures. Keep each fixture in its own delimited block."""
-import pipeline  # noqa: F401 - first: its thread settings must be in place before torch loads OpenMP
+from tokencredit import pipeline  # noqa: F401 - first: its thread settings must be in place before torch loads OpenMP
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM

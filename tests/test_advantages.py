@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from pipeline.credit.advantages import EPS, gdpo, group_has_variance, grpo
+from tokencredit.pipeline.credit.advantages import EPS, gdpo, group_has_variance, grpo
 
 
 # --- plain-Python reference, straight from method.md section 1 ---------------------------------
@@ -143,7 +143,7 @@ def test_bad_input_names_the_field():
 
 
 # --- options and presets ------------------------------------------------------------------------
-from pipeline.credit.advantages import PRESETS, GdpoOptions, batch_statistics, condition_on, preset  # noqa: E402
+from tokencredit.pipeline.credit.advantages import PRESETS, GdpoOptions, batch_statistics, condition_on, preset  # noqa: E402
 
 
 def sstd(xs):

@@ -7,9 +7,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import analysis
-from pipeline.query import connect
-from pipeline.writer import RunWriter
+from tokencredit.pipeline import analysis
+from tokencredit.pipeline.query import connect
+from tokencredit.pipeline.writer import RunWriter
 
 
 def _tables(out):

@@ -1,11 +1,11 @@
 """The annotate stage's verify step: a verifier that crashes marks its response failed, never drops it."""
 import dataclasses
 
-import verifiers
-from pipeline.annotate import verify_samples
-from pipeline.credit.assign import CreditConfig, assign_credit
-from pipeline.tables import responses_table
-from schemas.records import Sample
+from tokencredit import verifiers
+from tokencredit.pipeline.annotate import verify_samples
+from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
+from tokencredit.pipeline.tables import responses_table
+from tokencredit.schemas.records import Sample
 
 
 def sample(record, j: int, response: str) -> Sample:
@@ -37,8 +37,8 @@ def test_a_crashing_verifier_keeps_the_row_with_a_failed_status():
 # --- checked at load: prompt length, nothing to annotate --------------------------------------------
 import json  # noqa: E402
 
-from pipeline.annotate import AnnotateConfig, load_prompt_set  # noqa: E402
-from pipeline.cli import main  # noqa: E402
+from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set  # noqa: E402
+from tokencredit.pipeline.cli import main  # noqa: E402
 
 
 def write_prompts(path, lines):

@@ -14,11 +14,11 @@ import pyarrow.dataset as ds
 import pytest
 from jinja2.exceptions import TemplateError
 
-from pipeline.annotate import load_prompt_set
-from pipeline.bounds import render_bounded
-from pipeline.config import AnnotateConfig
-from pipeline.models.loading import DEFAULT_POLICY, load_tokenizer
-from schemas.records import InstructionSpec, TaskRecord
+from tokencredit.pipeline.annotate import load_prompt_set
+from tokencredit.pipeline.bounds import render_bounded
+from tokencredit.pipeline.config import AnnotateConfig
+from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer
+from tokencredit.schemas.records import InstructionSpec, TaskRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x"
@@ -39,7 +39,7 @@ def policy_with_template(folder: Path, template: str) -> Path:
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """The CLI in a child process, reporting its peak resident memory (KiB) on the last stderr line."""
-    code = ("import resource, sys; from pipeline.cli import main; rc = main(sys.argv[1:]); "
+    code = ("import resource, sys; from tokencredit.pipeline.cli import main; rc = main(sys.argv[1:]); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
@@ -125,7 +125,7 @@ def test_a_bad_template_stops_the_run_with_one_line(tmp_path, template, message)
 def test_a_user_error_inside_the_prefect_flow_is_one_line_without_traceback(tmp_path):
     """A reward model whose tokenizer is not the policy's is found where the shard loads its models,
     inside a Prefect task: the error is still one line, with no traceback from Prefect's log."""
-    from pipeline.models.loading import DEFAULT_REWARD_MODEL
+    from tokencredit.pipeline.models.loading import DEFAULT_REWARD_MODEL
 
     rm = tmp_path / "reward-model"
     shutil.copytree(DEFAULT_REWARD_MODEL, rm)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli
-from pipeline.cli import main
+from tokencredit.pipeline import cli
+from tokencredit.pipeline.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,12 +21,12 @@ def python(code: str, env: dict | None = None, timeout: float = 600) -> subproce
 
 
 def test_the_cli_starts_without_torch_transformers_prefect_or_duckdb():
-    code = ("import sys; from pipeline import cli; cli.build_parser().format_help(); "
+    code = ("import sys; from tokencredit.pipeline import cli; cli.build_parser().format_help(); "
             "print([m for m in ('torch', 'transformers', 'prefect', 'duckdb') if m in sys.modules])")
     done = python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
-    assert python("from pipeline.cli import main; main(['--help'])").returncode == 0
+    assert python("from tokencredit.pipeline.cli import main; main(['--help'])").returncode == 0
 
 
 def test_help_shows_the_defaults(capsys):
@@ -85,7 +85,7 @@ def test_prefect_start_timeout_is_set_unless_the_user_set_one(monkeypatch):
 def test_a_temporary_server_that_does_not_start_says_what_to_do(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PYTHONPATH=str(ROOT), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0")
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "annotate", "--out", str(tmp_path / "run"),
+    done = subprocess.run([sys.executable, "-m", "tokencredit.pipeline.cli", "annotate", "--out", str(tmp_path / "run"),
                            "--limit", "1", "--n", "2", "--tasks", "tools"], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]
@@ -99,8 +99,8 @@ def test_a_deterministic_shard_error_is_not_retried(prefect_harness, tmp_path):
     import torch
     from prefect.client.orchestration import get_client
 
-    from flows.annotate import run_annotate_flow
-    from pipeline.config import AnnotateConfig, SamplingConfig
+    from tokencredit.flows.annotate import run_annotate_flow
+    from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA (the shard fails moving the model to 'cuda')")
@@ -117,7 +117,7 @@ def test_a_deterministic_shard_error_is_not_retried(prefect_harness, tmp_path):
 def test_only_transient_errors_are_retried():
     from prefect.states import Failed
 
-    from flows.annotate import annotate_shard_task, is_transient
+    from tokencredit.flows.annotate import annotate_shard_task, is_transient
 
     assert annotate_shard_task.retry_condition_fn is is_transient and annotate_shard_task.retries == 2
     for error in (ConnectionResetError("peer"), TimeoutError("slow"), OSError(5, "I/O error")):
@@ -135,7 +135,7 @@ def test_cli_errors_name_the_flag_in_one_line(capsys):
 
 
 def test_limit_is_16_per_task_of_the_demo_and_every_record_of_a_users_file(tmp_path):
-    from pipeline.annotate import load_prompt_set
+    from tokencredit.pipeline.annotate import load_prompt_set
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(f'{{"id": "h{i}", "task": "haiku", "prompt": "Write a haiku."}}\n' for i in range(20)))

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import closed_loop  # noqa: E402
 
-import verifiers  # noqa: E402
+from tokencredit import verifiers  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("closed_loop_prompts",
                                                ROOT / "bench" / "closed_loop_prompts" / "build.py")

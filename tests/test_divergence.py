@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
-from pipeline.credit.divergence import js_divergence, js_divergence_naive
+from tokencredit.pipeline.credit.divergence import js_divergence, js_divergence_naive
 
 V = 97
 

@@ -5,9 +5,9 @@ import textwrap
 
 import pytest
 
-import pipeline.export
-import verifiers
-from pipeline.export import export_hf, export_verl, ground_truth, record_from_json, record_json
+from tokencredit.pipeline import export as export_module
+from tokencredit import verifiers
+from tokencredit.pipeline.export import export_hf, export_verl, ground_truth, record_from_json, record_json
 from tests.test_train import RESPONSES_SPEC, response_rows, write_run
 
 DEMO = {r.task: r for r in verifiers.load_tasks("demo")[0]}  # one record per task
@@ -16,7 +16,7 @@ GROUPS = [DEMO["sql"], DEMO["tools"], DEMO["instructions"]]  # RESPONSES_SPEC's 
 
 def docstring_snippet(first_line):
     """The indented code block of pipeline.export's docstring that starts with `first_line`."""
-    block = re.search(rf"\n(    {re.escape(first_line)}\n(?:    .+\n)*)", pipeline.export.__doc__)
+    block = re.search(rf"\n(    {re.escape(first_line)}\n(?:    .+\n)*)", export_module.__doc__)
     return textwrap.dedent(block.group(1))
 
 
@@ -88,8 +88,8 @@ def test_hf_export_of_a_real_run_carries_rewards_by_name_and_token_texts(tmp_pat
     import datasets
     import pyarrow.dataset as pads
 
-    from pipeline.annotate import AnnotateConfig, run_annotation
-    from pipeline.sampling import SamplingConfig
+    from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
+    from tokencredit.pipeline.sampling import SamplingConfig
 
     out = tmp_path / "run"
     run_annotation(AnnotateConfig(limit=1, tasks=("sql",), sampling=SamplingConfig(n=3, max_new_tokens=16, seed=1)),

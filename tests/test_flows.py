@@ -12,11 +12,11 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from flows.annotate import run_annotate_flow
-from pipeline.annotate import AnnotateConfig, run_annotation
-from pipeline.cli import main
-from pipeline.credit.assign import CreditConfig
-from pipeline.sampling import SamplingConfig
+from tokencredit.flows.annotate import run_annotate_flow
+from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
+from tokencredit.pipeline.cli import main
+from tokencredit.pipeline.credit.assign import CreditConfig
+from tokencredit.pipeline.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_killed_run_resumes_without_duplicates_or_gaps(prefect_harness, tmp_path
     env = {**os.environ, "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "")}
     # its own process group: the kill takes the run and its temporary Prefect server down together, as a
     # crash of the job would (killing the CLI alone leaves that server running after the test)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env, start_new_session=True,
+    proc = subprocess.Popen([sys.executable, "-m", "tokencredit.pipeline.cli", *args], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while len(list((out / "_shards").glob("*.json"))) < 2 and time.time() < deadline and proc.poll() is None:
@@ -110,8 +110,8 @@ def test_bad_records_are_rejected_and_the_rest_annotated(prefect_harness, tmp_pa
 
 
 def test_pipeline_flow_annotates_then_trains_from_that_run(prefect_harness, tmp_path):
-    from flows.train import pipeline_flow
-    from pipeline.train.trainer import TrainConfig
+    from tokencredit.flows.train import pipeline_flow
+    from tokencredit.pipeline.train.trainer import TrainConfig
 
     config = TrainConfig(data=str(tmp_path / "run"), out=str(tmp_path / "ckpt"), advantage="mrtpo", steps=2,
                          batch_size=4, save_every=2)
@@ -124,7 +124,7 @@ def test_pipeline_flow_annotates_then_trains_from_that_run(prefect_harness, tmp_
 
 
 def test_nightly_deployment_runs_the_annotate_flow_on_its_cron_into_dated_folders(tmp_path):
-    from flows.schedule import annotate_deployment
+    from tokencredit.flows.schedule import annotate_deployment
 
     deployment = annotate_deployment(SMALL, str(tmp_path / "nightly"), "0 3 * * *")
     assert deployment.flow_name == "annotate"

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import verifiers
-from schemas.records import Constraint, RecordError, ToolCall
-from verifiers import tools
-from verifiers.tasks import load_tasks
+from tokencredit import verifiers
+from tokencredit.schemas.records import Constraint, RecordError, ToolCall
+from tokencredit.verifiers import tools
+from tokencredit.verifiers.tasks import load_tasks
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import verifiers
-from schemas.records import Constraint, InstructionSpec, TaskRecord
-from verifiers import ifeval
-from verifiers.checkers import CHECKERS
+from tokencredit import verifiers
+from tokencredit.schemas.records import Constraint, InstructionSpec, TaskRecord
+from tokencredit.verifiers import ifeval
+from tokencredit.verifiers.checkers import CHECKERS
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 

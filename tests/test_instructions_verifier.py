@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from schemas.records import Constraint, InstructionSpec, RecordError, SqlSpec, TaskRecord
-from verifiers import checkers, instructions
-from verifiers.demo import build_instructions
+from tokencredit.schemas.records import Constraint, InstructionSpec, RecordError, SqlSpec, TaskRecord
+from tokencredit.verifiers import checkers, instructions
+from tokencredit.verifiers.demo import build_instructions
 
 
 def record(*constraints: tuple[str, dict], record_id: str = "inst-test") -> TaskRecord:
@@ -211,7 +211,7 @@ def test_demo_file_is_current_and_every_reference_scores_one():
 
 
 def test_demo_loads_through_the_task_loader():
-    from verifiers.tasks import load_tasks
+    from tokencredit.verifiers.tasks import load_tasks
 
     records, rejected = load_tasks(build_instructions.OUT_JSONL)
     assert not rejected and len(records) == 200

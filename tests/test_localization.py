@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-import verifiers
-from pipeline.credit.assign import CreditConfig
-from pipeline.models.loading import load_policy
-from pipeline.credit.probe import replay_one
+from tokencredit import verifiers
+from tokencredit.pipeline.credit.assign import CreditConfig
+from tokencredit.pipeline.models.loading import load_policy
+from tokencredit.pipeline.credit.probe import replay_one
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import verifiers
+from tokencredit import verifiers
 
 HERE = Path(__file__).resolve().parent.parent / "bench" / "localization"
 

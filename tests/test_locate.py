@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.annotate import AnnotateConfig, run_annotation, verify_samples
-from pipeline.credit.assign import CreditConfig, assign_credit
-from pipeline.models.loading import load_policy
-from pipeline.query import connect
-from pipeline.sampling import SamplingConfig, render_prompt
-from pipeline.tables import token_spans
-from schemas.records import Constraint, InstructionSpec, Sample, TaskRecord
+from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation, verify_samples
+from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
+from tokencredit.pipeline.models.loading import load_policy
+from tokencredit.pipeline.query import connect
+from tokencredit.pipeline.sampling import SamplingConfig, render_prompt
+from tokencredit.pipeline.tables import token_spans
+from tokencredit.schemas.records import Constraint, InstructionSpec, Sample, TaskRecord
 
 RESPONSES = ["Rain falls, then, it stops", "Rain falls and then it stops", "Rain, falls and it stops now",
              "Rain falls softly and stops"]

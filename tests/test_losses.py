@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline.train.losses import IGNORE_INDEX, token_weighted_sft_loss
+from tokencredit.pipeline.train.losses import IGNORE_INDEX, token_weighted_sft_loss
 
 
 def tiny_llama(seed=0):

@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
-from pipeline.models.loading import DEFAULT_POLICY, DEFAULT_REWARD_MODEL, load_policy, load_reward_model, resolve_model_path
+from tokencredit.pipeline.models.loading import DEFAULT_POLICY, DEFAULT_REWARD_MODEL, load_policy, load_reward_model, resolve_model_path
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 
@@ -103,7 +103,7 @@ def test_reward_model_with_several_labels_is_refused(tmp_path):
 
 
 def test_default_models_live_inside_the_package():
-    package = Path(str(importlib.resources.files("pipeline")))
+    package = Path(str(importlib.resources.files("tokencredit.pipeline")))
     assert DEFAULT_POLICY == package / "models" / "tiny-policy"
     assert DEFAULT_REWARD_MODEL == package / "models" / "tiny-rm"
 

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from pipeline.credit.advantages import gdpo
-from pipeline.credit.mrtpo import (constrain_second_moment, mrtpo_advantages, reallocate, replay_weights,
+from tokencredit.pipeline.credit.advantages import gdpo
+from tokencredit.pipeline.credit.mrtpo import (constrain_second_moment, mrtpo_advantages, reallocate, replay_weights,
                             smoothstep_beta, total_token_advantage)
 
 

@@ -8,7 +8,7 @@ from scipy.special import softmax
 from torch import nn
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
-from pipeline.credit.p2t import (
+from tokencredit.pipeline.credit.p2t import (
     P2TStats,
     attribute,
     is_near_flat,

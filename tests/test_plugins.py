@@ -13,10 +13,10 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-import verifiers
-from pipeline.annotate import AnnotateConfig, verify_samples
-from schemas.records import PluginSpec, RewardScore, Sample, TaskRecord
-from verifiers import plugins
+from tokencredit import verifiers
+from tokencredit.pipeline.annotate import AnnotateConfig, verify_samples
+from tokencredit.schemas.records import PluginSpec, RewardScore, Sample, TaskRecord
+from tokencredit.verifiers import plugins
 
 ROOT = Path(__file__).resolve().parents[1]
 HAIKU = '''
@@ -180,7 +180,7 @@ def test_a_plugin_that_hangs_on_one_record_is_bounded_through_the_cli(tmp_path):
     prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "A haiku.", "topic": "sea"}\n'
                        '{"id": "h2", "task": "haiku", "prompt": "A haiku.", "topic": "snow"}\n')
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "annotate", "--out", str(tmp_path / "out"), "--prompts", str(prompts),
+        [sys.executable, "-m", "tokencredit.pipeline.cli", "annotate", "--out", str(tmp_path / "out"), "--prompts", str(prompts),
          "--runner", "none", "--verifier", f"haiku={tmp_path / 'haiku.py'}:haiku", "--verifier-timeout", "1",
          "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
@@ -229,9 +229,9 @@ def test_the_source_hash_is_part_of_the_dataset_identity_and_a_changed_source_is
 
 @pytest.mark.slow
 def test_a_file_plugin_runs_in_dask_workers_and_writes_what_the_threads_runner_writes(prefect_harness, tmp_path):
-    from flows.annotate import run_annotate_flow
-    from pipeline.credit.assign import CreditConfig
-    from pipeline.sampling import SamplingConfig
+    from tokencredit.flows.annotate import run_annotate_flow
+    from tokencredit.pipeline.credit.assign import CreditConfig
+    from tokencredit.pipeline.sampling import SamplingConfig
 
     (tmp_path / "haiku.py").write_text(HAIKU)
     prompts = tmp_path / "haiku.jsonl"
@@ -254,7 +254,7 @@ def crashing(record, response):
 
 @pytest.mark.slow
 def test_a_run_where_every_response_is_a_verifier_error_exits_2_with_one_line(tmp_path, capsys):
-    from pipeline.cli import main
+    from tokencredit.pipeline.cli import main
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku."}\n')
@@ -267,7 +267,7 @@ def test_a_run_where_every_response_is_a_verifier_error_exits_2_with_one_line(tm
 
 
 TRL_REWARDS = '''
-from verifiers.trl_rewards import trl_verifier
+from tokencredit.verifiers.trl_rewards import trl_verifier
 
 
 def newline_reward(completions, **kwargs):  # TRL's signature: a batch of completions, dataset columns as lists
@@ -279,7 +279,7 @@ lines = trl_verifier(newline_reward, feedback=lambda record: f"Write {record['li
 
 
 def test_a_trl_reward_function_is_a_verifier_in_annotate(tmp_path, capsys):
-    from pipeline.cli import main
+    from tokencredit.pipeline.cli import main
 
     (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
     prompts = tmp_path / "p.jsonl"
@@ -300,7 +300,7 @@ def test_a_trl_reward_function_is_a_verifier_in_annotate(tmp_path, capsys):
 @pytest.mark.parametrize("returned,problem", [("[1.0, 2.0]", "expected a list of one number"),
                                               ("[float('nan')]", "expected a list of one number")])
 def test_a_trl_reward_function_returning_no_single_number_is_named(tmp_path, returned, problem):
-    (tmp_path / "bad.py").write_text("from verifiers.trl_rewards import trl_verifier\n"
+    (tmp_path / "bad.py").write_text("from tokencredit.verifiers.trl_rewards import trl_verifier\n"
                                      f"def odd_reward(completions, **kwargs):\n    return {returned}\n"
                                      "odd = trl_verifier(odd_reward, feedback='Anything.')\n")
     (ref,) = plugins.resolve([f"haiku={tmp_path / 'bad.py'}:odd"])

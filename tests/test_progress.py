@@ -7,11 +7,11 @@ import re
 import select
 import time
 
-import verifiers
-from pipeline.annotate import annotate_shard, load_models
-from pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
-from pipeline.progress import Progress
-from pipeline.credit.replay import ReplayItem, ReplayStats, replay_distances
+from tokencredit import verifiers
+from tokencredit.pipeline.annotate import annotate_shard, load_models
+from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
+from tokencredit.pipeline.progress import Progress
+from tokencredit.pipeline.credit.replay import ReplayItem, ReplayStats, replay_distances
 
 LINE = re.compile(r"^(sampling|replay|p2t): ([\d,]+)/([\d,]+) (responses|tokens)(, ([\d,]+) tokens)?, "
                   r"([\d,]+) tokens/s, \d+ s$")

@@ -3,11 +3,11 @@ pointing sections of `feedback_sections`, and the MRTPO invariants under every o
 import pytest
 import torch
 
-from pipeline.credit.mrtpo import mrtpo_advantages
-from pipeline.prompts import feedback_sections, feedback_text
-from pipeline.credit.relevance import RELEVANCES, apply_floor, relevance, signs
-from pipeline.credit.replay import ReplayOutput
-from schemas.records import RewardScore
+from tokencredit.pipeline.credit.mrtpo import mrtpo_advantages
+from tokencredit.pipeline.prompts import feedback_sections, feedback_text
+from tokencredit.pipeline.credit.relevance import RELEVANCES, apply_floor, relevance, signs
+from tokencredit.pipeline.credit.replay import ReplayOutput
+from tokencredit.schemas.records import RewardScore
 
 
 def replayed(seed=0, K=3, T=9):

@@ -9,12 +9,12 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-import verifiers
-from pipeline.annotate import AnnotateConfig, run_annotation
-from pipeline.cli import main
-from pipeline.export import run_records
-from pipeline.repair import PAIRS, RepairConfig, is_repair, penalty_cut, run_repair
-from pipeline.sampling import SamplingConfig
+from tokencredit import verifiers
+from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
+from tokencredit.pipeline.cli import main
+from tokencredit.pipeline.export import run_records
+from tokencredit.pipeline.repair import PAIRS, RepairConfig, is_repair, penalty_cut, run_repair
+from tokencredit.pipeline.sampling import SamplingConfig
 
 CONFIG = RepairConfig(n=3, shard_size=4, seed=1)
 
@@ -90,7 +90,7 @@ def test_a_killed_repair_resumes_to_the_same_pairs(run, repaired, tmp_path):
 
 
 def test_the_prefect_flow_writes_the_same_pairs(run, repaired, tmp_path, prefect_harness):
-    from flows.repair import run_repair_flow
+    from tokencredit.flows.repair import run_repair_flow
 
     summary = run_repair_flow(str(run), str(tmp_path / "flow"), CONFIG, progress=False)
     assert summary["pairs_written"] == len(pairs(repaired))
@@ -102,7 +102,7 @@ def test_the_pairs_train_one_step_of_trl_dpo(repaired, tmp_path):
     trl = pytest.importorskip("trl")
     import torch
 
-    from pipeline.models.loading import load_policy
+    from tokencredit.pipeline.models.loading import load_policy
 
     data = datasets.load_dataset("parquet", data_files=sorted(map(str, (repaired / "pairs").glob("part-*.parquet"))),
                                  split="train")

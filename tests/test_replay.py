@@ -10,9 +10,9 @@ import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-import pipeline.credit.replay as replay_module
-from pipeline.prompts import NULL_FILLER, prompt_frame, replay_prompt, sampling_prompt
-from pipeline.credit.replay import ReplayItem, ReplayStats, build_replay_item, replay, replay_distances, shared_prefix_length
+import tokencredit.pipeline.credit.replay as replay_module
+from tokencredit.pipeline.prompts import NULL_FILLER, prompt_frame, replay_prompt, sampling_prompt
+from tokencredit.pipeline.credit.replay import ReplayItem, ReplayStats, build_replay_item, replay, replay_distances, shared_prefix_length
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")

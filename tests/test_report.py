@@ -7,11 +7,11 @@ import subprocess
 import pyarrow as pa
 import pytest
 
-from pipeline import analysis
-from pipeline.cli import main
-from pipeline.query import connect
-from pipeline.report import shade, token_texts, write_report
-from pipeline.writer import RunWriter
+from tokencredit.pipeline import analysis
+from tokencredit.pipeline.cli import main
+from tokencredit.pipeline.query import connect
+from tokencredit.pipeline.report import shade, token_texts, write_report
+from tokencredit.pipeline.writer import RunWriter
 from tests.test_analysis import _tables
 
 CHROMIUM = shutil.which("chromium")  # Debian package `chromium`

@@ -13,10 +13,10 @@ import pytest
 import torch
 from scipy import stats
 
-from pipeline.models.loading import load_policy
-from pipeline.prompts import sampling_prompt
-from pipeline.sampling import SamplingConfig, TransformersSampler, choose_tokens, make_sampler
-from schemas.records import RecordError, SqlSpec, TaskRecord
+from tokencredit.pipeline.models.loading import load_policy
+from tokencredit.pipeline.prompts import sampling_prompt
+from tokencredit.pipeline.sampling import SamplingConfig, TransformersSampler, choose_tokens, make_sampler
+from tokencredit.schemas.records import RecordError, SqlSpec, TaskRecord
 from tests.test_models import save_tiny_policy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,9 +192,9 @@ def test_bad_records_and_configs_are_named(sampler):
 
 
 def test_cpu_path_never_imports_vllm(policy_dir):
-    code = ("import sys; from pipeline.sampling import make_sampler, SamplingConfig; from tests.test_sampling import "
+    code = ("import sys; from tokencredit.pipeline.sampling import make_sampler, SamplingConfig; from tests.test_sampling import "
             f"RECORDS; make_sampler('transformers', {str(policy_dir)!r}).sample(RECORDS[:1], SamplingConfig(n=1, "
-            "max_new_tokens=2)); assert 'pipeline.sampling' in sys.modules and 'vllm' not in sys.modules")
+            "max_new_tokens=2)); assert 'tokencredit.pipeline.sampling' in sys.modules and 'vllm' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from pipeline.annotate import AnnotateConfig, annotate_shard, load_models, load_prompt_set, prepare_run
-from pipeline.credit.assign import CreditConfig
-from pipeline.models.loading import load_policy
-from pipeline.models.registry import is_pulled
-from pipeline.sampling import TOP_K, SamplingConfig, TransformersSampler, _choose_in_top_k, choose_tokens, left_pad
+from tokencredit.pipeline.annotate import AnnotateConfig, annotate_shard, load_models, load_prompt_set, prepare_run
+from tokencredit.pipeline.credit.assign import CreditConfig
+from tokencredit.pipeline.models.loading import load_policy
+from tokencredit.pipeline.models.registry import is_pulled
+from tokencredit.pipeline.sampling import TOP_K, SamplingConfig, TransformersSampler, _choose_in_top_k, choose_tokens, left_pad
 
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -159,7 +159,7 @@ def test_one_row_batches_write_the_reference_dataset_byte_for_byte(tmp_path, mon
                             sampling=SamplingConfig(n=1, batch_size=1, max_new_tokens=48, top_p=0.95,
                                                     stop=("</sql>", "\n\n")))
     fast = annotated_checksum(config, TransformersSampler, tmp_path / "fast")
-    monkeypatch.setattr("pipeline.tables.token_spans", prefix_token_spans)
+    monkeypatch.setattr("tokencredit.pipeline.tables.token_spans", prefix_token_spans)
     assert fast == annotated_checksum(config, ReferenceSampler, tmp_path / "plain")
 
 

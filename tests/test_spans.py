@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-import verifiers
-from schemas.records import Constraint, InstructionSpec, PluginSpec, SqlSpec, TaskRecord, ToolCall, ToolSpec
-from verifiers import instructions, plugins, spans, sql, tools
+from tokencredit import verifiers
+from tokencredit.schemas.records import Constraint, InstructionSpec, PluginSpec, SqlSpec, TaskRecord, ToolCall, ToolSpec
+from tokencredit.verifiers import instructions, plugins, spans, sql, tools
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]}}

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas.records import RecordError, SqlSpec, TaskRecord
-from verifiers import sandbox, sql
-from verifiers.tasks import load_tasks
+from tokencredit.schemas.records import RecordError, SqlSpec, TaskRecord
+from tokencredit.verifiers import sandbox, sql
+from tokencredit.verifiers.tasks import load_tasks
 
 SINGERS = [(1, "Ann", 30, 1.5), (2, "Bob", 25, None), (3, "Cid", 30, 2.25), (4, "Dee", 41, 0.5)]
 
@@ -269,8 +269,8 @@ def cte_chain(depth: int) -> str:
 
 CTE_PROBE = """
 import resource, sys, time
-from verifiers import sandbox, sql
-from schemas.records import SqlSpec, TaskRecord
+from tokencredit.verifiers import sandbox, sql
+from tokencredit.schemas.records import SqlSpec, TaskRecord
 from tests.test_sql_verifier import cte_chain
 record = TaskRecord("q", "sql", "Question?", None, SqlSpec(sys.argv[1], "SELECT 1"))
 mib = lambda who: resource.getrusage(who).ru_maxrss / 1024

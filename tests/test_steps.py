@@ -1,4 +1,4 @@
-"""The annotate stage from Python (`pipeline.steps.Pipeline`): its steps, one by one or as `run`, write the rows
+"""The annotate stage from Python (`tokencredit.pipeline.steps.Pipeline`): its steps, one by one or as `run`, write the rows
 that `run_annotation` (the CLI's annotate) writes; the report links each response to its row."""
 import dataclasses
 import html.parser
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.annotate import run_annotation
-from pipeline.cli import main
-from pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
-from pipeline.query import connect
-from pipeline.report import write_report
-from pipeline.steps import Pipeline
-from schemas.records import RewardScore, VerifiedSample
+from tokencredit.pipeline.annotate import run_annotation
+from tokencredit.pipeline.cli import main
+from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
+from tokencredit.pipeline.query import connect
+from tokencredit.pipeline.report import write_report
+from tokencredit.pipeline.steps import Pipeline
+from tokencredit.schemas.records import RewardScore, VerifiedSample
 
 # One prompt of each demo task in shards of 2 prompts: the steps must split the records as the CLI does.
 CONFIG = AnnotateConfig(limit=1, shard_size=2, sampling=SamplingConfig(n=4, max_new_tokens=24))
@@ -102,8 +102,8 @@ def test_the_report_anchors_each_response_at_its_row_id(runs, per_task, tmp_path
 
 
 def test_import_pipeline_stays_light_and_exports_the_pipeline():
-    code = ("import sys, pipeline; light = 'torch' not in sys.modules; from pipeline import Pipeline; "
+    code = ("import sys, tokencredit.pipeline; light = 'torch' not in sys.modules; from tokencredit.pipeline import Pipeline; "
             "print(light, Pipeline.__module__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
-    assert done.stdout.split() == ["True", "pipeline.steps"], done.stderr
+    assert done.stdout.split() == ["True", "tokencredit.pipeline.steps"], done.stderr

@@ -1,12 +1,12 @@
 """The Arrow tables as stored: clean reward names with a constraint index, readable token text."""
 from __future__ import annotations
 
-import verifiers
-from pipeline.annotate import verify_samples
-from pipeline.credit.assign import CreditConfig, assign_credit
-from pipeline.models.loading import load_tokenizer
-from pipeline.tables import credits_table, responses_table
-from schemas.records import Constraint, InstructionSpec, Sample, TaskRecord
+from tokencredit import verifiers
+from tokencredit.pipeline.annotate import verify_samples
+from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
+from tokencredit.pipeline.models.loading import load_tokenizer
+from tokencredit.pipeline.tables import credits_table, responses_table
+from tokencredit.schemas.records import Constraint, InstructionSpec, Sample, TaskRecord
 
 
 def sample(record: TaskRecord, j: int, response: str, tokenizer) -> Sample:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from schemas.records import RecordError, TaskRecord, ToolCall, ToolSpec
-from verifiers import bfcl_rules, tools
-from verifiers import formats
-from verifiers.demo import build_tools
-from verifiers.tasks import load_tasks
+from tokencredit.schemas.records import RecordError, TaskRecord, ToolCall, ToolSpec
+from tokencredit.verifiers import bfcl_rules, tools
+from tokencredit.verifiers import formats
+from tokencredit.verifiers.demo import build_tools
+from tokencredit.verifiers.tasks import load_tasks
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}
@@ -427,7 +427,7 @@ def test_demo_off_by_one_integer_is_wrong():
 
 
 def test_demo_loads_through_the_task_loader():
-    from verifiers.tasks import load_tasks
+    from tokencredit.verifiers.tasks import load_tasks
 
     records, rejected = load_tasks(build_tools.OUT_JSONL)
     assert not rejected and len(records) == 200

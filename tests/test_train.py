@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from pipeline.models.loading import DEFAULT_POLICY
-from pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss, token_weighted_sft_loss
-from pipeline.train.trainer import (
+from tokencredit.pipeline.models.loading import DEFAULT_POLICY
+from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss, token_weighted_sft_loss
+from tokencredit.pipeline.train.trainer import (
     Example,
     TrainConfig,
     batch_indices,
@@ -27,8 +27,8 @@ from pipeline.train.trainer import (
     train,
     train_step,
 )
-from pipeline.writer import RunWriter
-from schemas import CREDITS, RESPONSES
+from tokencredit.pipeline.writer import RunWriter
+from tokencredit.schemas import CREDITS, RESPONSES
 
 VOCAB = 64
 PAD = 0
@@ -396,7 +396,7 @@ def test_bf16_autocast_on_cuda(run_dir, policy_dir, tmp_path):
 
 def test_lora_from_the_cli_trains_adapters_only(run_dir, policy_dir, tmp_path):
     pytest.importorskip("peft")
-    from pipeline.cli import main
+    from tokencredit.pipeline.cli import main
 
     out = tmp_path / "lora"
     assert main(["train", "--data", run_dir, "--model", str(policy_dir), "--out", str(out), "--lora", "--steps", "2",
@@ -435,7 +435,7 @@ def test_rejection_sampling_keeps_the_responses_that_pass_every_reward_with_weig
 
 
 def test_training_on_an_incomplete_run_is_refused_without_creating_the_output_folder(tmp_path, capsys):
-    from pipeline.cli import main
+    from tokencredit.pipeline.cli import main
 
     writer = RunWriter(str(tmp_path / "run"))
     writer.start("run", {}, "h", "c", n_shards=2)

@@ -8,12 +8,12 @@ import torch
 
 trl = pytest.importorskip("trl")
 
-import verifiers  # noqa: E402
-from pipeline.credit.advantages import gdpo, preset  # noqa: E402
-from pipeline.credit.assign import CreditConfig  # noqa: E402
-from pipeline.integrations.trl import MRTPOTrainer, VerifierRewards, prompt_dataset  # noqa: E402
-from pipeline.models.loading import load_policy  # noqa: E402
-from schemas.records import RecordError  # noqa: E402
+from tokencredit import verifiers  # noqa: E402
+from tokencredit.pipeline.credit.advantages import gdpo, preset  # noqa: E402
+from tokencredit.pipeline.credit.assign import CreditConfig  # noqa: E402
+from tokencredit.pipeline.integrations.trl import MRTPOTrainer, VerifierRewards, prompt_dataset  # noqa: E402
+from tokencredit.pipeline.models.loading import load_policy  # noqa: E402
+from tokencredit.schemas.records import RecordError  # noqa: E402
 
 G = 4  # completions per prompt
 LR = 0.01  # plain SGD: a first-order step, where each token follows its own advantage
@@ -130,8 +130,8 @@ def test_one_mrtpo_step_raises_credited_and_lowers_debited_tokens(records, tmp_p
 def test_token_weighted_sft_trainer_reads_the_training_view(tmp_path):
     from transformers import LlamaForCausalLM, TrainingArguments
 
-    from pipeline.integrations.trl import TokenWeightedSFTTrainer, sft_dataset, weighted_collator
-    from pipeline.train.losses import token_weighted_sft_loss
+    from tokencredit.pipeline.integrations.trl import TokenWeightedSFTTrainer, sft_dataset, weighted_collator
+    from tokencredit.pipeline.train.losses import token_weighted_sft_loss
     from tests.test_train import PAD, response_rows, tiny_policy, write_run
 
     run = write_run(tmp_path / "run", response_rows())
@@ -157,8 +157,8 @@ def test_token_weighted_sft_trainer_reads_the_training_view(tmp_path):
 
 
 def test_p2t_and_mixes_reach_the_loss(scored, records, tmp_path):
-    from pipeline.models.loading import load_reward_model
-    from pipeline.credit.p2t import attribute, token_rewards
+    from tokencredit.pipeline.models.loading import load_reward_model
+    from tokencredit.pipeline.credit.p2t import attribute, token_rewards
 
     base, _, inputs, output, _ = scored
     reward_model, _ = load_reward_model()
@@ -180,7 +180,7 @@ def test_p2t_and_mixes_reach_the_loss(scored, records, tmp_path):
 
 
 HAIKU_TRL = '''
-from verifiers.trl_rewards import trl_verifier
+from tokencredit.verifiers.trl_rewards import trl_verifier
 
 
 def length_reward(completions, **kwargs):  # a TRL reward function: a batch in, one float per completion out
@@ -237,6 +237,6 @@ def test_a_missing_plugin_verifier_is_named_and_a_short_run_says_beta_is_warming
                   train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer)
     with pytest.raises(RecordError, match="no verifier for task 'haiku'"):
         MRTPOTrainer(**kwargs)
-    with caplog.at_level("WARNING", logger="pipeline.integrations.trl"):
+    with caplog.at_level("WARNING", logger="tokencredit.pipeline.integrations.trl"):
         MRTPOTrainer(**kwargs, verifiers=specs)
     assert "beta warms up over 10 steps and the run has 1" in caplog.text

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import verifiers
+from tokencredit import verifiers
 import torch
 
 pytest.importorskip("verl")
@@ -19,13 +19,13 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos, ray_trainer  # noqa: E402
 from verl.workers.reward_manager.naive import NaiveRewardManager  # noqa: E402
 
-import pipeline  # noqa: E402
-from pipeline.annotate import AnnotateConfig, run_annotation  # noqa: E402
-from pipeline.credit.assign import CreditConfig  # noqa: E402
-from pipeline.export import export_verl  # noqa: E402
-from pipeline.integrations.verl import SLOTS, compute_mrtpo_advantage, compute_score  # noqa: E402
-from pipeline.models.loading import load_policy  # noqa: E402
-from pipeline.sampling import SamplingConfig  # noqa: E402
+from tokencredit import pipeline  # noqa: E402
+from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation  # noqa: E402
+from tokencredit.pipeline.credit.assign import CreditConfig  # noqa: E402
+from tokencredit.pipeline.export import export_verl  # noqa: E402
+from tokencredit.pipeline.integrations.verl import SLOTS, compute_mrtpo_advantage, compute_score  # noqa: E402
+from tokencredit.pipeline.models.loading import load_policy  # noqa: E402
+from tokencredit.pipeline.sampling import SamplingConfig  # noqa: E402
 
 TINY_POLICY = Path(pipeline.__file__).parent / "models" / "tiny-policy"
 
@@ -134,7 +134,7 @@ def test_the_readme_config_line_loads_compute_score_through_verl(exported):
     from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
-    config = OmegaConf.create({"reward": {"custom_reward_function": {"path": "pkg://pipeline.integrations.verl",
+    config = OmegaConf.create({"reward": {"custom_reward_function": {"path": "pkg://tokencredit.pipeline.integrations.verl",
                                                                      "name": "compute_score"}}})
     reward_fn = get_custom_reward_fn(config)
     row = exported[0]
@@ -153,7 +153,7 @@ def haiku(record, response):
 
 @pytest.fixture(scope="module")
 def plugin_run(tmp_path_factory):
-    from verifiers import plugins
+    from tokencredit.verifiers import plugins
 
     root = tmp_path_factory.mktemp("plugin")
     (root / "haiku.py").write_text(HAIKU)
@@ -168,7 +168,7 @@ def plugin_run(tmp_path_factory):
 
 
 def test_a_plugin_runs_verl_export_is_scored_by_compute_score(plugin_run):
-    from pipeline.cli import main
+    from tokencredit.pipeline.cli import main
 
     dest = plugin_run / "verl.parquet"
     assert main(["export", str(plugin_run / "run"), "--format", "verl", "--advantage", "gdpo",
@@ -193,7 +193,7 @@ def test_a_plugin_runs_verl_export_is_scored_by_compute_score(plugin_run):
 
 
 def test_a_plugin_runs_export_names_a_missing_verifier(plugin_run, tmp_path):
-    from verifiers.plugins import PluginError
+    from tokencredit.verifiers.plugins import PluginError
 
     (plugin_run / "haiku.py").rename(plugin_run / "moved.py")
     try:

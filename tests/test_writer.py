@@ -9,9 +9,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.query import run_query
-from pipeline.writer import RunWriter
-from schemas import CREDITS, RESPONSES, SCHEMA_VERSION, TABLES, views_sql
+from tokencredit.pipeline.query import run_query
+from tokencredit.pipeline.writer import RunWriter
+from tokencredit.schemas import CREDITS, RESPONSES, SCHEMA_VERSION, TABLES, views_sql
 
 
 def shard_tables(shard: int, responses: int = 3, tokens: int = 4) -> dict[str, pa.Table]:
@@ -118,7 +118,7 @@ def test_finishing_a_run_removes_what_a_killed_writer_left(tmp_path):
 
 
 def test_a_truncated_manifest_is_an_error_naming_the_file(tmp_path, capsys):
-    from pipeline.cli import main
+    from tokencredit.pipeline.cli import main
 
     writer = RunWriter(str(tmp_path))
     writer.start("run", {}, "h", "c")

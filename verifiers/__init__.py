@@ -7,22 +7,22 @@
     spans = response_parts(record, response_text) # [(char_start, char_end, part)] for analysis
     kind, index = stored_reward(task, name)       # ("keyword_include", 2) for "c2_keyword_include"
 
-    refs = plugins.resolve(["poem=my_rewards:score"])   # plugin verifiers (`verifiers.plugins`)
+    refs = plugins.resolve(["poem=my_rewards:score"])   # plugin verifiers (`tokencredit.verifiers.plugins`)
     scores = verify(record, response_text, refs)        # built-in rewards, then each plugin's
 
 `verify` never raises on any response string from a built-in verifier; a malformed task record
-raises `schemas.records.RecordError` naming the record id and the field, a misbehaving plugin
+raises `tokencredit.schemas.records.RecordError` naming the record id and the field, a misbehaving plugin
 `plugins.PluginError`.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.records import RecordError, RewardScore, TaskRecord
+from tokencredit.schemas.records import RecordError, RewardScore, TaskRecord
 
-from . import instructions, plugins, spans, sql, tools
-from .plugins import PluginRef
-from .tasks import Rejected, load_tasks, parse_record
+from tokencredit.verifiers import instructions, plugins, spans, sql, tools
+from tokencredit.verifiers.plugins import PluginRef
+from tokencredit.verifiers.tasks import Rejected, load_tasks, parse_record
 
 _BY_TASK = {"sql": sql, "instructions": instructions, "tools": tools}
 

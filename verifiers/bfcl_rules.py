@@ -2,7 +2,7 @@
 
     accepted(value, possible, prop)   # possible: BFCL's list of accepted values, "" = may be left out
 
-The `bfcl` semantics of `verifiers.tools` judges each argument with this when a reference call
+The `bfcl` semantics of `tokencredit.verifiers.tools` judges each argument with this when a reference call
 carries BFCL's possible answer. Where BFCL's rule is its own, it is kept as is:
   - strings are normalized (`standardize_string`) at the top of a string or `any` argument, as the
     items of an array and as the values of a dict, nowhere deeper (["New York"] inside a list or a

@@ -16,10 +16,10 @@ Partial credit (score = a fraction):
     highlighted_sections  min(1, highlighted sections found / n)
 All other kinds are binary. Keywords match whole words, case-insensitively; starts_with and
 ends_with compare exactly, ignoring surrounding whitespace. Sentences are Punkt's
-(`verifiers.text`). An empty or whitespace-only response scores 0 on every kind (in
-`verifiers.instructions`, before any check runs).
+(`tokencredit.verifiers.text`). An empty or whitespace-only response scores 0 on every kind (in
+`tokencredit.verifiers.instructions`, before any check runs).
 
-These are the project's own semantics ("tokencredit"); `verifiers.ifeval` has the IFEval
+These are the project's own semantics ("tokencredit"); `tokencredit.verifiers.ifeval` has the IFEval
 reference's checks for the same kinds.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import text as _text_tools
+from tokencredit.verifiers import text as _text_tools
 
 _SHOWN_CHARS = 30  # longest piece of the response quoted in a `found` note
 

@@ -14,7 +14,7 @@ What each format makes of a row:
     native, hf  the row is the record; `columns` renames first (`{"prompt": "question"}` takes
                 `prompt` from the column `question`; a value in quotes, "'sql'", is a constant)
     ifeval      {key, prompt, instruction_id_list, kwargs} -> task `instructions`; IFEval ids
-    ifbench     become constraint kinds through `verifiers.ifeval.from_ifeval` (ifbench: IFBench
+    ifbench     become constraint kinds through `tokencredit.verifiers.ifeval.from_ifeval` (ifbench: IFBench
                 ids it does not know are rejected, naming the kind)
     spider      {db_id, question, query} -> task `sql` on DATABASES/<db_id>/<db_id>.sqlite, the
     bird        prompt holding the schema (BIRD: {db_id, question, evidence, SQL}, evidence as a hint)
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.records import RecordError
+from tokencredit.schemas.records import RecordError
 
-from .ifeval import from_ifeval
-from .sandbox import schema_of
+from tokencredit.verifiers.ifeval import from_ifeval
+from tokencredit.verifiers.sandbox import schema_of
 
 FORMATS = ("native", "hf", "ifeval", "ifbench", "spider", "bird", "bfcl")
 DEFAULT_SEMANTICS = {"ifeval": "ifeval", "ifbench": "ifeval", "bfcl": "bfcl"}

@@ -1,4 +1,4 @@
-"""IFEval's semantics for the constraint kinds of `verifiers.checkers`, and IFEval's vocabulary.
+"""IFEval's semantics for the constraint kinds of `tokencredit.verifiers.checkers`, and IFEval's vocabulary.
 
     constraint = from_ifeval("length_constraints:number_words", {"num_words": 300, "relation": "less than"})
         -> Constraint("word_count", {"max": 299})
@@ -25,10 +25,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from schemas.records import Constraint
+from tokencredit.schemas.records import Constraint
 
-from . import text as text_tools
-from .checkers import CHECKERS, CONSTRAINED_OPTIONS, validate_args
+from tokencredit.verifiers import text as text_tools
+from tokencredit.verifiers.checkers import CHECKERS, CONSTRAINED_OPTIONS, validate_args
 
 SEMANTICS = ("ifeval", "ifeval-loose")
 

@@ -1,4 +1,4 @@
-"""Where a response violates an instruction constraint: the spans of `verifiers.spans` per kind.
+"""Where a response violates an instruction constraint: the spans of `tokencredit.verifiers.spans` per kind.
 
     spans_for("no_commas", "Yes, it is.", {}) -> ((3, 4),)
 
@@ -30,8 +30,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from . import text as _text
-from .spans import Span, matches, merged, word
+from tokencredit.verifiers import text as _text
+from tokencredit.verifiers.spans import Span, matches, merged, word
 
 _WORD = re.compile(r"\w+(?:'\w+)*")  # the words `checkers.words` counts (the same pattern)
 

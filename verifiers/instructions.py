@@ -1,7 +1,7 @@
 """Instruction-following verifier: one reward per constraint, named `c{index}_{kind}`.
 
     constraints = [{"kind": "keyword_include", "args": {"keywords": ["river"]}}, ...]
-    rewards     = ["c0_keyword_include", ...]      score in [0, 1], see `verifiers.checkers`
+    rewards     = ["c0_keyword_include", ...]      score in [0, 1], see `tokencredit.verifiers.checkers`
 
 The index keeps two constraints of one kind apart (and names each in the replay prompt); the
 dataset stores the kind as the reward and the index in its own column (`split_reward_name`).
@@ -10,11 +10,11 @@ Feedback is the constraint's own sentence (the one the prompt uses), "Include th
 'stone'.", and `observed` what was found: "Found: 'river'; missing 'stone'."
 
 A failed constraint whose check can say where the response breaks it carries those characters as
-`spans` (`verifiers.instruction_spans`: a comma, a forbidden word, the words past a limit, ...).
+`spans` (`tokencredit.verifiers.instruction_spans`: a comma, a forbidden word, the words past a limit, ...).
 
-Semantics (`InstructionSpec.semantics`): "tokencredit" scores with `verifiers.checkers` (partial
+Semantics (`InstructionSpec.semantics`): "tokencredit" scores with `tokencredit.verifiers.checkers` (partial
 credit where its docstring says); "ifeval" and "ifeval-loose" score 1 or 0 with the IFEval
-reference's strict and loose checks (`verifiers.ifeval`). In every mode an empty or
+reference's strict and loose checks (`tokencredit.verifiers.ifeval`). In every mode an empty or
 whitespace-only response scores 0 on every constraint.
 
 `response_parts` labels what the response is made of, whatever the constraints ask:
@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import re
 
-from schemas.records import InstructionSpec, RecordError, RewardScore, TaskRecord
+from tokencredit.schemas.records import InstructionSpec, RecordError, RewardScore, TaskRecord
 
-from . import ifeval
-from .checkers import CHECKERS, parse_json, validate_args
-from .instruction_spans import spans_for
-from .parts import label_runs
+from tokencredit.verifiers import ifeval
+from tokencredit.verifiers.checkers import CHECKERS, parse_json, validate_args
+from tokencredit.verifiers.instruction_spans import spans_for
+from tokencredit.verifiers.parts import label_runs
 
 SEMANTICS = ("tokencredit", *ifeval.SEMANTICS)
 

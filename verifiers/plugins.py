@@ -17,7 +17,7 @@ fields) and the response text, and returns an iterable of `(name, score, feedbac
 tuples or objects with those attributes: `score` a number in [0, 1], `feedback` what the verifier
 expected (never the response's own tokens), `observed` what it found (may quote the response),
 `spans` the [start, end) character spans of the response that violate the reward (sorted, disjoint,
-inside the response; `verifiers.spans`), which `--locate verifier|both` turns into token credit.
+inside the response; `tokencredit.verifiers.spans`), which `--locate verifier|both` turns into token credit.
 It must return the same names, in the same order, for every response of one record.
 
 A `PluginRef` carries the sha256 of the callable's source file: it is part of the annotate
@@ -40,9 +40,9 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from schemas.records import PluginSpec, RewardScore, TaskRecord
+from tokencredit.schemas.records import PluginSpec, RewardScore, TaskRecord
 
-from . import spans
+from tokencredit.verifiers import spans
 
 ENTRY_POINT_GROUP = "tokencredit.verifiers"
 

@@ -1,7 +1,7 @@
 """Text-to-SQL verifier: format, executable, execution (in this order).
 
     format      the response holds exactly one non-empty <sql>...</sql> block       1 / 0
-    executable  that query runs in the read-only sandbox (`verifiers.sandbox`)      1 / 0
+    executable  that query runs in the read-only sandbox (`tokencredit.verifiers.sandbox`)      1 / 0
     execution   its result equals the reference query's result                      1 / 0
 
 A failed `format` or `executable` carries the spans that break it (`format_spans`: the extra or
@@ -19,11 +19,11 @@ import functools
 import math
 import re
 
-from schemas.records import RecordError, RewardScore, SqlSpec, TaskRecord
+from tokencredit.schemas.records import RecordError, RewardScore, SqlSpec, TaskRecord
 
-from .sandbox import QueryResult, SandboxError, has_top_level_order_by, run_select, schema_of
-from .parts import label_runs
-from .spans import Span, merged, word
+from tokencredit.verifiers.sandbox import QueryResult, SandboxError, has_top_level_order_by, run_select, schema_of
+from tokencredit.verifiers.parts import label_runs
+from tokencredit.verifiers.spans import Span, merged, word
 
 REWARDS = ("format", "executable", "execution")
 OPEN, CLOSE = "<sql>", "</sql>"

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from schemas.records import (
+from tokencredit.schemas.records import (
     TASKS,
     Constraint,
     InstructionSpec,
@@ -30,7 +30,7 @@ from schemas.records import (
     ToolSpec,
 )
 
-from . import formats, instructions, sql, tools
+from tokencredit.verifiers import formats, instructions, sql, tools
 
 SPLITS = ("train", "test")
 DEMO = "demo"  # load_tasks("demo") reads the bundled verifiers/demo/*.jsonl
@@ -70,7 +70,7 @@ def load_tasks(path: str | Path, format: str = "native", *, databases: str | Pat
                semantics: str | None = None, columns: dict[str, str] | None = None,
                plugin_tasks: Collection[str] = (),
                check: Callable[[TaskRecord], None] | None = None) -> tuple[list[TaskRecord], list[Rejected]]:
-    """Records of a prompt file or folder (`verifiers.formats`), or of the demo sets.
+    """Records of a prompt file or folder (`tokencredit.verifiers.formats`), or of the demo sets.
 
     Bad records (unreadable, bad fields, failing a load-time check, duplicate id) become
     `Rejected`; blank lines are skipped. Raises FileNotFoundError when there is nothing to read.
@@ -107,7 +107,7 @@ def load_tasks(path: str | Path, format: str = "native", *, databases: str | Pat
 
 def demo_dir() -> Path:
     """The folder of the bundled demo sets (inside the installed `verifiers` package)."""
-    return Path(str(resources.files("verifiers").joinpath("demo")))
+    return Path(str(resources.files("tokencredit.verifiers").joinpath("demo")))
 
 
 def _check_unique(record_id: str, first_line: dict[str, tuple[str, int]], file: Path, line_no: int) -> None:

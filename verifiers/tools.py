@@ -23,7 +23,7 @@ Values compare as JSON, type-aware (1 != "1", True != 1) except that numbers com
 every depth (2 == 2.0, {"lat": 48} == {"lat": 48.0}); a parameter declared `integer` still needs
 an integer. Semantics (`ToolSpec.semantics`):
     tokencredit  as above; strings compare exactly; the best one-to-one matching of calls
-    bfcl         BFCL's AST checker exactly (`verifiers.bfcl_rules`): each argument judged against
+    bfcl         BFCL's AST checker exactly (`tokencredit.verifiers.bfcl_rules`): each argument judged against
                  BFCL's accepted values (the reference call's `possible_answer`, else made from
                  its arguments, defaults and alternatives): strings normalized where BFCL does it
                  (case, spaces and ,./-_*^ ignored, ' read as "; at the top of a value, an array's
@@ -54,11 +54,11 @@ from typing import Any
 
 import numpy as np
 
-from schemas.records import RecordError, RewardScore, TaskRecord, ToolCall, ToolSpec
+from tokencredit.schemas.records import RecordError, RewardScore, TaskRecord, ToolCall, ToolSpec
 
-from . import bfcl_rules
-from .parts import label_runs
-from .spans import Span, merged
+from tokencredit.verifiers import bfcl_rules
+from tokencredit.verifiers.parts import label_runs
+from tokencredit.verifiers.spans import Span, merged
 
 REWARDS = ("format", "correctness")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

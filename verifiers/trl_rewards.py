@@ -5,7 +5,7 @@ in `prompts` and every other dataset column as a list. tokencredit's verifiers a
 expected (the feedback that MRTPO's replay needs), so the adapter asks for that text:
 
     # my_rewards.py
-    from verifiers.trl_rewards import trl_verifier
+    from tokencredit.verifiers.trl_rewards import trl_verifier
 
     def brevity_reward(completions, **kwargs):                  # the TRL function you already have
         return [float(len(c) <= 200) for c in completions]
@@ -26,13 +26,13 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .plugins import PluginError
+from tokencredit.verifiers.plugins import PluginError
 
 Feedback = str | Callable[[dict], str]
 
 
 class TrlRewardVerifier:
-    """A verifier plugin (`verifiers.plugins`) that scores one response with a TRL reward function."""
+    """A verifier plugin (`tokencredit.verifiers.plugins`) that scores one response with a TRL reward function."""
 
     def __init__(self, fn: Callable[..., Sequence[float | None]], feedback: Feedback, name: str | None = None,
                  bounds: tuple[float, float] = (0.0, 1.0)):

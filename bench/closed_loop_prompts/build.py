@@ -4,7 +4,7 @@
     python bench/closed_loop_prompts/build.py final      # seen kinds in train/held-out, unseen kinds held out
 
 Deterministic (fixed seeds, no downloads). A prompt is a request ("Write a short note about the harbor.")
-followed by each constraint's own sentence (`verifiers.checkers`, the sentence its feedback uses). The
+followed by each constraint's own sentence (`tokencredit.verifiers.checkers`, the sentence its feedback uses). The
 pilot file samples every candidate kind so that SmolLM2's pass rate per kind can be measured on train
 prompts; `final` uses the kinds chosen from that pilot (`SEEN`, `UNSEEN`, fixed below with the pilot's
 figures in bench/RESULTS.md). Held-out prompts use their own topics, and a quarter of them ask only for
@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from verifiers.checkers import CHECKERS  # noqa: E402
+from tokencredit.verifiers.checkers import CHECKERS  # noqa: E402
 
 TRAIN_TOPICS = ["the harbor", "a rainy morning", "the old bakery", "a bicycle trip", "the school garden",
                 "a winter night", "the city park", "a lost dog", "the night market", "a mountain lake",

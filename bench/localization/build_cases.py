@@ -37,9 +37,9 @@ ROOT = HERE.parent.parent
 if str(ROOT) not in sys.path:  # `python bench/localization/build_cases.py` puts only this folder on the path
     sys.path.insert(0, str(ROOT))
 
-import verifiers  # noqa: E402
-from schemas.records import TaskRecord, ToolCall  # noqa: E402
-from verifiers import instructions, tools as tool_verifier  # noqa: E402
+from tokencredit import verifiers  # noqa: E402
+from tokencredit.schemas.records import TaskRecord, ToolCall  # noqa: E402
+from tokencredit.verifiers import instructions, tools as tool_verifier  # noqa: E402
 
 TASKS_FILE, CASES_FILE, DB_FOLDER = "tasks.jsonl", "cases.jsonl", "databases"
 CASE_FIELDS = ("id", "record_id", "family", "kind", "split", "reference_span", "replacement", "response", "edit_span",

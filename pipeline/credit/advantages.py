@@ -19,7 +19,7 @@ from functools import reduce
 
 import torch
 
-from ..config import BATCH_STEPS, EPS, SINGLE, GdpoOptions  # noqa: F401 - re-exported; defined without torch
+from tokencredit.pipeline.config import BATCH_STEPS, EPS, SINGLE, GdpoOptions  # noqa: F401 - re-exported; defined without torch
 
 PRESETS = {
     "method": GdpoOptions(),

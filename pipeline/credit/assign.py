@@ -14,17 +14,17 @@ from collections.abc import Sequence
 
 import torch
 
-from schemas.records import AnnotatedResponse, TaskRecord, TokenCredit, VerifiedSample
+from tokencredit.schemas.records import AnnotatedResponse, TaskRecord, TokenCredit, VerifiedSample
 
-from .advantages import condition_on, gdpo, grpo, sum_rewards
-from ..config import CREDIT_KINDS, CreditConfig  # noqa: F401 - CREDIT_KINDS re-exported
-from .mrtpo import mrtpo_advantages
-from .p2t import P2TStats, attribute, token_rewards
-from ..progress import Progress
-from ..prompts import feedback_sections
-from .located import verifier_relevance
-from .relevance import apply_floor, relevance, signs
-from .replay import build_replay_item, replay
+from tokencredit.pipeline.credit.advantages import condition_on, gdpo, grpo, sum_rewards
+from tokencredit.pipeline.config import CREDIT_KINDS, CreditConfig  # noqa: F401 - CREDIT_KINDS re-exported
+from tokencredit.pipeline.credit.mrtpo import mrtpo_advantages
+from tokencredit.pipeline.credit.p2t import P2TStats, attribute, token_rewards
+from tokencredit.pipeline.progress import Progress
+from tokencredit.pipeline.prompts import feedback_sections
+from tokencredit.pipeline.credit.located import verifier_relevance
+from tokencredit.pipeline.credit.relevance import apply_floor, relevance, signs
+from tokencredit.pipeline.credit.replay import build_replay_item, replay
 
 def reward_tensors(verified: Sequence[VerifiedSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """rewards [N, K_max] float32, mask [N, K_max] bool, group [N] long (index of the prompt)."""

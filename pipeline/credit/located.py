@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import torch
 
-from schemas.records import VerifiedSample
+from tokencredit.schemas.records import VerifiedSample
 
-from ..tables import token_spans
+from tokencredit.pipeline.tables import token_spans
 
 
 def span_relevance(spans: Sequence[tuple[int, int]], starts: Sequence[int], ends: Sequence[int]) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import sum_rewards
+from tokencredit.pipeline.credit.advantages import sum_rewards
 
 
 def _first_bad(bad: torch.Tensor) -> str:

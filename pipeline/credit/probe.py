@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-import verifiers
-from schemas.records import TaskRecord
+from tokencredit import verifiers
+from tokencredit.schemas.records import TaskRecord
 
-from ..prompts import feedback_sections
-from .relevance import apply_floor, relevance, signs
-from .replay import ReplayOutput, build_replay_item, replay
-from ..tables import token_spans
+from tokencredit.pipeline.prompts import feedback_sections
+from tokencredit.pipeline.credit.relevance import apply_floor, relevance, signs
+from tokencredit.pipeline.credit.replay import ReplayOutput, build_replay_item, replay
+from tokencredit.pipeline.tables import token_spans
 
 
 @dataclass

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..config import DEFAULT_FLOORS, RELEVANCES  # noqa: F401 - the option names and floors, defined without torch
-from .replay import ReplayOutput
+from tokencredit.pipeline.config import DEFAULT_FLOORS, RELEVANCES  # noqa: F401 - the option names and floors, defined without torch
+from tokencredit.pipeline.credit.replay import ReplayOutput
 
 
 def signs(reward_adv: torch.Tensor, points: Sequence[bool]) -> torch.Tensor:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .divergence import js_divergence
-from ..models.loading import cache_keyword
-from ..prompts import prompt_frame, replay_prompt_ids
+from tokencredit.pipeline.credit.divergence import js_divergence
+from tokencredit.pipeline.models.loading import cache_keyword
+from tokencredit.pipeline.prompts import prompt_frame, replay_prompt_ids
 
 
 @dataclass

@@ -6,13 +6,13 @@ tokencredit's verifiers, built-in and plugins (one TRL reward function per rewar
 advantages are, each step, GDPO + MRTPO (optionally P2T) per token, with the replay run by the
 current policy. Only the advantages change: TRL's generation, clipping, KL and loss stay TRL's.
 
-    from pipeline.integrations.trl import MRTPOTrainer, prompt_dataset   # instead of GRPOTrainer
+    from tokencredit.pipeline.integrations.trl import MRTPOTrainer, prompt_dataset   # instead of GRPOTrainer
     trainer = MRTPOTrainer(model=model, records=records, args=GRPOConfig(...),
                            train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer,
                            verifiers=["haiku=my_rewards.py:haiku"])   # as annotate's --verifier
 
 Each step: TRL samples and scores (our reward functions verify every completion once, keeping each
-reward's feedback); then `pipeline.credit.assign.assign_credit` computes, per prompt group, GDPO's A[i,k]
+reward's feedback); then `tokencredit.pipeline.credit.assign.assign_credit` computes, per prompt group, GDPO's A[i,k]
 (TRL's options: `preset("trl")`) and MRTPO's per-token A[i,k,t] from the policy's leave-one-out
 replay; GDPO's batch step is taken over the step's batch (as TRL does) and the (B, T) advantages go
 to TRL's `_compute_loss`. With beta = 0 they equal TRL's own `normalize_then_sum` GDPO advantages.
@@ -32,18 +32,18 @@ import torch
 import transformers
 from trl import GRPOConfig, GRPOTrainer
 
-import verifiers
-from schemas.records import Sample, TaskRecord, VerifiedSample
-from verifiers.plugins import PluginRef
-from verifiers.trl_rewards import trl_verifier
+from tokencredit import verifiers
+from tokencredit.schemas.records import Sample, TaskRecord, VerifiedSample
+from tokencredit.verifiers.plugins import PluginRef
+from tokencredit.verifiers.trl_rewards import trl_verifier
 
-from ..credit.advantages import batch_statistics, preset
-from ..credit.assign import CreditConfig, assign_credit
-from ..train.losses import token_weighted_sft_loss
-from ..credit.mrtpo import smoothstep_beta
-from ..credit.p2t import p2t_advantages
-from ..sampling import render_prompt
-from ..train.trainer import Example, collate, load_examples, parse_advantage
+from tokencredit.pipeline.credit.advantages import batch_statistics, preset
+from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
+from tokencredit.pipeline.train.losses import token_weighted_sft_loss
+from tokencredit.pipeline.credit.mrtpo import smoothstep_beta
+from tokencredit.pipeline.credit.p2t import p2t_advantages
+from tokencredit.pipeline.sampling import render_prompt
+from tokencredit.pipeline.train.trainer import Example, collate, load_examples, parse_advantage
 
 logger = logging.getLogger(__name__)
 

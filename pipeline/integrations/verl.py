@@ -5,7 +5,7 @@ A verl user adds two config lines (tokencredit registers itself as a `verl.plugi
 every verl process imports this module):
 
     algorithm.adv_estimator=mrtpo
-    reward.custom_reward_function.path=pkg://pipeline.integrations.verl
+    reward.custom_reward_function.path=pkg://tokencredit.pipeline.integrations.verl
 
 and, for the replay, the local policy folder to replay with (without it, beta is 0: GDPO):
 
@@ -41,13 +41,13 @@ import numpy as np
 import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
-import verifiers
-from schemas.records import TASKS, RewardScore, Sample, TaskRecord, VerifiedSample
-from verifiers import plugins
+from tokencredit import verifiers
+from tokencredit.schemas.records import TASKS, RewardScore, Sample, TaskRecord, VerifiedSample
+from tokencredit.verifiers import plugins
 
-from ..credit.advantages import batch_statistics, preset
-from ..credit.assign import CreditConfig, assign_credit
-from ..export import record_from_json, refs_from_json
+from tokencredit.pipeline.credit.advantages import batch_statistics, preset
+from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
+from tokencredit.pipeline.export import record_from_json, refs_from_json
 
 SOURCE_PREFIX = "tokencredit/"
 DATA_SOURCES = tuple(f"{SOURCE_PREFIX}{task}" for task in TASKS)  # and tokencredit/<plugin task>
@@ -95,7 +95,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None 
 
 @functools.lru_cache(maxsize=2)
 def _replay_model(path: str):
-    from ..models.loading import load_policy
+    from tokencredit.pipeline.models.loading import load_policy
 
     model, tokenizer = load_policy(path, device="cuda" if torch.cuda.is_available() else "cpu")
     return model.eval(), tokenizer
@@ -135,7 +135,7 @@ def compute_mrtpo_advantage(token_level_rewards: torch.Tensor, response_mask: to
     if non_tensor_batch is None or batch is None or "feedback" not in non_tensor_batch:
         raise ValueError("adv_estimator=mrtpo needs each response's reward scores and feedback: set "
                          "reward.custom_reward_function.path=pkg://pipeline.integrations.verl, and import "
-                         "pipeline.integrations.verl in the trainer process (its verl.plugins entry point does); "
+                         "tokencredit.pipeline.integrations.verl in the trainer process (its verl.plugins entry point does); "
                          "with verl's v1 trainer (trainer.use_v1=true, the default) also set trainer.use_v1=false")
     config = config or {}
     replay_model = config.get("mrtpo_replay_model", None)

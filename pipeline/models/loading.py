@@ -1,6 +1,6 @@
 """Load the policy and the reward model from local folders only: tokencredit never downloads.
 
-A model argument is a registry name (`pipeline.models.registry`, e.g. `smollm2-135m-instruct`, once pulled), a
+A model argument is a registry name (`tokencredit.pipeline.models.registry`, e.g. `smollm2-135m-instruct`, once pulled), a
 folder (`config.json`, `*.safetensors`, tokenizer files) or a Hugging Face repo id already in the local cache. `None` means the tiny models shipped inside the package.
 Only safetensors weights are accepted (a pickled `.bin` checkpoint can run code when loaded), and remote
 code runs only when the caller asks for it.
@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from .registry import METADATA, MODELS, check_end_of_turn, registered_path
+from tokencredit.pipeline.models.registry import METADATA, MODELS, check_end_of_turn, registered_path
 
-DEFAULT_POLICY = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-policy"))
-DEFAULT_REWARD_MODEL = Path(str(importlib.resources.files("pipeline") / "models" / "tiny-rm"))
+DEFAULT_POLICY = Path(str(importlib.resources.files("tokencredit.pipeline") / "models" / "tiny-policy"))
+DEFAULT_REWARD_MODEL = Path(str(importlib.resources.files("tokencredit.pipeline") / "models" / "tiny-rm"))
 
 
 def model_name(path: str | Path | None, default: Path = DEFAULT_POLICY) -> str:

@@ -1,10 +1,10 @@
 """Build the tiny default models that ship in `pipeline/models/` (CPU only, deterministic, no downloads).
 
-    python -m pipeline.models.tiny tokenizer|policy|reward-model|pass-rates|all
+    python -m tokencredit.pipeline.models.tiny tokenizer|policy|reward-model|pass-rates|all
 
   tokenizer     byte-level BPE trained on the demo prompts, responses, corruptions and feedback;
   policy        a ~2M-parameter Llama trained with `token_weighted_sft_loss` on the examples of
-                `pipeline.train.feedback_training` (train split only), so that it reads verifier feedback;
+                `tokencredit.pipeline.train.feedback_training` (train split only), so that it reads verifier feedback;
   reward-model  a smaller Llama sequence classifier trained on the policy's own samples (temperature
                 1.0) to predict "every reward passes" (BCE with logits; the score is a logit);
   pass-rates    samples the shipped policy at temperature 1.0 and prints per-task, per-reward pass
@@ -29,13 +29,13 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification,
                           PreTrainedTokenizerFast)
 
-import verifiers
-from schemas.records import TaskRecord
+from tokencredit import verifiers
+from tokencredit.schemas.records import TaskRecord
 
-from ..train.feedback_training import Example, Recipe, build_examples, tokenizer_corpus
-from ..train.losses import IGNORE_INDEX, token_weighted_sft_loss
-from .loading import DEFAULT_POLICY, DEFAULT_REWARD_MODEL
-from ..prompts import sampling_prompt
+from tokencredit.pipeline.train.feedback_training import Example, Recipe, build_examples, tokenizer_corpus
+from tokencredit.pipeline.train.losses import IGNORE_INDEX, token_weighted_sft_loss
+from tokencredit.pipeline.models.loading import DEFAULT_POLICY, DEFAULT_REWARD_MODEL
+from tokencredit.pipeline.prompts import sampling_prompt
 
 SEED = 20261202
 VOCAB_SIZE = 3000
@@ -175,7 +175,7 @@ def train_policy(tokenizer, examples: Sequence[Example], steps: int, batch_size:
 def sample_responses(model, tokenizer, records: Sequence[TaskRecord], n: int, seed: int,
                      max_new_tokens: int = 96) -> list[list]:
     """`n` responses per record at temperature 1.0 over the full vocabulary, with the pipeline's sampler."""
-    from ..sampling import SamplingConfig, TransformersSampler
+    from tokencredit.pipeline.sampling import SamplingConfig, TransformersSampler
 
     config = SamplingConfig(n=n, max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=seed, batch_size=64)
     samples = TransformersSampler(model, tokenizer, "tiny-policy", progress=False).sample(records, config)
@@ -305,7 +305,7 @@ def sample_and_score(policy, tokenizer, records: Sequence[TaskRecord], n: int, s
 def build_reward_model(out: Path = DEFAULT_REWARD_MODEL, policy_dir: Path = DEFAULT_POLICY,
                        steps: int = RM_STEPS) -> dict:
     """Reward model on the shipped policy's samples for the train prompts; held-out AUC on test prompts."""
-    from .loading import load_policy
+    from tokencredit.pipeline.models.loading import load_policy
 
     start = time.time()
     torch.use_deterministic_algorithms(True)
@@ -327,7 +327,7 @@ def build_reward_model(out: Path = DEFAULT_REWARD_MODEL, policy_dir: Path = DEFA
 
 def measure(policy_dir: Path = DEFAULT_POLICY, rm_dir: Path = DEFAULT_REWARD_MODEL, n: int = 8) -> dict:
     """Pass rates at temperature 1.0 (n samples per prompt, both splits) and the RM's AUC on test samples."""
-    from .loading import load_policy, load_reward_model
+    from tokencredit.pipeline.models.loading import load_policy, load_reward_model
 
     policy, tokenizer = load_policy(policy_dir)
     scored = sample_and_score(policy, tokenizer, demo_records(), n, SEED + 1)
@@ -363,10 +363,10 @@ A {parameters:,}-parameter `LlamaForCausalLM` (hidden 128, 4 layers, 4 heads, ti
 policy of `tokencredit annotate`. It only knows the bundled demo tasks (`verifiers/demo`: SQL, tool calls,
 instruction following) and exists so that the pipeline runs on a CPU with no download.
 
-Built by `python -m pipeline.models.tiny all` (seed {seed}, CPU, {build_seconds} s for this step) from the
+Built by `python -m tokencredit.pipeline.models.tiny all` (seed {seed}, CPU, {build_seconds} s for this step) from the
 {train_records} train-split records only, {examples} examples, {steps} AdamW steps of 32 with
-`pipeline.train.losses.token_weighted_sft_loss` (loss on response tokens and eos). The examples
-(`pipeline/train/feedback_training.py`) teach it to read verifier feedback laid out by `pipeline.prompts`
+`tokencredit.pipeline.train.losses.token_weighted_sft_loss` (loss on response tokens and eos). The examples
+(`pipeline/train/feedback_training.py`) teach it to read verifier feedback laid out by `tokencredit.pipeline.prompts`
 (template `{template}`): sampling prompt -> reference or a corruption; every feedback section present ->
 the reference (also on records whose reference was swapped for a corruption, so that the feedback, not
 the question, decides); section k removed -> half the time a corruption of the part reward k governs. So
@@ -392,15 +392,15 @@ def results_section(result: dict) -> str:
     size = sum(f.stat().st_size for d in (DEFAULT_POLICY, DEFAULT_REWARD_MODEL) for f in d.iterdir()) / 2**20
     return "\n".join([
         "## Tiny models", "",
-        f"Built by `python -m pipeline.models.tiny all` (seed {SEED}, CPU): policy {policy['parameters']:,} "
+        f"Built by `python -m tokencredit.pipeline.models.tiny all` (seed {SEED}, CPU): policy {policy['parameters']:,} "
         f"parameters in {policy['build_seconds']} s, reward model in {rm['build_seconds']} s; "
-        f"{size:.1f} MiB on disk in all. Figures from `python -m pipeline.models.tiny pass-rates`.", "",
+        f"{size:.1f} MiB on disk in all. Figures from `python -m tokencredit.pipeline.models.tiny pass-rates`.", "",
         format_pass_rates(result), ""])
 
 
 def write_reports(result: dict, results_md: Path = Path("bench/RESULTS.md")) -> None:
     """Model cards in both model folders and the `## Tiny models` section of bench/RESULTS.md."""
-    from ..prompts import TEMPLATE_VERSION
+    from tokencredit.pipeline.prompts import TEMPLATE_VERSION
 
     facts = json.loads((DEFAULT_POLICY / "build.json").read_text())
     (DEFAULT_POLICY / "README.md").write_text(POLICY_CARD.format(**facts, template=TEMPLATE_VERSION)
@@ -419,7 +419,7 @@ def write_reports(result: dict, results_md: Path = Path("bench/RESULTS.md")) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.models.tiny", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tokencredit.pipeline.models.tiny", description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=["policy", "reward-model", "pass-rates", "all"])
     parser.add_argument("--samples", type=int, default=8, help="pass-rates: samples per prompt")
     args = parser.parse_args(argv)

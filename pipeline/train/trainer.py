@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-from .losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
-from ..models.loading import load_policy
-from ..query import connect
-from ..writer import run_files
+from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
+from tokencredit.pipeline.models.loading import load_policy
+from tokencredit.pipeline.query import connect
+from tokencredit.pipeline.writer import run_files
 
 ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t")
 OBJECTIVES = ("pg", "sft", "rs")

@@ -1,4 +1,4 @@
-"""The bundled demo prompt sets and the scripts that build them (`python -m verifiers.demo.build_sql`, ...)."""
+"""The bundled demo prompt sets and the scripts that build them (`python -m tokencredit.verifiers.demo.build_sql`, ...)."""
 from __future__ import annotations
 
 import json

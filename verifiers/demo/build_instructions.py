@@ -1,6 +1,6 @@
 """Build the instruction-following demo set: short templated notes under 2 to 6 constraints.
 
-    python -m verifiers.demo.build_instructions     # rewrites demo/instructions.jsonl
+    python -m tokencredit.verifiers.demo.build_instructions     # rewrites demo/instructions.jsonl
 
 Deterministic (fixed seed, no downloads): the JSONL comes out byte-identical on every run.
 Each record draws a topic, a layout (plain, paragraphs, bullets, sections or JSON) and
@@ -15,9 +15,9 @@ import json
 import random
 from pathlib import Path
 
-from schemas.records import Constraint, InstructionSpec, TaskRecord
-from verifiers import checkers, instructions
-from verifiers.demo import write_jsonl
+from tokencredit.schemas.records import Constraint, InstructionSpec, TaskRecord
+from tokencredit.verifiers import checkers, instructions
+from tokencredit.verifiers.demo import write_jsonl
 
 SEED = 2024
 HERE = Path(__file__).parent

@@ -1,6 +1,6 @@
 """Build the text-to-SQL demo set: three small SQLite databases and templated questions.
 
-    python -m verifiers.demo.build_sql     # rewrites demo/sql.jsonl and demo/databases/*.sqlite
+    python -m tokencredit.verifiers.demo.build_sql     # rewrites demo/sql.jsonl and demo/databases/*.sqlite
 
 Deterministic (fixed seed, no downloads): the JSONL comes out byte-identical on every run.
 The questions are plain templated English over a compact schema line, so that a tiny model
@@ -15,7 +15,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from verifiers.demo import write_jsonl
+from tokencredit.verifiers.demo import write_jsonl
 
 SEED = 1234
 HERE = Path(__file__).parent

@@ -1,13 +1,13 @@
 """Build the tool-calling demo set: templated requests over 13 small tools.
 
-    python -m verifiers.demo.build_tools     # rewrites demo/tools.jsonl
+    python -m tokencredit.verifiers.demo.build_tools     # rewrites demo/tools.jsonl
 
 Deterministic (fixed seed, no downloads): the JSONL comes out byte-identical on every run.
 Every argument of a reference call is written out in the request ("... 10 results starting at
 offset 20"), so the calls are derivable from the prompt; counts, limits and offsets make an
 off-by-one value wrong. A quarter of the records ask for two calls. The prompt lists the
 needed tools plus one or two others, compactly (`name(param: type, optional?: type)`). The
-reference response is `verifiers.tools.render_calls` of the reference calls, and `build`
+reference response is `tokencredit.verifiers.tools.render_calls` of the reference calls, and `build`
 asserts that it scores 1.0 on both rewards. Every 5th record is `"split": "test"`.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from schemas.records import TaskRecord, ToolCall, ToolSpec
-from verifiers import tools
-from verifiers.demo import write_jsonl
+from tokencredit.schemas.records import TaskRecord, ToolCall, ToolSpec
+from tokencredit.verifiers import tools
+from tokencredit.verifiers.demo import write_jsonl
 
 SEED = 4321
 HERE = Path(__file__).parent
