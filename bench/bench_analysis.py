@@ -27,8 +27,8 @@ def build_run(out: Path, rows: int) -> int:
     import duckdb
     import pyarrow.parquet as pq
 
-    from tokencredit.pipeline.analysis import synthetic_run
-    from tokencredit.pipeline.writer import RunWriter
+    from tokencredit.pipeline.dataset.analysis import synthetic_run
+    from tokencredit.pipeline.dataset.writer import RunWriter
 
     base = synthetic_run(out / "base", BASE_RESPONSES, TOKENS, REWARDS, shard_responses=BASE_RESPONSES)
     con = duckdb.connect()
@@ -50,8 +50,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2M rows instead of 20M, fewer repeats")
     args = parser.parse_args()
 
-    from tokencredit.pipeline import analysis
-    from tokencredit.pipeline.query import connect
+    from tokencredit.pipeline.dataset import analysis
+    from tokencredit.pipeline.dataset.query import connect
 
     rows, repeats = (2_000_000, 2) if args.quick else (20_000_000, 3)
     tmp = Path(tempfile.mkdtemp(prefix="bench_analysis_", dir="/tmp"))

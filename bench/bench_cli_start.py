@@ -31,8 +31,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats instead of 5")
     repeats = 3 if parser.parse_args().quick else 5
-    help_s = wall(["-m", "tokencredit.pipeline.cli", "--help"], repeats)
-    annotate_s = wall(["-m", "tokencredit.pipeline.cli", "annotate", "--help"], repeats)
+    help_s = wall(["-m", "tokencredit.flows.cli", "--help"], repeats)
+    annotate_s = wall(["-m", "tokencredit.flows.cli", "annotate", "--help"], repeats)
     imports_s = wall(["-c", "import torch, transformers; transformers.DynamicCache"], repeats)
     figures = (f"`--help` {help_s:.2f} s, `annotate --help` {annotate_s:.2f} s; importing torch + transformers "
                f"alone {imports_s:.2f} s")

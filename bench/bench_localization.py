@@ -80,7 +80,7 @@ def load_cases() -> list[Case]:
 
 
 def _cache_file(model: str, ablation: str, style: str) -> Path:
-    from tokencredit.pipeline.prompts import TEMPLATE_VERSION
+    from tokencredit.pipeline.sample.prompts import TEMPLATE_VERSION
 
     return CACHE / f"{model}-{ablation}-{style.replace('+', '_')}-{TEMPLATE_VERSION}.jsonl"
 
@@ -89,7 +89,7 @@ def _item(tokenizer, case: Case, ablation: str, style: str, extra: tuple[str, st
     """(replay item, which sections point at the response) of a case, every reward replayed."""
     from tokencredit import verifiers
     from tokencredit.pipeline.credit.probe import response_ids
-    from tokencredit.pipeline.prompts import feedback_sections
+    from tokencredit.pipeline.sample.prompts import feedback_sections
     from tokencredit.pipeline.credit.replay import build_replay_item
 
     sections, points = feedback_sections(verifiers.verify(case.record, case.response), case.record.prompt, style)
@@ -113,7 +113,7 @@ def replay_cases(model: str, cases: list[Case], ablation: str, style: str, place
     A cached record is reused when the case and the exact model input are unchanged."""
     from tokencredit.pipeline.models.loading import load_policy, load_tokenizer
     from tokencredit.pipeline.credit.replay import replay
-    from tokencredit.pipeline.tables import token_spans
+    from tokencredit.pipeline.sample.detokenize import token_spans
 
     tokenizer = load_tokenizer(None if model == "tiny" else model)
     path = _cache_file(model, ablation, style)

@@ -20,7 +20,7 @@ TARGET = 3.5
 def demo_batch(tokenizer, n: int) -> tuple[list[list[int]], list[list[int]]]:
     """(prompt ids, response ids) of the first n demo records, cycling if there are fewer."""
     from tokencredit import verifiers
-    from tokencredit.pipeline.prompts import sampling_prompt
+    from tokencredit.pipeline.sample.prompts import sampling_prompt
 
     records, _ = verifiers.load_tasks("demo")
     chosen = [records[i % len(records)] for i in range(n)]

@@ -40,7 +40,7 @@ def annotate_once(out: Path, timeout: int | None) -> tuple[int, float, str]:
         env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = str(timeout)
     env["PYTHONPATH"] = str(ROOT)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tokencredit.pipeline.cli", "annotate", "--out", str(out), "--limit", "1",
+    done = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(out), "--limit", "1",
                            "--n", "2"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=1200)
     return done.returncode, time.perf_counter() - start, done.stderr
 

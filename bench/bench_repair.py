@@ -52,7 +52,7 @@ def with_p2t(args) -> bool:
 
 def p2t_cuts(run: str, targets) -> list[int]:
     """The lowest P2T token reward of each target's response (P2T has one token reward for all rewards)."""
-    from tokencredit.pipeline.query import connect
+    from tokencredit.pipeline.dataset.query import connect
 
     lowest = dict(connect(run).execute(
         "SELECT response_id, list_position(p2t_reward, list_min(p2t_reward)) - 1 FROM responses "
@@ -105,7 +105,7 @@ def rows_for(model: str, locate: str, targets, located, random_cut, full, n: int
 
 
 def run(args, out) -> list[dict]:
-    from tokencredit.pipeline.export import run_records
+    from tokencredit.pipeline.dataset.export import run_records
     from tokencredit.pipeline.repair import failed_targets, load_sampler
 
     runs = {locate: annotate(args, locate, out) for locate in ("replay", "verifier", "both")}
@@ -129,7 +129,7 @@ def run(args, out) -> list[dict]:
 
 def _sampling(run: str):
     from tokencredit.pipeline.config import SamplingConfig
-    from tokencredit.pipeline.writer import run_files
+    from tokencredit.pipeline.dataset.writer import run_files
 
     settings = run_files(run).manifest["config"]["sampling"]
     return SamplingConfig(**{**settings, "stop": tuple(settings.get("stop") or ())})

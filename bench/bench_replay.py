@@ -86,7 +86,7 @@ def annotation_ratio(policy_path, rm_path, limit: int, repeats: int,
     """Median seconds of run_annotation with and without MRTPO, and the MRTPO run's manifest stats."""
     from tokencredit.pipeline.annotate import AnnotateConfig, load_models, run_annotation
     from tokencredit.pipeline.credit.assign import CreditConfig
-    from tokencredit.pipeline.sampling import SamplingConfig
+    from tokencredit.pipeline.config import SamplingConfig
 
     base = AnnotateConfig(limit=limit, model=policy_path, reward_model=rm_path, cpu_threads=THREADS,
                           sampling=SamplingConfig(max_new_tokens=max_new_tokens))
@@ -158,7 +158,8 @@ def main() -> None:
     from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set, verify_samples
     from tokencredit.pipeline.models.loading import load_policy
     from tokencredit.pipeline.credit.replay import ReplayStats, replay_distances
-    from tokencredit.pipeline.sampling import SamplingConfig, TransformersSampler
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
 
     policy_path, rm_path, note = model_paths()
     model, tokenizer = load_policy(policy_path)

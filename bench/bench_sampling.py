@@ -38,7 +38,8 @@ class GenerateRun:
     their raw log-probs and decoded text."""
 
     def __init__(self, model, tokenizer, records, config):
-        from tokencredit.pipeline.sampling import TransformersSampler, left_pad, render_prompt
+        from tokencredit.pipeline.sample.transformers_backend import TransformersSampler, left_pad
+        from tokencredit.pipeline.sample.rows import render_prompt
 
         sampler = TransformersSampler(model, tokenizer, "bench", progress=False)
         prompts = [render_prompt(tokenizer, r.prompt)[1] for r in records for _ in range(config.n)]
@@ -68,7 +69,7 @@ class GenerateRun:
 def compare(model_path, records, config, repeats: int) -> dict:
     """Seconds per generated token of both sides on one model, and the ratio."""
     from tokencredit.pipeline.models.loading import load_policy
-    from tokencredit.pipeline.sampling import TransformersSampler
+    from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
 
     model, tokenizer = load_policy(model_path)
     sampler = TransformersSampler(model, tokenizer, "bench", progress=False)
@@ -87,8 +88,8 @@ def decoding_helpers(model_path, length: int = 2048) -> dict[str, float]:
     prefix decodes they replaced (one run each: the old ones take seconds)."""
     import time
 
-    from tokencredit.pipeline.detokenize import StopChecker
-    from tokencredit.pipeline.tables import token_spans
+    from tokencredit.pipeline.sample.detokenize import StopChecker
+    from tokencredit.pipeline.sample.detokenize import token_spans
     from tokencredit.pipeline.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
@@ -122,7 +123,7 @@ def main() -> None:
     parser.add_argument("--model", default=SMOLLM2, help="local folder or pulled model name (default: %(default)s)")
     args = parser.parse_args()
 
-    from tokencredit.pipeline.sampling import SamplingConfig
+    from tokencredit.pipeline.config import SamplingConfig
 
     prompts, max_new, repeats = (4, 32, 2) if args.quick else (8, 96, 3)
     config = SamplingConfig(n=4, max_new_tokens=max_new, temperature=1.0, top_p=1.0, batch_size=32)

@@ -2,7 +2,7 @@
 
     python bench/bench_writer.py [--quick]
 
-The credits table is one shard of `tokencredit.pipeline.analysis.synthetic_run`, read back into memory. Rows per
+The credits table is one shard of `tokencredit.pipeline.dataset.analysis.synthetic_run`, read back into memory. Rows per
 second: the writer (schema cast, hidden temporary file, rename, SHA-256, completion marker) against a
 plain write_table; target >= 0.7x. Memory: peak extra RSS of writing 1 and 4 shards in a fresh
 process each, against the shard's Arrow size; bounded by a shard means 4 shards peak like 1.
@@ -24,7 +24,7 @@ TARGET = 0.7
 
 def child(source: str, out: str, shards: int) -> None:
     """Print the peak extra RSS of writing `shards` shards of the credits table in `source`."""
-    from tokencredit.pipeline.writer import RunWriter
+    from tokencredit.pipeline.dataset.writer import RunWriter
 
     table = pq.read_table(source)
     writer = RunWriter(out)
@@ -45,8 +45,8 @@ def main() -> None:
     if args.child:
         return child(args.child[0], args.child[1], int(args.child[2]))
 
-    from tokencredit.pipeline.analysis import synthetic_run
-    from tokencredit.pipeline.writer import RunWriter
+    from tokencredit.pipeline.dataset.analysis import synthetic_run
+    from tokencredit.pipeline.dataset.writer import RunWriter
 
     responses, tokens, rewards = (1024, 64, 3) if args.quick else (4096, 64, 3)
     repeats = 3 if args.quick else 5

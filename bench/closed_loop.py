@@ -95,7 +95,8 @@ def score_samples(samples, by_id) -> dict[str, dict]:
 def sample_and_score(policy, records, *, n: int, temperature: float, seed: int, max_new_tokens: int,
                      batch_size: int = 64) -> tuple[dict[str, dict], float, int]:
     """(per-prompt scores, seconds, tokens) of `n` samples per record; `policy` is (model, tokenizer, name)."""
-    from tokencredit.pipeline.sampling import SamplingConfig, TransformersSampler
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
 
     model, tokenizer, name = policy
     sampler = TransformersSampler(model, tokenizer, name, progress=False)
@@ -168,7 +169,7 @@ def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, pro
 
     from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
     from tokencredit.pipeline.credit.assign import CreditConfig
-    from tokencredit.pipeline.sampling import SamplingConfig
+    from tokencredit.pipeline.config import SamplingConfig
 
     if complete(out):  # a finished pool is kept as it is, whatever code wrote it (its manifest says which)
         return 0.0
@@ -351,7 +352,7 @@ def dev_rows(evals: dict[str, dict]) -> list[dict]:
 
 
 def passing(pool: Path) -> int:
-    from tokencredit.pipeline.query import connect
+    from tokencredit.pipeline.dataset.query import connect
 
     return connect(str(pool)).sql("SELECT count(*) FROM training WHERE passed_all").fetchall()[0][0]
 
@@ -513,7 +514,7 @@ def diagnose(pool: Path, records_path: Path) -> dict:
     violation is (`tokencredit.verifiers.instruction_spans`), the share of the reward's negative advantage mass on the
     violating tokens (GDPO: their share of the tokens, which is also the chance that a uniformly drawn token
     lies there) and how often the reward's most penalized token under the pool's MRTPO lies there."""
-    from tokencredit.pipeline.query import connect
+    from tokencredit.pipeline.dataset.query import connect
     from tokencredit.verifiers.instruction_spans import spans_for
 
     by_id = {r.id: r for r in load_records(records_path)}
@@ -547,7 +548,7 @@ def pool_stats(pool: Path) -> dict:
     """How far MRTPO's token advantages move from GDPO's on the pool: the share of failed (response, reward)
     pairs whose replay fell under the noise floor (uniform weights), the share of response tokens whose
     advantage changes sign, and the mean |A_mrtpo - A_gdpo| over the mean |A_gdpo|."""
-    from tokencredit.pipeline.query import connect
+    from tokencredit.pipeline.dataset.query import connect
 
     db = connect(str(pool))
     floored = db.sql("SELECT avg(floored::INT) FROM (SELECT response_id, reward, bool_or(floored) AS floored "

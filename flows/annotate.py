@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from tokencredit.pipeline.annotate import (AnnotateConfig, annotate_shard, code_version, finish_run, load_models, prepare_run,
                                shard_bar)
-from tokencredit.pipeline.writer import RunWriter
+from tokencredit.pipeline.dataset.writer import RunWriter
 from tokencredit.schemas.records import TaskRecord
 
 

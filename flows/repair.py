@@ -33,7 +33,7 @@ def repair_shard_task(job: RepairJob, shard: int, records: dict, refs: tuple, de
 def repair_flow(run: str, out: str, config: RepairConfig = RepairConfig(), device: str = "cpu",
                 progress: bool = True) -> dict[str, Any]:
     """Repair every failed pair of `run` not yet done under `out`; returns the summary (OUT/repair.json)."""
-    from tokencredit.pipeline.export import run_records
+    from tokencredit.pipeline.dataset.export import run_records
 
     logger = get_run_logger()
     job = prepare_repair(run, out, config)

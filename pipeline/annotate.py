@@ -24,12 +24,12 @@ from tokencredit import verifiers
 from tokencredit.schemas.records import AnnotatedResponse, RecordError, TaskRecord, VerifiedSample
 from tokencredit.verifiers.plugins import PluginRef, tasks_of
 
-from tokencredit.pipeline.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
+from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
-from tokencredit.pipeline.sampling import make_sampler
-from tokencredit.pipeline.tables import credits_table, responses_table
-from tokencredit.pipeline.writer import RunWriter
+from tokencredit.pipeline.sample import make_sampler
+from tokencredit.pipeline.dataset.tables import credits_table, responses_table
+from tokencredit.pipeline.dataset.writer import RunWriter
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,7 +68,7 @@ def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[veri
 def prompt_fits(config: AnnotateConfig):
     """A load-time check: RecordError (field `prompt`) when the rendered prompt plus
     `max_new_tokens` does not fit the model's context (`max_position_embeddings`), or when the
-    chat template refuses the record. The template renders under a time bound (`tokencredit.pipeline.bounds`):
+    chat template refuses the record. The template renders under a time bound (`tokencredit.pipeline.sample.bounds`):
     one that runs past it, or that Jinja's sandbox refuses, stops the run (ValueError)."""
     from jinja2.exceptions import TemplateError
 
@@ -263,7 +263,7 @@ def open_run(config: AnnotateConfig, out: str, n_shards: int, rejected: Sequence
 def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Rejected]) -> dict[str, Any]:
     """After the last shard: the manifest, with GDPO's batch scale c and shift m over the whole run
     (the views apply them; recorded for provenance). Raises if a shard is missing."""
-    from tokencredit.pipeline.query import connect
+    from tokencredit.pipeline.dataset.query import connect
 
     scale, shift = connect(writer.out, allow_incomplete=True).execute(
         "SELECT any_value(gdpo_scale), any_value(gdpo_shift) FROM responses").fetchone()

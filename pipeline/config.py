@@ -1,8 +1,8 @@
 """The settings that determine a dataset: sampling, GDPO, credit, and the annotate run that holds them.
 
 Plain dataclasses and option names with no heavy imports, so that the command line can show their
-defaults in `--help` without loading torch or transformers. (pipeline.credit.advantages, relevance,
-credit, sampling and annotate re-export the names they used to define.)
+defaults in `--help` without loading torch or transformers. (credit.advantages, credit.relevance
+and credit.assign re-export the names they used to define.)
 """
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from typing import Any
 
 from tokencredit.verifiers.plugins import PluginRef
 
-from tokencredit.pipeline.prompts import ABLATIONS, FEEDBACK_STYLES
+# What the replay shows for a reward (sample/prompts.py lays it out) and what it does with the one it leaves out
+FEEDBACK_STYLES = ("expected", "expected+observed", "auto")
+ABLATIONS = ("drop", "null")
+
 
 @dataclass(frozen=True)
 class SamplingConfig:

@@ -34,7 +34,7 @@ from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import SamplingConfig
 from tokencredit.pipeline.progress import Progress
-from tokencredit.pipeline.writer import _read_json, _sha256, _write_atomic, filesystem
+from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic, filesystem
 
 PAIRS = pa.schema([
     pa.field("pair_id", pa.string(), nullable=False),  # RESPONSE_ID#K/J: reward k's j-th resample
@@ -121,7 +121,7 @@ def penalty_cut(advantage: Sequence[float]) -> int:
 
 def failed_targets(run: str, limit: int | None = None) -> list[Target]:
     """The failed (response, reward) pairs of a complete run with their cut, in response then reward order."""
-    from tokencredit.pipeline.query import connect
+    from tokencredit.pipeline.dataset.query import connect
 
     targets = []
     for row in connect(run).execute(FAILED_SQL).fetchall():
@@ -144,7 +144,7 @@ def resample(sampler, targets: Sequence[Target], cuts: Sequence[int], sampling: 
     """Per target, n suffixes sampled after prompt + y_<cut (ids), each at most max_new_tokens - cut long.
 
     Rows are batched by cut so that a batch decodes no further than its longest budget needs."""
-    from tokencredit.pipeline.sampling import row_seed
+    from tokencredit.pipeline.sample.rows import row_seed
 
     rows = sorted(((i, j) for i in range(len(targets)) for j in range(n)), key=lambda r: cuts[r[0]])
     out: list[list[list[int]]] = [[[] for _ in range(n)] for _ in targets]
@@ -308,7 +308,7 @@ class RepairJob:
 
 def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
     """Read the run (complete) and its failed pairs, record the config in OUT, and split the pairs into shards."""
-    from tokencredit.pipeline.writer import run_files
+    from tokencredit.pipeline.dataset.writer import run_files
 
     manifest = run_files(run).manifest  # IncompleteRunError for a run still being written
     settings = manifest["config"]
@@ -322,7 +322,7 @@ def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
 def load_sampler(model: str | None, device: str = "cpu"):
     """(sampler, tokenizer) of the run's policy: the transformers sampler, whose `generate` continues a prefix."""
     from tokencredit.pipeline.models.loading import load_policy, model_name
-    from tokencredit.pipeline.sampling import TransformersSampler
+    from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
 
     policy, tokenizer = load_policy(model, device=device)
     return TransformersSampler(policy, tokenizer, model_name(model), progress=False), tokenizer
@@ -340,7 +340,7 @@ def finish_repair(job: RepairJob, markers: Sequence[dict]) -> dict:
 def run_repair(run: str, out: str, config: RepairConfig = RepairConfig(), device: str = "cpu",
                progress: bool = True) -> dict:
     """Repair every failed pair of `run` not yet done under `out`, in this process; returns the summary."""
-    from tokencredit.pipeline.export import run_records
+    from tokencredit.pipeline.dataset.export import run_records
 
     job = prepare_repair(run, out, config)
     records, _, refs = run_records(run)

@@ -1,5 +1,5 @@
 -- Views over one tokencredit run directory. The responses and credits placeholders are replaced
--- by table expressions over exactly the part files its manifest lists (pipeline/query.py).
+-- by table expressions over exactly the part files its manifest lists (pipeline/dataset/query.py).
 -- responses: the stored rows plus GDPO's batch step over the whole run (method.md section 1),
 -- never over a shard: gdpo_scale c and gdpo_shift m come from every credited response's gdpo_sum
 -- S[i] ({batch} step, ddof {batch_ddof}, eps {batch_eps}, the run's GdpoOptions), and

@@ -7,9 +7,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tokencredit.pipeline import analysis
-from tokencredit.pipeline.query import connect
-from tokencredit.pipeline.writer import RunWriter
+from tokencredit.pipeline.dataset import analysis
+from tokencredit.pipeline.dataset.query import connect
+from tokencredit.pipeline.dataset.writer import RunWriter
 
 
 def _tables(out):

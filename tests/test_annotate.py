@@ -4,7 +4,7 @@ import dataclasses
 from tokencredit import verifiers
 from tokencredit.pipeline.annotate import verify_samples
 from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
-from tokencredit.pipeline.tables import responses_table
+from tokencredit.pipeline.dataset.tables import responses_table
 from tokencredit.schemas.records import Sample
 
 
@@ -38,7 +38,7 @@ def test_a_crashing_verifier_keeps_the_row_with_a_failed_status():
 import json  # noqa: E402
 
 from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set  # noqa: E402
-from tokencredit.pipeline.cli import main  # noqa: E402
+from tokencredit.flows.cli import main  # noqa: E402
 
 
 def write_prompts(path, lines):

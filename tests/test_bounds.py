@@ -15,7 +15,7 @@ import pytest
 from jinja2.exceptions import TemplateError
 
 from tokencredit.pipeline.annotate import load_prompt_set
-from tokencredit.pipeline.bounds import render_bounded
+from tokencredit.pipeline.sample.bounds import render_bounded
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer
 from tokencredit.schemas.records import InstructionSpec, TaskRecord
@@ -39,7 +39,7 @@ def policy_with_template(folder: Path, template: str) -> Path:
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """The CLI in a child process, reporting its peak resident memory (KiB) on the last stderr line."""
-    code = ("import resource, sys; from tokencredit.pipeline.cli import main; rc = main(sys.argv[1:]); "
+    code = ("import resource, sys; from tokencredit.flows.cli import main; rc = main(sys.argv[1:]); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})

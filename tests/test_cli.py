@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tokencredit.pipeline import cli
-from tokencredit.pipeline.cli import main
+from tokencredit.flows import cli
+from tokencredit.flows.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,12 +21,12 @@ def python(code: str, env: dict | None = None, timeout: float = 600) -> subproce
 
 
 def test_the_cli_starts_without_torch_transformers_prefect_or_duckdb():
-    code = ("import sys; from tokencredit.pipeline import cli; cli.build_parser().format_help(); "
+    code = ("import sys; from tokencredit.flows import cli; cli.build_parser().format_help(); "
             "print([m for m in ('torch', 'transformers', 'prefect', 'duckdb') if m in sys.modules])")
     done = python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
-    assert python("from tokencredit.pipeline.cli import main; main(['--help'])").returncode == 0
+    assert python("from tokencredit.flows.cli import main; main(['--help'])").returncode == 0
 
 
 def test_help_shows_the_defaults(capsys):
@@ -85,7 +85,7 @@ def test_prefect_start_timeout_is_set_unless_the_user_set_one(monkeypatch):
 def test_a_temporary_server_that_does_not_start_says_what_to_do(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PYTHONPATH=str(ROOT), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0")
-    done = subprocess.run([sys.executable, "-m", "tokencredit.pipeline.cli", "annotate", "--out", str(tmp_path / "run"),
+    done = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(tmp_path / "run"),
                            "--limit", "1", "--n", "2", "--tasks", "tools"], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]

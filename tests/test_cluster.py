@@ -16,8 +16,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pytest
 
-from tokencredit.pipeline.cli import main
-from tokencredit.pipeline.query import run_query
+from tokencredit.flows.cli import main
+from tokencredit.pipeline.dataset.query import run_query
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_killed_run_on_dask_workers_to_s3_resumes_equal_to_a_local_run(cluster, 
     out = f"s3://{BUCKET}/runs/killed"
     options = ["--limit", "3", "--shard-size", "1", "--n", "3", "--max-new-tokens", "40", "--seed", "7",
                "--run-id", "cluster-test"]
-    command = [sys.executable, "-m", "tokencredit.pipeline.cli", "annotate", "--out", out, *options, "--runner", "dask",
+    command = [sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", out, *options, "--runner", "dask",
                "--dask-address", scheduler]
     fs, root = pafs.FileSystem.from_uri(out)
 

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokencredit.pipeline.annotate import code_version
-from tokencredit.pipeline.cli import main
-from tokencredit.pipeline.query import run_query
-from tokencredit.pipeline.writer import IncompleteRunError, RunLockedError, RunWriter
+from tokencredit.flows.cli import main
+from tokencredit.pipeline.dataset.query import run_query
+from tokencredit.pipeline.dataset.writer import IncompleteRunError, RunLockedError, RunWriter
 from tokencredit.schemas import CREDITS, RESPONSES
 from tests.test_train import response_rows, tiny_policy
 
@@ -126,7 +126,7 @@ def test_a_second_writer_is_refused_while_the_first_lives(tmp_path, capsys):
 
 def test_the_lock_dies_with_its_process(tmp_path):
     out = tmp_path / "run"
-    code = ("import sys, time; from tokencredit.pipeline.writer import RunWriter; w = RunWriter(sys.argv[1]); w.lock(); "
+    code = ("import sys, time; from tokencredit.pipeline.dataset.writer import RunWriter; w = RunWriter(sys.argv[1]); w.lock(); "
             "print('locked', flush=True); time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -10,8 +10,8 @@ import torch
 from tokencredit.pipeline.credit.advantages import batch_statistics, gdpo, preset
 from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
 from tokencredit.pipeline.credit.assign import CreditConfig
-from tokencredit.pipeline.query import connect
-from tokencredit.pipeline.sampling import SamplingConfig
+from tokencredit.pipeline.dataset.query import connect
+from tokencredit.pipeline.config import SamplingConfig
 
 # Values that come out of a model forward (sampling log-probs, replay distances, P2T attributions)
 # change in their last float bits with the batch's shape, which the shard changes; everything else

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from tokencredit.pipeline.detokenize import StopChecker, stop_reached, truncate_at_stop
+from tokencredit.pipeline.sample.detokenize import StopChecker, stop_reached, truncate_at_stop
 from tokencredit.pipeline.models.loading import load_tokenizer
 from tokencredit.pipeline.models.registry import is_pulled
-from tokencredit.pipeline.tables import token_spans
+from tokencredit.pipeline.sample.detokenize import token_spans
 from tests.test_models import tiny_tokenizer
 
 SMOLLM2 = "smollm2-135m-instruct"

@@ -5,9 +5,9 @@ import textwrap
 
 import pytest
 
-from tokencredit.pipeline import export as export_module
+from tokencredit.pipeline.dataset import export as export_module
 from tokencredit import verifiers
-from tokencredit.pipeline.export import export_hf, export_verl, ground_truth, record_from_json, record_json
+from tokencredit.pipeline.dataset.export import export_hf, export_verl, ground_truth, record_from_json, record_json
 from tests.test_train import RESPONSES_SPEC, response_rows, write_run
 
 DEMO = {r.task: r for r in verifiers.load_tasks("demo")[0]}  # one record per task
@@ -89,7 +89,7 @@ def test_hf_export_of_a_real_run_carries_rewards_by_name_and_token_texts(tmp_pat
     import pyarrow.dataset as pads
 
     from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
-    from tokencredit.pipeline.sampling import SamplingConfig
+    from tokencredit.pipeline.config import SamplingConfig
 
     out = tmp_path / "run"
     run_annotation(AnnotateConfig(limit=1, tasks=("sql",), sampling=SamplingConfig(n=3, max_new_tokens=16, seed=1)),

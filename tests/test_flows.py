@@ -14,9 +14,9 @@ import pytest
 
 from tokencredit.flows.annotate import run_annotate_flow
 from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
-from tokencredit.pipeline.cli import main
+from tokencredit.flows.cli import main
 from tokencredit.pipeline.credit.assign import CreditConfig
-from tokencredit.pipeline.sampling import SamplingConfig
+from tokencredit.pipeline.config import SamplingConfig
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_killed_run_resumes_without_duplicates_or_gaps(prefect_harness, tmp_path
     env = {**os.environ, "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "")}
     # its own process group: the kill takes the run and its temporary Prefect server down together, as a
     # crash of the job would (killing the CLI alone leaves that server running after the test)
-    proc = subprocess.Popen([sys.executable, "-m", "tokencredit.pipeline.cli", *args], env=env, start_new_session=True,
+    proc = subprocess.Popen([sys.executable, "-m", "tokencredit.flows.cli", *args], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while len(list((out / "_shards").glob("*.json"))) < 2 and time.time() < deadline and proc.poll() is None:

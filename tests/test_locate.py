@@ -9,9 +9,10 @@ import torch
 from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation, verify_samples
 from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
 from tokencredit.pipeline.models.loading import load_policy
-from tokencredit.pipeline.query import connect
-from tokencredit.pipeline.sampling import SamplingConfig, render_prompt
-from tokencredit.pipeline.tables import token_spans
+from tokencredit.pipeline.dataset.query import connect
+from tokencredit.pipeline.config import SamplingConfig
+from tokencredit.pipeline.sample.rows import render_prompt
+from tokencredit.pipeline.sample.detokenize import token_spans
 from tokencredit.schemas.records import Constraint, InstructionSpec, Sample, TaskRecord
 
 RESPONSES = ["Rain falls, then, it stops", "Rain falls and then it stops", "Rain, falls and it stops now",

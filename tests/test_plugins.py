@@ -38,7 +38,7 @@ def run_as_a_user(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
     folder, so the verifier module is found there by the plugin loader itself."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "tokencredit").write_text(f"#!{sys.executable}\nimport sys\nfrom pipeline.cli import main\n"
+    (bin_dir / "tokencredit").write_text(f"#!{sys.executable}\nimport sys\nfrom tokencredit.flows.cli import main\n"
                                          "sys.exit(main())\n")
     (bin_dir / "tokencredit").chmod(0o755)
     (tmp_path / "work").mkdir(exist_ok=True)
@@ -180,7 +180,7 @@ def test_a_plugin_that_hangs_on_one_record_is_bounded_through_the_cli(tmp_path):
     prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "A haiku.", "topic": "sea"}\n'
                        '{"id": "h2", "task": "haiku", "prompt": "A haiku.", "topic": "snow"}\n')
     done = subprocess.run(
-        [sys.executable, "-m", "tokencredit.pipeline.cli", "annotate", "--out", str(tmp_path / "out"), "--prompts", str(prompts),
+        [sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(tmp_path / "out"), "--prompts", str(prompts),
          "--runner", "none", "--verifier", f"haiku={tmp_path / 'haiku.py'}:haiku", "--verifier-timeout", "1",
          "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
@@ -231,7 +231,7 @@ def test_the_source_hash_is_part_of_the_dataset_identity_and_a_changed_source_is
 def test_a_file_plugin_runs_in_dask_workers_and_writes_what_the_threads_runner_writes(prefect_harness, tmp_path):
     from tokencredit.flows.annotate import run_annotate_flow
     from tokencredit.pipeline.credit.assign import CreditConfig
-    from tokencredit.pipeline.sampling import SamplingConfig
+    from tokencredit.pipeline.config import SamplingConfig
 
     (tmp_path / "haiku.py").write_text(HAIKU)
     prompts = tmp_path / "haiku.jsonl"
@@ -254,7 +254,7 @@ def crashing(record, response):
 
 @pytest.mark.slow
 def test_a_run_where_every_response_is_a_verifier_error_exits_2_with_one_line(tmp_path, capsys):
-    from tokencredit.pipeline.cli import main
+    from tokencredit.flows.cli import main
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku."}\n')
@@ -279,7 +279,7 @@ lines = trl_verifier(newline_reward, feedback=lambda record: f"Write {record['li
 
 
 def test_a_trl_reward_function_is_a_verifier_in_annotate(tmp_path, capsys):
-    from tokencredit.pipeline.cli import main
+    from tokencredit.flows.cli import main
 
     (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
     prompts = tmp_path / "p.jsonl"

@@ -7,9 +7,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tokencredit.pipeline import analysis
-from tokencredit.pipeline.cli import main
-from tokencredit.pipeline.query import connect, run_query
+from tokencredit.pipeline.dataset import analysis
+from tokencredit.flows.cli import main
+from tokencredit.pipeline.dataset.query import connect, run_query
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
@@ -97,7 +97,7 @@ def test_query_spills_into_a_temporary_folder_of_its_own_removed_after(run, tmp_
     work = tmp_path / "work"
     work.mkdir()
     sql = "SELECT current_setting('temp_directory') AS t, current_setting('memory_limit') AS m"
-    done = subprocess.run([sys.executable, "-c", "from tokencredit.pipeline.query import run_query; import sys; print(*run_query("
+    done = subprocess.run([sys.executable, "-c", "from tokencredit.pipeline.dataset.query import run_query; import sys; print(*run_query("
                            "sys.argv[1], sys.argv[2], memory_limit='200MB').fetchall()[0], sep='|')", str(run), sql],
                           cwd=work, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
                           check=True)

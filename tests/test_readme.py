@@ -19,7 +19,7 @@ def blocks(section: str) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     """A small `runs/demo` (the README's own command, with fewer prompts) in a scratch folder."""
-    from tokencredit.pipeline.cli import main
+    from tokencredit.flows.cli import main
 
     root = tmp_path_factory.mktemp("readme")
     assert main(["annotate", "--out", str(root / "runs/demo"), "--limit", "1", "--n", "4", "--max-new-tokens", "32",
@@ -28,7 +28,7 @@ def demo_run(tmp_path_factory):
 
 
 def run_section(section: str, root: Path, monkeypatch) -> dict:
-    from tokencredit.pipeline.cli import main
+    from tokencredit.flows.cli import main
 
     monkeypatch.chdir(root)
     scope: dict = {}
@@ -64,7 +64,7 @@ def test_use_with_verl(demo_run, monkeypatch, capsys):
 
 def test_the_datasets_example(demo_run, monkeypatch):
     """The Dataset section's `hf` export and its `datasets` snippet."""
-    from tokencredit.pipeline.cli import main
+    from tokencredit.flows.cli import main
 
     command, code = re.search(r"```bash\n(tokencredit export runs/demo --format hf[^\n]*)\n```\n\n```python\n(.*?)```",
                               README.read_text(), flags=re.S).groups()
@@ -80,8 +80,8 @@ def test_the_datasets_example(demo_run, monkeypatch):
 def test_from_python(tmp_path, monkeypatch, capsys):
     """The "From Python" example as written, then the report anchor and the query line that the README gives
     for a response of its run."""
-    from tokencredit.pipeline.cli import main
-    from tokencredit.pipeline.report import write_report
+    from tokencredit.flows.cli import main
+    from tokencredit.pipeline.dataset.report import write_report
 
     section = README.read_text().split("\n### From Python\n", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)

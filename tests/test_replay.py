@@ -11,7 +11,7 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 import tokencredit.pipeline.credit.replay as replay_module
-from tokencredit.pipeline.prompts import NULL_FILLER, prompt_frame, replay_prompt, sampling_prompt
+from tokencredit.pipeline.sample.prompts import NULL_FILLER, prompt_frame, replay_prompt, sampling_prompt
 from tokencredit.pipeline.credit.replay import ReplayItem, ReplayStats, build_replay_item, replay, replay_distances, shared_prefix_length
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"

@@ -7,11 +7,11 @@ import subprocess
 import pyarrow as pa
 import pytest
 
-from tokencredit.pipeline import analysis
-from tokencredit.pipeline.cli import main
-from tokencredit.pipeline.query import connect
-from tokencredit.pipeline.report import shade, token_texts, write_report
-from tokencredit.pipeline.writer import RunWriter
+from tokencredit.pipeline.dataset import analysis
+from tokencredit.flows.cli import main
+from tokencredit.pipeline.dataset.query import connect
+from tokencredit.pipeline.dataset.report import shade, token_texts, write_report
+from tokencredit.pipeline.dataset.writer import RunWriter
 from tests.test_analysis import _tables
 
 CHROMIUM = shutil.which("chromium")  # Debian package `chromium`

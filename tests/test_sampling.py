@@ -14,8 +14,10 @@ import torch
 from scipy import stats
 
 from tokencredit.pipeline.models.loading import load_policy
-from tokencredit.pipeline.prompts import sampling_prompt
-from tokencredit.pipeline.sampling import SamplingConfig, TransformersSampler, choose_tokens, make_sampler
+from tokencredit.pipeline.sample.prompts import sampling_prompt
+from tokencredit.pipeline.config import SamplingConfig
+from tokencredit.pipeline.sample.transformers_backend import TransformersSampler, choose_tokens
+from tokencredit.pipeline.sample import make_sampler
 from tokencredit.schemas.records import RecordError, SqlSpec, TaskRecord
 from tests.test_models import save_tiny_policy
 
@@ -192,9 +194,9 @@ def test_bad_records_and_configs_are_named(sampler):
 
 
 def test_cpu_path_never_imports_vllm(policy_dir):
-    code = ("import sys; from tokencredit.pipeline.sampling import make_sampler, SamplingConfig; from tests.test_sampling import "
+    code = ("import sys; from tokencredit.pipeline.sample import make_sampler, SamplingConfig; from tests.test_sampling import "
             f"RECORDS; make_sampler('transformers', {str(policy_dir)!r}).sample(RECORDS[:1], SamplingConfig(n=1, "
-            "max_new_tokens=2)); assert 'tokencredit.pipeline.sampling' in sys.modules and 'vllm' not in sys.modules")
+            "max_new_tokens=2)); assert 'tokencredit.pipeline.sample.transformers_backend' in sys.modules and 'vllm' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

@@ -20,7 +20,8 @@ from tokencredit.pipeline.annotate import AnnotateConfig, annotate_shard, load_m
 from tokencredit.pipeline.credit.assign import CreditConfig
 from tokencredit.pipeline.models.loading import load_policy
 from tokencredit.pipeline.models.registry import is_pulled
-from tokencredit.pipeline.sampling import TOP_K, SamplingConfig, TransformersSampler, _choose_in_top_k, choose_tokens, left_pad
+from tokencredit.pipeline.sample.transformers_backend import TOP_K, TransformersSampler, _choose_in_top_k, choose_tokens, left_pad
+from tokencredit.pipeline.config import SamplingConfig
 
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -159,7 +160,7 @@ def test_one_row_batches_write_the_reference_dataset_byte_for_byte(tmp_path, mon
                             sampling=SamplingConfig(n=1, batch_size=1, max_new_tokens=48, top_p=0.95,
                                                     stop=("</sql>", "\n\n")))
     fast = annotated_checksum(config, TransformersSampler, tmp_path / "fast")
-    monkeypatch.setattr("tokencredit.pipeline.tables.token_spans", prefix_token_spans)
+    monkeypatch.setattr("tokencredit.pipeline.dataset.tables.token_spans", prefix_token_spans)
     assert fast == annotated_checksum(config, ReferenceSampler, tmp_path / "plain")
 
 

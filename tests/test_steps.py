@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from tokencredit.pipeline.annotate import run_annotation
-from tokencredit.pipeline.cli import main
+from tokencredit.flows.cli import main
 from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
-from tokencredit.pipeline.query import connect
-from tokencredit.pipeline.report import write_report
+from tokencredit.pipeline.dataset.query import connect
+from tokencredit.pipeline.dataset.report import write_report
 from tokencredit.pipeline.steps import Pipeline
 from tokencredit.schemas.records import RewardScore, VerifiedSample
 

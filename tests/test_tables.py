@@ -5,7 +5,7 @@ from tokencredit import verifiers
 from tokencredit.pipeline.annotate import verify_samples
 from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
 from tokencredit.pipeline.models.loading import load_tokenizer
-from tokencredit.pipeline.tables import credits_table, responses_table
+from tokencredit.pipeline.dataset.tables import credits_table, responses_table
 from tokencredit.schemas.records import Constraint, InstructionSpec, Sample, TaskRecord
 
 

@@ -240,7 +240,7 @@ def test_a_null_byte_a_deep_nesting_and_a_lone_surrogate_are_rejected_with_line_
 def test_the_three_hostile_records_are_rejected_through_the_cli_and_the_rest_annotated(task_dir):
     prompts = write_lines(task_dir / "t.jsonl", hostile_lines())
     out = task_dir / "out"
-    done = subprocess.run([sys.executable, "-m", "tokencredit.pipeline.cli", "annotate", "--out", str(out), "--prompts",
+    done = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(out), "--prompts",
                            str(prompts), "--runner", "none", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"],
                           cwd=task_dir, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=600)

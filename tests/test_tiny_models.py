@@ -10,7 +10,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassificati
 from tokencredit import verifiers
 from tokencredit.pipeline.train.feedback_training import Example, as_reference, build_pool, changed_span, record_examples, sections_of
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, DEFAULT_REWARD_MODEL
-from tokencredit.pipeline.prompts import replay_prompt, sampling_prompt
+from tokencredit.pipeline.sample.prompts import replay_prompt, sampling_prompt
 from tokencredit.pipeline.train.losses import token_weighted_sft_loss
 from tokencredit.pipeline.models.tiny import (auc, collate, encode_example, pass_rates, rm_rows, rm_scores, tail_loss,
                                   train_tokenizer)

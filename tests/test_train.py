@@ -22,12 +22,12 @@ from tokencredit.pipeline.train.trainer import (
     batch_indices,
     collate,
     load_examples,
-    read_training,
     token_logprobs,
     train,
     train_step,
 )
-from tokencredit.pipeline.writer import RunWriter
+from tokencredit.pipeline.dataset.training import read_training
+from tokencredit.pipeline.dataset.writer import RunWriter
 from tokencredit.schemas import CREDITS, RESPONSES
 
 VOCAB = 64
@@ -396,7 +396,7 @@ def test_bf16_autocast_on_cuda(run_dir, policy_dir, tmp_path):
 
 def test_lora_from_the_cli_trains_adapters_only(run_dir, policy_dir, tmp_path):
     pytest.importorskip("peft")
-    from tokencredit.pipeline.cli import main
+    from tokencredit.flows.cli import main
 
     out = tmp_path / "lora"
     assert main(["train", "--data", run_dir, "--model", str(policy_dir), "--out", str(out), "--lora", "--steps", "2",
@@ -435,7 +435,7 @@ def test_rejection_sampling_keeps_the_responses_that_pass_every_reward_with_weig
 
 
 def test_training_on_an_incomplete_run_is_refused_without_creating_the_output_folder(tmp_path, capsys):
-    from tokencredit.pipeline.cli import main
+    from tokencredit.flows.cli import main
 
     writer = RunWriter(str(tmp_path / "run"))
     writer.start("run", {}, "h", "c", n_shards=2)

@@ -22,10 +22,10 @@ from verl.workers.reward_manager.naive import NaiveRewardManager  # noqa: E402
 from tokencredit import pipeline  # noqa: E402
 from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation  # noqa: E402
 from tokencredit.pipeline.credit.assign import CreditConfig  # noqa: E402
-from tokencredit.pipeline.export import export_verl  # noqa: E402
+from tokencredit.pipeline.dataset.export import export_verl  # noqa: E402
 from tokencredit.pipeline.integrations.verl import SLOTS, compute_mrtpo_advantage, compute_score  # noqa: E402
 from tokencredit.pipeline.models.loading import load_policy  # noqa: E402
-from tokencredit.pipeline.sampling import SamplingConfig  # noqa: E402
+from tokencredit.pipeline.config import SamplingConfig  # noqa: E402
 
 TINY_POLICY = Path(pipeline.__file__).parent / "models" / "tiny-policy"
 
@@ -168,7 +168,7 @@ def plugin_run(tmp_path_factory):
 
 
 def test_a_plugin_runs_verl_export_is_scored_by_compute_score(plugin_run):
-    from tokencredit.pipeline.cli import main
+    from tokencredit.flows.cli import main
 
     dest = plugin_run / "verl.parquet"
     assert main(["export", str(plugin_run / "run"), "--format", "verl", "--advantage", "gdpo",

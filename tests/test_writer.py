@@ -9,8 +9,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from tokencredit.pipeline.query import run_query
-from tokencredit.pipeline.writer import RunWriter
+from tokencredit.pipeline.dataset.query import run_query
+from tokencredit.pipeline.dataset.writer import RunWriter
 from tokencredit.schemas import CREDITS, RESPONSES, SCHEMA_VERSION, TABLES, views_sql
 
 
@@ -118,7 +118,7 @@ def test_finishing_a_run_removes_what_a_killed_writer_left(tmp_path):
 
 
 def test_a_truncated_manifest_is_an_error_naming_the_file(tmp_path, capsys):
-    from tokencredit.pipeline.cli import main
+    from tokencredit.flows.cli import main
 
     writer = RunWriter(str(tmp_path))
     writer.start("run", {}, "h", "c")

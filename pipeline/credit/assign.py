@@ -21,7 +21,7 @@ from tokencredit.pipeline.config import CREDIT_KINDS, CreditConfig  # noqa: F401
 from tokencredit.pipeline.credit.mrtpo import mrtpo_advantages
 from tokencredit.pipeline.credit.p2t import P2TStats, attribute, token_rewards
 from tokencredit.pipeline.progress import Progress
-from tokencredit.pipeline.prompts import feedback_sections
+from tokencredit.pipeline.sample.prompts import feedback_sections
 from tokencredit.pipeline.credit.located import verifier_relevance
 from tokencredit.pipeline.credit.relevance import apply_floor, relevance, signs
 from tokencredit.pipeline.credit.replay import build_replay_item, replay

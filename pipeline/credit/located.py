@@ -15,7 +15,7 @@ import torch
 
 from tokencredit.schemas.records import VerifiedSample
 
-from tokencredit.pipeline.tables import token_spans
+from tokencredit.pipeline.sample.detokenize import token_spans
 
 
 def span_relevance(spans: Sequence[tuple[int, int]], starts: Sequence[int], ends: Sequence[int]) -> torch.Tensor:

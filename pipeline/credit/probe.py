@@ -18,10 +18,10 @@ import torch
 from tokencredit import verifiers
 from tokencredit.schemas.records import TaskRecord
 
-from tokencredit.pipeline.prompts import feedback_sections
+from tokencredit.pipeline.sample.prompts import feedback_sections
 from tokencredit.pipeline.credit.relevance import apply_floor, relevance, signs
 from tokencredit.pipeline.credit.replay import ReplayOutput, build_replay_item, replay
-from tokencredit.pipeline.tables import token_spans
+from tokencredit.pipeline.sample.detokenize import token_spans
 
 
 @dataclass

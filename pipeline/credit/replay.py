@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from tokencredit.pipeline.credit.divergence import js_divergence
 from tokencredit.pipeline.models.loading import cache_keyword
-from tokencredit.pipeline.prompts import prompt_frame, replay_prompt_ids
+from tokencredit.pipeline.sample.prompts import prompt_frame, replay_prompt_ids
 
 
 @dataclass

@@ -42,8 +42,9 @@ from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
 from tokencredit.pipeline.train.losses import token_weighted_sft_loss
 from tokencredit.pipeline.credit.mrtpo import smoothstep_beta
 from tokencredit.pipeline.credit.p2t import p2t_advantages
-from tokencredit.pipeline.sampling import render_prompt
-from tokencredit.pipeline.train.trainer import Example, collate, load_examples, parse_advantage
+from tokencredit.pipeline.sample.rows import render_prompt
+from tokencredit.pipeline.train.trainer import Example, collate, load_examples
+from tokencredit.pipeline.dataset.training import parse_advantage
 
 logger = logging.getLogger(__name__)
 

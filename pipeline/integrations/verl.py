@@ -47,7 +47,7 @@ from tokencredit.verifiers import plugins
 
 from tokencredit.pipeline.credit.advantages import batch_statistics, preset
 from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
-from tokencredit.pipeline.export import record_from_json, refs_from_json
+from tokencredit.pipeline.dataset.export import record_from_json, refs_from_json
 
 SOURCE_PREFIX = "tokencredit/"
 DATA_SOURCES = tuple(f"{SOURCE_PREFIX}{task}" for task in TASKS)  # and tokencredit/<plugin task>

@@ -35,7 +35,7 @@ from tokencredit.schemas.records import TaskRecord
 from tokencredit.pipeline.train.feedback_training import Example, Recipe, build_examples, tokenizer_corpus
 from tokencredit.pipeline.train.losses import IGNORE_INDEX, token_weighted_sft_loss
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, DEFAULT_REWARD_MODEL
-from tokencredit.pipeline.prompts import sampling_prompt
+from tokencredit.pipeline.sample.prompts import sampling_prompt
 
 SEED = 20261202
 VOCAB_SIZE = 3000
@@ -175,7 +175,8 @@ def train_policy(tokenizer, examples: Sequence[Example], steps: int, batch_size:
 def sample_responses(model, tokenizer, records: Sequence[TaskRecord], n: int, seed: int,
                      max_new_tokens: int = 96) -> list[list]:
     """`n` responses per record at temperature 1.0 over the full vocabulary, with the pipeline's sampler."""
-    from tokencredit.pipeline.sampling import SamplingConfig, TransformersSampler
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
 
     config = SamplingConfig(n=n, max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=seed, batch_size=64)
     samples = TransformersSampler(model, tokenizer, "tiny-policy", progress=False).sample(records, config)
@@ -366,7 +367,7 @@ instruction following) and exists so that the pipeline runs on a CPU with no dow
 Built by `python -m tokencredit.pipeline.models.tiny all` (seed {seed}, CPU, {build_seconds} s for this step) from the
 {train_records} train-split records only, {examples} examples, {steps} AdamW steps of 32 with
 `tokencredit.pipeline.train.losses.token_weighted_sft_loss` (loss on response tokens and eos). The examples
-(`pipeline/train/feedback_training.py`) teach it to read verifier feedback laid out by `tokencredit.pipeline.prompts`
+(`pipeline/train/feedback_training.py`) teach it to read verifier feedback laid out by `tokencredit.pipeline.sample.prompts`
 (template `{template}`): sampling prompt -> reference or a corruption; every feedback section present ->
 the reference (also on records whose reference was swapped for a corruption, so that the feedback, not
 the question, decides); section k removed -> half the time a corruption of the part reward k governs. So
@@ -400,7 +401,7 @@ def results_section(result: dict) -> str:
 
 def write_reports(result: dict, results_md: Path = Path("bench/RESULTS.md")) -> None:
     """Model cards in both model folders and the `## Tiny models` section of bench/RESULTS.md."""
-    from tokencredit.pipeline.prompts import TEMPLATE_VERSION
+    from tokencredit.pipeline.sample.prompts import TEMPLATE_VERSION
 
     facts = json.loads((DEFAULT_POLICY / "build.json").read_text())
     (DEFAULT_POLICY / "README.md").write_text(POLICY_CARD.format(**facts, template=TEMPLATE_VERSION)

@@ -1,6 +1,6 @@
 """Training data that teaches the tiny policy to use verifier feedback (so that MRTPO's replay localizes).
 
-Per train record, three kinds of (prompt, response) examples, all laid out by `tokencredit.pipeline.prompts`:
+Per train record, three kinds of (prompt, response) examples, all laid out by `tokencredit.pipeline.sample.prompts`:
 
   (a) sampling_prompt(x)            -> the reference, or a corruption (sets the sampling error rate);
   (b) replay_prompt(x, sections)    -> the reference (every feedback section present: sure and right);
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from tokencredit import verifiers
 from tokencredit.schemas.records import RecordError, TaskRecord
 
-from tokencredit.pipeline.prompts import feedback_text, replay_prompt, sampling_prompt
+from tokencredit.pipeline.sample.prompts import feedback_text, replay_prompt, sampling_prompt
 
 
 

@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -44,10 +43,10 @@ from tqdm import tqdm
 
 from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
 from tokencredit.pipeline.models.loading import load_policy
-from tokencredit.pipeline.query import connect
-from tokencredit.pipeline.writer import run_files
+from tokencredit.pipeline.dataset.query import connect
+from tokencredit.pipeline.dataset.training import check_aligned, parse_advantage, read_training
+from tokencredit.pipeline.dataset.writer import run_files
 
-ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t")
 OBJECTIVES = ("pg", "sft", "rs")
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "train_config.json"
@@ -95,63 +94,6 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
-def parse_advantage(spec: str) -> dict[str, float]:
-    """'mrtpo' -> {'mrtpo': 1.0}; 'mrtpo:0.5,gdpo:0.5' -> {'mrtpo': 0.5, 'gdpo': 0.5}."""
-    mix: dict[str, float] = {}
-    for part in spec.split(","):
-        kind, _, coef = part.strip().partition(":")
-        if kind not in ADVANTAGE_KINDS:
-            raise ValueError(f"unknown advantage kind {kind!r} in {spec!r}: choose from "
-                             f"{', '.join(ADVANTAGE_KINDS)} or a mix like 'mrtpo:0.5,gdpo:0.5'")
-        try:
-            mix[kind] = mix.get(kind, 0.0) + (float(coef) if coef else 1.0)
-        except ValueError:
-            raise ValueError(f"advantage {spec!r}: coefficient {coef!r} of {kind!r} is not a number") from None
-    return mix
-
-
-# --- reading the training view ------------------------------------------------------------------
-
-
-def read_training(data: str | Path, advantage: str | None, allow_incomplete: bool = False) -> list[dict[str, Any]]:
-    """Rows of the run's `training` view (ordered by response_id); with `advantage` given, each row
-    also has `advantages`: the chosen kind, or the coefficient-weighted sum of a mix, per token.
-
-    Raises ValueError naming the kind, the run directory and a response id when the kind's column
-    is missing or NULL, or when a list is not aligned with token_ids.
-    """
-    mix = parse_advantage(advantage) if advantage is not None else {}
-    columns = ", ".join(["response_id", "group_id", "task", "prompt", "response", "prompt_token_ids",
-                         "token_ids", "sample_logprobs", "sft_weight", "passed_all", *(f"adv_{k}" for k in mix)])
-    try:
-        rows = connect(data, allow_incomplete=allow_incomplete).sql(
-            f"SELECT {columns} FROM training ORDER BY response_id").to_arrow_table().to_pylist()
-    except duckdb.BinderException as err:
-        raise ValueError(f"run dir {data}: cannot read advantage {advantage!r} from the training view "
-                         f"({str(err).splitlines()[0]})") from err
-    if not rows:
-        raise ValueError(f"run dir {data}: the training view is empty (no response with status 'ok')")
-    for row in rows:
-        for kind in mix:
-            if row[f"adv_{kind}"] is None:
-                missing = sum(r[f"adv_{kind}"] is None for r in rows)
-                raise ValueError(f"run dir {data}: advantage kind {kind!r} (column adv_{kind}) is NULL for "
-                                 f"{missing} of {len(rows)} responses, e.g. response {row['response_id']!r}; "
-                                 f"that credit was not computed for this run: choose another kind")
-            _check_aligned(row, data, f"adv_{kind}")
-        _check_aligned(row, data, "sft_weight")  # after the kinds: it derives from adv_mrtpo
-        if mix:
-            per_kind = [np.asarray(row[f"adv_{k}"], dtype=np.float64) * c for k, c in mix.items()]
-            row["advantages"] = np.sum(per_kind, axis=0).tolist()
-    return rows
-
-
-def _check_aligned(row: dict[str, Any], data: str | Path, field: str) -> None:
-    if len(row[field]) != len(row["token_ids"]):
-        raise ValueError(f"run dir {data}: response {row['response_id']!r}: field {field!r} has "
-                         f"{len(row[field])} values for {len(row['token_ids'])} tokens")
-
-
 @dataclass(frozen=True)
 class Example:
     """One response to train on; `credit` and `sample_logprobs` align with `token_ids`."""
@@ -174,7 +116,7 @@ def load_examples(data: str | Path, advantage: str | None, objective: str,
             if row["sample_logprobs"] is None:
                 raise ValueError(f"run dir {data}: response {row['response_id']!r}: field 'sample_logprobs' "
                                  f"is NULL; objective 'pg' needs the sampling log-probabilities")
-            _check_aligned(row, data, "sample_logprobs")
+            check_aligned(row, data, "sample_logprobs")
         elif objective == "rs":
             credit = [float(row["passed_all"])] * len(row["token_ids"])
         else:

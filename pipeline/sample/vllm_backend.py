@@ -17,9 +17,10 @@ from collections.abc import Sequence
 
 from tokencredit.schemas.records import Sample, TaskRecord
 
-from tokencredit.pipeline.detokenize import truncate_at_stop
+from tokencredit.pipeline.sample.detokenize import truncate_at_stop
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer, model_name, resolve_model_path
-from tokencredit.pipeline.sampling import SamplingConfig, build_sample, check_records, render_prompt, row_seed
+from tokencredit.pipeline.config import SamplingConfig
+from tokencredit.pipeline.sample.rows import build_sample, check_records, render_prompt, row_seed
 
 NEEDS_GPU = "the vllm backend needs the [gpu] extra and a CUDA device; use --backend transformers"
 

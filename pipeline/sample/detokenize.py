@@ -2,7 +2,7 @@
 
 Decoding is not additive over tokens (byte-level BPE splits characters over tokens; a window's first
 token may lose its leading space), so tokencredit's definitions decode whole prefixes: a response stops
-when its decoded text contains a stop string; a token's span (`tables.token_spans`) ends where the
+when its decoded text contains a stop string; a token's span (`token_spans`) ends where the
 decoded prefix up to it ends. Decoding every prefix costs O(T^2). The effects that make decoding
 non-additive are local (a few bytes), so a window that starts a few tokens back, with CONTEXT_CHARS
 decoded characters of context, grows exactly as the whole decode does; these helpers read windows only.
@@ -66,3 +66,27 @@ def truncate_at_stop(tokenizer, token_ids: list[int], stop: Sequence[str]) -> li
         if checker.add(token_id):
             return token_ids[:t + 1]
     return token_ids
+
+
+def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[int], list[int]]:
+    """Text and [char_start, char_end) of each token within the decoded response.
+
+    A token ends where the decoded prefix up to it ends: decoding prefixes (not single tokens) keeps
+    byte-level BPE merges and skipped special tokens consistent with how the response text itself was
+    decoded. In linear time: each token's growth of the decoded text is read from a window that starts
+    a few tokens back with CONTEXT_CHARS characters of context, and moves forward every WINDOW_TOKENS.
+    A token's text is its span of that text (" age", not the vocabulary entry "Ġage"); a token with no
+    span of its own (a special token such as the end of sequence) is decoded alone ("<|im_end|>").
+    """
+    ends, end, start, before = [], 0, 0, ""
+    for t in range(len(token_ids)):
+        if t - start > WINDOW_TOKENS:
+            start, before = decoded_tail(tokenizer, token_ids, t, CONTEXT_CHARS)
+        after = tokenizer.decode(token_ids[start:t + 1], skip_special_tokens=True)
+        end += len(after) - len(before)
+        ends.append(end)
+        before = after
+    starts = [0, *ends[:-1]]
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    texts = [text[s:e] if e > s else tokenizer.decode([t]) for t, s, e in zip(token_ids, starts, ends)]
+    return texts, starts, ends

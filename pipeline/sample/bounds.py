@@ -62,7 +62,7 @@ def render_bounded(tokenizer, record: TaskRecord, seconds: float = TEMPLATE_SECO
     """
     from jinja2.exceptions import SecurityError
 
-    from tokencredit.pipeline.sampling import render_prompt
+    from tokencredit.pipeline.sample.rows import render_prompt
 
     try:
         with template_time_limit(seconds):

@@ -19,7 +19,7 @@ import pyarrow.dataset as ds
 
 from tokencredit.schemas import SCHEMA_VERSION, TABLES, views_sql
 
-from tokencredit.pipeline.writer import run_files
+from tokencredit.pipeline.dataset.writer import run_files
 
 SUMMARY_SQL = """
 SELECT task,

@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from tokencredit.schemas import CREDITS, RESPONSES
 
-from tokencredit.pipeline.query import SUMMARY_SQL
-from tokencredit.pipeline.writer import RunWriter
+from tokencredit.pipeline.dataset.query import SUMMARY_SQL
+from tokencredit.pipeline.dataset.writer import RunWriter
 
 TOP_K = 3
 

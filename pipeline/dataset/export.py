@@ -67,8 +67,8 @@ from tokencredit.schemas.records import PluginSpec, SqlSpec, TaskRecord
 from tokencredit.verifiers import plugins
 from tokencredit.verifiers.plugins import PluginRef
 
-from tokencredit.pipeline.query import connect
-from tokencredit.pipeline.train.trainer import read_training
+from tokencredit.pipeline.dataset.query import connect
+from tokencredit.pipeline.dataset.training import read_training
 
 HF_FEATURES = datasets.Features({
     "prompt": datasets.Value("string"),

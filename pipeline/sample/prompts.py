@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 from tokencredit.schemas.records import RewardScore
 
+from tokencredit.pipeline.config import ABLATIONS, FEEDBACK_STYLES
+
 TEMPLATE_VERSION = "replay-v2"
 FEEDBACK_HEADER = "### Feedback\n"
 RESPONSE_MARKER = "### Response\n"
-FEEDBACK_STYLES = ("expected", "expected+observed", "auto")
-ABLATIONS = ("drop", "null")
 NULL_FILLER = " This check gives no details."  # cycled to the length of the section it replaces
 
 

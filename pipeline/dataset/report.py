@@ -18,9 +18,9 @@ from urllib.parse import quote
 
 import duckdb
 
-from tokencredit.pipeline import analysis
-from tokencredit.pipeline.query import connect
-from tokencredit.pipeline.writer import filesystem, run_files
+from tokencredit.pipeline.dataset import analysis
+from tokencredit.pipeline.dataset.query import connect
+from tokencredit.pipeline.dataset.writer import filesystem, run_files
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #1f2937; margin: 24px auto; max-width: 1240px; padding: 0 16px; }

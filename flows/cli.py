@@ -23,9 +23,8 @@ import logging
 import os
 import sys
 
-from tokencredit.pipeline.config import (AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, LOCATES, RELEVANCES, AnnotateConfig, CreditConfig,
-                     SamplingConfig)
-from tokencredit.pipeline.prompts import ABLATIONS, FEEDBACK_STYLES
+from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
+                                         RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig)
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
@@ -176,7 +175,7 @@ def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
 
 def cmd_annotate(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.annotate import check_inputs, rejection_lines
-    from tokencredit.pipeline.query import SUMMARY_SQL, run_query
+    from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
 
     config = annotate_config(args)
     rejected = check_inputs(config, args.out)
@@ -203,7 +202,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tokencredit.pipeline.report import write_report
+    from tokencredit.pipeline.dataset.report import write_report
 
     ids = [i.strip() for i in args.ids.split(",") if i.strip()] if args.ids else None
     path = write_report(args.out, args.dest, responses_per_task=args.responses, ids=ids, floor=args.floor,
@@ -247,7 +246,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tokencredit.pipeline.export import export_hf, export_verl
+    from tokencredit.pipeline.dataset.export import export_hf, export_verl
 
     dest = args.dest or f"{args.out.rstrip('/')}/export-{args.format}"
     if args.format == "hf":
@@ -288,7 +287,7 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
-    from tokencredit.pipeline.query import run_query
+    from tokencredit.pipeline.dataset.query import run_query
 
     try:
         run_query(args.out, args.sql, allow_incomplete=args.allow_incomplete, memory_limit=args.memory_limit).show(

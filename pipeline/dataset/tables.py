@@ -9,31 +9,7 @@ from tokencredit import verifiers
 from tokencredit.schemas import CREDITS, RESPONSES
 from tokencredit.schemas.records import AnnotatedResponse, TaskRecord
 
-from tokencredit.pipeline.detokenize import CONTEXT_CHARS, WINDOW_TOKENS, decoded_tail
-
-
-def token_spans(tokenizer, token_ids: Sequence[int]) -> tuple[list[str], list[int], list[int]]:
-    """Text and [char_start, char_end) of each token within the decoded response.
-
-    A token ends where the decoded prefix up to it ends: decoding prefixes (not single tokens) keeps
-    byte-level BPE merges and skipped special tokens consistent with how the response text itself was
-    decoded. In linear time: each token's growth of the decoded text is read from a window that starts
-    a few tokens back with CONTEXT_CHARS characters of context, and moves forward every WINDOW_TOKENS.
-    A token's text is its span of that text (" age", not the vocabulary entry "Ġage"); a token with no
-    span of its own (a special token such as the end of sequence) is decoded alone ("<|im_end|>").
-    """
-    ends, end, start, before = [], 0, 0, ""
-    for t in range(len(token_ids)):
-        if t - start > WINDOW_TOKENS:
-            start, before = decoded_tail(tokenizer, token_ids, t, CONTEXT_CHARS)
-        after = tokenizer.decode(token_ids[start:t + 1], skip_special_tokens=True)
-        end += len(after) - len(before)
-        ends.append(end)
-        before = after
-    starts = [0, *ends[:-1]]
-    text = tokenizer.decode(token_ids, skip_special_tokens=True)
-    texts = [text[s:e] if e > s else tokenizer.decode([t]) for t, s, e in zip(token_ids, starts, ends)]
-    return texts, starts, ends
+from tokencredit.pipeline.sample.detokenize import token_spans
 
 
 def _part_of(spans: list[tuple[int, int, str]], start: int, end: int) -> str:

@@ -12,61 +12,18 @@ what a later teacher-forced forward of prompt + response reproduces, and what of
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 
-from tokencredit.schemas.records import RecordError, Sample, TaskRecord
+from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import SamplingConfig
-from tokencredit.pipeline.detokenize import StopChecker
-from tokencredit.pipeline.models.loading import cache_keyword, load_policy, model_name
+from tokencredit.pipeline.sample.detokenize import StopChecker
+from tokencredit.pipeline.models.loading import cache_keyword
 from tokencredit.pipeline.progress import Progress
-from tokencredit.pipeline.prompts import sampling_prompt
-
-BACKENDS = ("transformers", "vllm")
-
-
-class Sampler(Protocol):
-    def sample(self, records: Sequence[TaskRecord], config: SamplingConfig) -> list[Sample]: ...
-
-
-def row_seed(seed: int, record_id: str, j: int) -> int:
-    """Seed of response j of a record: stable across processes (unlike Python's salted `hash`)."""
-    digest = hashlib.sha256(f"{seed}\x00{record_id}\x00{j}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1  # < 2**63: fits every generator's seed
-
-
-def render_prompt(tokenizer, task_prompt: str) -> tuple[str, list[int]]:
-    """(prompt text, the exact token ids fed to the model): the chat template when the tokenizer has
-    one, else the replay-compatible `sampling_prompt` layout."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": task_prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        return text, tokenizer(text, add_special_tokens=False)["input_ids"]
-    text = sampling_prompt(task_prompt)
-    return text, tokenizer(text)["input_ids"]
-
-
-def check_records(records: Sequence[TaskRecord]) -> None:
-    seen = set()
-    for record in records:
-        if not isinstance(record.prompt, str) or not record.prompt.strip():
-            raise RecordError(record.id, "prompt", "must be a non-empty string to sample from")
-        if record.id in seen:
-            raise RecordError(record.id, "id", "appears twice in one sampling call; response ids would collide")
-        seen.add(record.id)
-
-
-def build_sample(record: TaskRecord, j: int, prompt: tuple[str, list[int]], token_ids: list[int],
-                 logprobs: list[float], tokenizer, name: str, seed: int) -> Sample:
-    return Sample(response_id=f"{record.id}/{j}", group_id=record.id, task=record.task, prompt=prompt[0],
-                  prompt_token_ids=list(prompt[1]), response=tokenizer.decode(token_ids, skip_special_tokens=True),
-                  token_ids=token_ids, sample_logprobs=logprobs, model=name, seed=seed)
-
+from tokencredit.pipeline.sample.rows import build_sample, check_records, render_prompt, row_seed
 
 # Tokens whose order is sorted first when sampling; the rest of the vocabulary is sorted only for the rows
 # whose draw falls beyond them (see `choose_tokens`).
@@ -232,21 +189,3 @@ class TransformersSampler:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1, **{self.cache_arg: cache})
         return out.logits[:, -1].float()
-
-
-def make_sampler(backend: str, model_path: str | None = None, *, device: str = "cpu", dtype=None,
-                 trust_remote_code: bool = False, policy: tuple | None = None) -> Sampler:
-    """A sampler for a local policy (None = the shipped tiny policy). vllm picks its own CUDA device.
-
-    `policy`: the (model, tokenizer) of `model_path` already loaded, which the transformers backend
-    samples with instead of loading a second copy (vLLM always loads its own).
-    """
-    if backend == "transformers":
-        model, tokenizer = policy or load_policy(model_path, device=device, dtype=dtype,
-                                                 trust_remote_code=trust_remote_code)
-        return TransformersSampler(model, tokenizer, model_name(model_path))
-    if backend == "vllm":
-        from tokencredit.pipeline.vllm_backend import VllmSampler  # vllm is an optional GPU extra: import only when asked
-
-        return VllmSampler(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
-    raise ValueError(f"unknown sampling backend {backend!r}; choose from {', '.join(BACKENDS)}")

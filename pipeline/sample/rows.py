@@ -1,0 +1,44 @@
+"""What every sampling backend shares: a row's seed, its rendered prompt, the checks on its records and
+the `Sample` it becomes. Response j of a record is one row."""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from tokencredit.schemas.records import RecordError, Sample, TaskRecord
+
+from tokencredit.pipeline.sample.prompts import sampling_prompt
+
+
+def row_seed(seed: int, record_id: str, j: int) -> int:
+    """Seed of response j of a record: stable across processes (unlike Python's salted `hash`)."""
+    digest = hashlib.sha256(f"{seed}\x00{record_id}\x00{j}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # < 2**63: fits every generator's seed
+
+
+def render_prompt(tokenizer, task_prompt: str) -> tuple[str, list[int]]:
+    """(prompt text, the exact token ids fed to the model): the chat template when the tokenizer has
+    one, else the replay-compatible `sampling_prompt` layout."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": task_prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+    text = sampling_prompt(task_prompt)
+    return text, tokenizer(text)["input_ids"]
+
+
+def check_records(records: Sequence[TaskRecord]) -> None:
+    seen = set()
+    for record in records:
+        if not isinstance(record.prompt, str) or not record.prompt.strip():
+            raise RecordError(record.id, "prompt", "must be a non-empty string to sample from")
+        if record.id in seen:
+            raise RecordError(record.id, "id", "appears twice in one sampling call; response ids would collide")
+        seen.add(record.id)
+
+
+def build_sample(record: TaskRecord, j: int, prompt: tuple[str, list[int]], token_ids: list[int],
+                 logprobs: list[float], tokenizer, name: str, seed: int) -> Sample:
+    return Sample(response_id=f"{record.id}/{j}", group_id=record.id, task=record.task, prompt=prompt[0],
+                  prompt_token_ids=list(prompt[1]), response=tokenizer.decode(token_ids, skip_special_tokens=True),
+                  token_ids=token_ids, sample_logprobs=logprobs, model=name, seed=seed)
