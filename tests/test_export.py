@@ -2,7 +2,10 @@
 import json
 import re
 import textwrap
+from pathlib import Path
 
+import datasets
+import pyarrow.parquet as pq
 import pytest
 
 from tokencredit.pipeline.dataset import export as export_module
@@ -35,16 +38,16 @@ def test_hf_export_loads_back_with_load_from_disk_and_load_dataset(run_dir, tmp_
     scope = {"dest": str(dest)}
     exec(docstring_snippet("import datasets"), scope)
     ds, row = scope["ds"], scope["row"]
-    assert set(ds.column_names) == {"prompt", "completion", "prompt_token_ids", "completion_token_ids",
-                                    "completion_tokens", "sample_logprobs", "weights", "advantages", "reward_names",
+    assert set(ds.column_names) == {"prompt", "response", "prompt_token_ids", "token_ids",
+                                    "token_texts", "sample_logprobs", "sft_weight", "advantages", "reward_names",
                                     "rewards", "response_id", "group_id", "task"}
     assert scope["same"].to_list() == ds.to_list()
     assert ds["response_id"] == [f"r{i}" for i in range(len(RESPONSES_SPEC))]  # status 'ok' only
-    assert row["completion"] == "w10 w11 w12 w13" and row["prompt_token_ids"] == [5, 6, 7]
+    assert row["response"] == "w10 w11 w12 w13" and row["prompt_token_ids"] == [5, 6, 7]
     for r, (_, tokens, _, mrtpo) in zip(ds, RESPONSES_SPEC):
-        assert r["completion_token_ids"] == tokens
+        assert r["token_ids"] == tokens
         assert r["advantages"] == pytest.approx(mrtpo)
-        assert r["weights"] == pytest.approx([max(a, 0.0) for a in mrtpo])  # the view's sft_weight
+        assert r["sft_weight"] == pytest.approx([max(a, 0.0) for a in mrtpo])  # the view's sft_weight
         assert r["sample_logprobs"] == pytest.approx([-4.158883] * len(tokens))  # -log 64, as written
 
 
@@ -63,14 +66,14 @@ def test_verl_export_has_one_row_per_prompt_with_raw_messages_and_ground_truth(r
         assert record_from_json(json.loads(row["extra_info"]["record"])) == record
     assert rows[0]["reward_model"]["ground_truth"] == DEMO["sql"].spec.reference_sql
     assert json.loads(rows[1]["reward_model"]["ground_truth"]) == record_json(DEMO["tools"])["reference_calls"]
-    flat = [(r, j) for r in rows for j in range(len(r["responses"]))]
-    assert [r["response_ids"][j] for r, j in flat] == [f"r{i}" for i in range(len(RESPONSES_SPEC))]
+    flat = [(r, j) for r in rows for j in range(len(r["response"]))]
+    assert [r["response_id"][j] for r, j in flat] == [f"r{i}" for i in range(len(RESPONSES_SPEC))]
     for (row, j), (prompt, tokens, _, _) in zip(flat, RESPONSES_SPEC):
-        assert row["prompt_token_ids"] == prompt and row["response_token_ids"][j] == tokens
-        assert row["responses"][j].split() == [f"w{t}" for t in tokens]
+        assert row["prompt_token_ids"] == prompt and row["token_ids"][j] == tokens
+        assert row["response"][j].split() == [f"w{t}" for t in tokens]
         assert row["sample_logprobs"][j] == pytest.approx([-4.158883] * len(tokens))
         # adv_p2t = gdpo + 0.1 t in the synthetic run, so p2t - gdpo = 0.1 t
-        assert row["token_level_advantages"][j] == pytest.approx([0.1 * t for t in range(len(tokens))], abs=1e-6)
+        assert row["advantages"][j] == pytest.approx([0.1 * t for t in range(len(tokens))], abs=1e-6)
         assert row["reward_names"] == ["format", "execution"] and len(row["rewards"][j]) == 2
 
 
@@ -100,5 +103,33 @@ def test_hf_export_of_a_real_run_carries_rewards_by_name_and_token_texts(tmp_pat
     for row in ds:
         assert row["reward_names"] == ["format", "executable", "execution"]
         assert row["rewards"] == pytest.approx(stored[row["response_id"]]["rewards"])
-        assert len(row["completion_tokens"]) == len(row["completion_token_ids"]) == len(row["advantages"])
-        assert "".join(row["completion_tokens"]).startswith(row["completion"])  # (+ the eos token's text)
+        assert len(row["token_texts"]) == len(row["token_ids"]) == len(row["advantages"])
+        assert "".join(row["token_texts"]).startswith(row["response"])  # (+ the eos token's text)
+
+
+def readme_vocabulary() -> dict[str, set[str]]:
+    """The README's "One vocabulary" table: for each of hf, verl and sft_dataset, the columns marked."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("### One vocabulary", 1)[1].split("\n\n")[2]
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]
+    marked = {place: set() for place in header[2:]}
+    for name, _, *marks in rows:
+        for place, mark in zip(header[2:], marks):
+            if mark == "x":
+                marked[place].add(name.strip("`"))
+    return marked
+
+
+def test_the_exports_use_the_readme_vocabulary_which_is_the_datasets(run_dir, tmp_path):
+    from tokencredit.pipeline.dataset.query import connect
+    from tokencredit.pipeline.integrations.trl import sft_dataset
+
+    vocabulary = readme_vocabulary()
+    assert set(datasets.load_from_disk(str(export_hf(run_dir, tmp_path / "hf"))).column_names) == vocabulary["hf"]
+    verl = pq.read_table(export_verl(run_dir, tmp_path / "verl.parquet", prompts="demo")).column_names
+    assert set(verl) - {"data_source", "ability", "reward_model", "extra_info"} == vocabulary["verl"]  # verl's own
+    assert set(sft_dataset(str(run_dir)).column_names) == vocabulary["sft_dataset"]
+    db = connect(run_dir)
+    dataset = {c for view in ("training", "responses") for c in db.sql(f"SELECT * FROM {view} LIMIT 0").columns}
+    derived = {"token_texts", "advantages"}  # lists of the credits' token_text; the chosen adv_<kind> or mix
+    assert set().union(*vocabulary.values()) - derived <= dataset

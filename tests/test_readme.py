@@ -73,7 +73,7 @@ def test_the_datasets_example(demo_run, monkeypatch):
     scope: dict = {}
     exec(compile(code, "README datasets", "exec"), scope)
     row = scope["row"]
-    assert len(row["completion_tokens"]) == len(row["advantages"]) == len(row["completion_token_ids"])
+    assert len(row["token_texts"]) == len(row["advantages"]) == len(row["token_ids"])
     assert len(row["reward_names"]) == len(row["rewards"]) > 0
 
 

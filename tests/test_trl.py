@@ -137,7 +137,7 @@ def test_token_weighted_sft_trainer_reads_the_training_view(tmp_path):
     run = write_run(tmp_path / "run", response_rows())
     model = LlamaForCausalLM.from_pretrained(tiny_policy(tmp_path / "policy"))
     dataset = sft_dataset(run)  # sft_weight: the positive part of MRTPO; all-zero responses left out
-    assert len(dataset) == 3 and dataset[1]["weights"] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    assert len(dataset) == 3 and dataset[1]["sft_weight"] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     batch = weighted_collator(PAD)(list(dataset))
 
     def loss():

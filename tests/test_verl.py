@@ -23,7 +23,7 @@ from tokencredit import pipeline  # noqa: E402
 from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation  # noqa: E402
 from tokencredit.pipeline.credit.assign import CreditConfig  # noqa: E402
 from tokencredit.pipeline.dataset.export import export_verl  # noqa: E402
-from tokencredit.pipeline.integrations.verl import SLOTS, compute_mrtpo_advantage, compute_score  # noqa: E402
+from tokencredit.pipeline.integrations.verl import compute_mrtpo_advantage, compute_score  # noqa: E402
 from tokencredit.pipeline.models.loading import load_policy  # noqa: E402
 from tokencredit.pipeline.config import SamplingConfig  # noqa: E402
 
@@ -41,9 +41,12 @@ def exported(tmp_path_factory):
 def test_compute_score_reproduces_the_runs_verifier_scores(exported):
     assert {r["data_source"] for r in exported} == {"tokencredit/sql", "tokencredit/instructions", "tokencredit/tools"}
     for row in exported:
-        for response, rewards in zip(row["responses"], row["rewards"]):
+        for response, rewards in zip(row["response"], row["rewards"]):
             result = compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])
-            assert [result[s] for s in SLOTS[:len(rewards)]] == pytest.approx(rewards)
+            names = json.loads(result["reward_names"])
+            assert [result[n] for n in names] == pytest.approx(rewards)
+            keys = json.loads(row["extra_info"]["reward_keys"])  # every row returns the file's whole key set
+            assert set(names) < set(keys) and all(result[k] == 0.0 for k in set(keys) - set(names))
             task = row["data_source"].split("/")[1]
             assert [verifiers.stored_reward(task, n)[0] for n in json.loads(result["reward_names"])] == row["reward_names"]
             assert len(json.loads(result["observed"])) == len(rewards)
@@ -55,15 +58,15 @@ def test_compute_score_reproduces_the_runs_verifier_scores(exported):
 
 def data_proto(rows, tokenizer) -> DataProto:
     """The exported responses as verl's rollout batch: left-padded prompts, right-padded responses."""
-    items = [(row, j) for row in rows for j in range(len(row["responses"]))]
+    items = [(row, j) for row in rows for j in range(len(row["response"]))]
     P = max(len(row["prompt_token_ids"]) for row, _ in items)
-    T = max(len(row["response_token_ids"][j]) for row, j in items)
+    T = max(len(row["token_ids"][j]) for row, j in items)
     pad = tokenizer.pad_token_id or 0
     prompts = torch.full((len(items), P), pad)
     responses = torch.full((len(items), T), pad)
     attention = torch.zeros(len(items), P + T, dtype=torch.long)
     for b, (row, j) in enumerate(items):
-        p, r = row["prompt_token_ids"], row["response_token_ids"][j]
+        p, r = row["prompt_token_ids"], row["token_ids"][j]
         prompts[b, P - len(p):] = torch.tensor(p)
         responses[b, :len(r)] = torch.tensor(r)
         attention[b, P - len(p):P + len(r)] = 1
@@ -89,9 +92,12 @@ def rewarded(exported):
 
 def test_verls_reward_manager_takes_the_dict_form(rewarded, exported):
     data, result = rewarded
-    assert set(SLOTS) | {"reward_names", "feedback", "score"} <= set(result["reward_extra_info"])
+    keys = json.loads(exported[0]["extra_info"]["reward_keys"])
+    assert set(keys) | {"reward_names", "feedback", "score"} <= set(result["reward_extra_info"])
     flat = [rewards for row in exported for rewards in row["rewards"]]
-    assert result["reward_extra_info"]["tc_reward_0"] == pytest.approx([r[0] for r in flat])
+    info = result["reward_extra_info"]
+    firsts = [info[json.loads(names)[0]][i] for i, names in enumerate(info["reward_names"])]
+    assert firsts == pytest.approx([r[0] for r in flat])
     last = data.batch["response_mask"].sum(-1) - 1
     scores = result["reward_tensor"][torch.arange(len(flat)), last]
     assert scores.tolist() == pytest.approx([sum(r) / len(r) for r in flat])
@@ -105,8 +111,8 @@ def test_mrtpo_is_registered_in_verls_registry():
 def test_mrtpo_without_replay_is_verls_gdpo(rewarded):
     data, _ = rewarded
     ours = ray_trainer.compute_advantage(copy.deepcopy(data), adv_estimator="mrtpo", config={})
-    theirs = ray_trainer.compute_advantage(copy.deepcopy(data), adv_estimator="gdpo",
-                                           config={"gdpo_reward_keys": list(SLOTS)})
+    keys = json.loads(data.non_tensor_batch["extra_info"][0]["reward_keys"])  # verl's gdpo over the named rewards
+    theirs = ray_trainer.compute_advantage(copy.deepcopy(data), adv_estimator="gdpo", config={"gdpo_reward_keys": keys})
     assert theirs.batch["advantages"].abs().max() > 0.1
     torch.testing.assert_close(ours.batch["advantages"], theirs.batch["advantages"], atol=1e-6, rtol=0)
 
@@ -138,9 +144,9 @@ def test_the_readme_config_line_loads_compute_score_through_verl(exported):
                                                                      "name": "compute_score"}}})
     reward_fn = get_custom_reward_fn(config)
     row = exported[0]
-    scores = reward_fn(data_source=row["data_source"], solution_str=row["responses"][0],
+    scores = reward_fn(data_source=row["data_source"], solution_str=row["response"][0],
                        ground_truth=row["reward_model"]["ground_truth"], extra_info=row["extra_info"])
-    assert [scores[s] for s in SLOTS[:len(row["rewards"][0])]] == pytest.approx(row["rewards"][0])
+    assert [scores[n] for n in json.loads(scores["reward_names"])] == pytest.approx(row["rewards"][0])
 
 
 HAIKU = '''
@@ -177,10 +183,10 @@ def test_a_plugin_runs_verl_export_is_scored_by_compute_score(plugin_run):
     assert [r["data_source"] for r in rows] == ["tokencredit/haiku"] * 2
     for row in rows:
         assert json.loads(row["extra_info"]["verifiers"])[0]["task"] == "haiku"
-        for response, rewards in zip(row["responses"], row["rewards"]):
+        for response, rewards in zip(row["response"], row["rewards"]):
             result = compute_score(row["data_source"], response, row["reward_model"]["ground_truth"], row["extra_info"])
             assert json.loads(result["reward_names"]) == row["reward_names"] == ["three_lines", "long"]
-            assert [result[s] for s in SLOTS[:2]] == pytest.approx(rewards)
+            assert [result["three_lines"], result["long"]] == pytest.approx(rewards)
     _, tokenizer = load_policy()
     data = data_proto(rows, tokenizer)  # verl's reward manager and the mrtpo estimator on the plugin task's batch
     result = NaiveRewardManager(tokenizer, num_examine=0, compute_score=compute_score)(data, return_dict=True)

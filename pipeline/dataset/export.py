@@ -5,16 +5,21 @@ batch step over the whole run) and choose the advantage by name, as the trainer 
 "mrtpo", "p2t" or a mix such as "mrtpo:0.5,gdpo:0.5" (coefficient-weighted sum per token). Every
 per-token list has one value per response token, aligned with the token ids.
 
+Both use the dataset's own column names (README, "One vocabulary"): a response's text is `response`,
+its tokens `token_ids`, their texts `token_texts`, the SFT weight `sft_weight`, the chosen advantage
+`advantages`. Only where verl dictates a field (`data_source`, `prompt` as chat messages, `ability`,
+`reward_model`, `extra_info`) does the verl export map to verl's names, in `verl_row`.
+
 **export_hf(out_dir, dest)**: a `datasets` folder written by `save_to_disk`, with the same rows as one
 Parquet file beside it (`dest/train.parquet`) and a `README.md` card, one row per response:
 
     prompt                str          the prompt text the response was sampled for (chat-rendered)
-    completion            str          the response text
+    response              str          the response text
     prompt_token_ids      list[int32]  the prompt as the policy saw it
-    completion_token_ids  list[int32]  the response tokens (T of them)
-    completion_tokens     list[str]    each token's text, T values (null for a run without credits rows)
+    token_ids             list[int32]  the response tokens (T of them)
+    token_texts           list[str]    each token's text, T values (null for a run without credits rows)
     sample_logprobs       list[float]  log-prob of each response token under the sampling policy
-    weights               list[float]  per-token SFT weight (the view's sft_weight), T values
+    sft_weight            list[float]  per-token SFT weight (the view's sft_weight), T values
     advantages            list[float]  per-token final advantage of the chosen kind (GDPO's batch step over
                                        the whole run applied, as the `training` view has it), T values
     reward_names          list[str]    the rewards, in the verifier's order
@@ -24,7 +29,7 @@ Parquet file beside it (`dest/train.parquet`) and a `README.md` card, one row pe
     import datasets
     ds = datasets.load_from_disk(dest)
     same = datasets.load_dataset("parquet", data_files=f"{dest}/train.parquet", split="train")
-    row = ds[0]   # row["completion_tokens"], row["advantages"], row["weights"] align with row["completion_token_ids"]
+    row = ds[0]   # row["token_texts"], row["advantages"], row["sft_weight"] align with row["token_ids"]
 
 **export_verl(out_dir, dest_file)**: one Parquet file in the layout of verl's RL datasets (as its
 examples/data_preprocess scripts write it), one row per prompt with its n sampled responses:
@@ -38,19 +43,20 @@ examples/data_preprocess scripts write it), one row per prompt with its n sample
                       JSON of the record's own fields)
     extra_info        {"index": row number, "group_id": the task record id,
                        "record": the task record as one JSON line (what compute_score verifies against),
-                       "verifiers": JSON list of the run's plugin verifiers for it (target, task, source_sha256)}
-    prompt_token_ids       list[int32]         the prompt tokens as sampled
-    response_ids           list[str]           the n responses (ids, then per-response lists below)
-    responses              list[str]
-    response_token_ids     list[list[int32]]
-    sample_logprobs        list[list[float]]   behaviour log-probs, for clipped off-policy updates
-    token_level_advantages list[list[float]]   per-token advantage of the chosen kind
-    reward_names           list[str]           the rewards, in the verifier's order
-    rewards                list[list[float]]   each response's verifier scores
+                       "verifiers": JSON list of the run's plugin verifiers for it (target, task, source_sha256),
+                       "reward_keys": JSON list of every reward key in the file (compute_score's keys)}
+    prompt_token_ids  list[int32]         the prompt tokens as sampled
+    response_id       list[str]           the n responses (ids, then per-response lists below)
+    response          list[str]
+    token_ids         list[list[int32]]
+    sample_logprobs   list[list[float]]   behaviour log-probs, for clipped off-policy updates
+    advantages        list[list[float]]   per-token advantage of the chosen kind
+    reward_names      list[str]           the rewards, in the verifier's order
+    rewards           list[list[float]]   each response's verifier scores
 
     import pyarrow.parquet as pq
     rows = pq.read_table(dest_file).to_pylist()
-    first = rows[0]   # first["token_level_advantages"][j] aligns with first["response_token_ids"][j]
+    first = rows[0]   # first["advantages"][j] aligns with first["token_ids"][j]
 """
 from __future__ import annotations
 
@@ -72,12 +78,12 @@ from tokencredit.pipeline.dataset.training import read_training
 
 HF_FEATURES = datasets.Features({
     "prompt": datasets.Value("string"),
-    "completion": datasets.Value("string"),
+    "response": datasets.Value("string"),
     "prompt_token_ids": datasets.Sequence(datasets.Value("int32")),
-    "completion_token_ids": datasets.Sequence(datasets.Value("int32")),
-    "completion_tokens": datasets.Sequence(datasets.Value("string")),
+    "token_ids": datasets.Sequence(datasets.Value("int32")),
+    "token_texts": datasets.Sequence(datasets.Value("string")),
     "sample_logprobs": datasets.Sequence(datasets.Value("float32")),
-    "weights": datasets.Sequence(datasets.Value("float32")),
+    "sft_weight": datasets.Sequence(datasets.Value("float32")),
     "advantages": datasets.Sequence(datasets.Value("float32")),
     "reward_names": datasets.Sequence(datasets.Value("string")),
     "rewards": datasets.Sequence(datasets.Value("float32")),
@@ -89,7 +95,7 @@ HF_FEATURES = datasets.Features({
 HF_CARD = """# tokencredit export
 
 Responses of the tokencredit run `{run}` with per-token advantages (`{advantage}`), SFT weights, token
-texts and sampling log-probs aligned with `completion_token_ids`, and each response's rewards by name.
+texts and sampling log-probs aligned with `token_ids`, and each response's rewards by name.
 Load with `datasets.load_from_disk(<this folder>)`, or the Parquet copy with
 `datasets.load_dataset("parquet", data_files="<this folder>/train.parquet", split="train")`.
 """
@@ -105,13 +111,14 @@ VERL_SCHEMA = pa.schema([
     pa.field("ability", pa.string()),
     pa.field("reward_model", pa.struct([pa.field("style", pa.string()), pa.field("ground_truth", pa.string())])),
     pa.field("extra_info", pa.struct([pa.field("index", pa.int64()), pa.field("group_id", pa.string()),
-                                      pa.field("record", pa.string()), pa.field("verifiers", pa.string())])),
+                                      pa.field("record", pa.string()), pa.field("verifiers", pa.string()),
+                                      pa.field("reward_keys", pa.string())])),
     pa.field("prompt_token_ids", pa.list_(pa.int32())),
-    pa.field("response_ids", pa.list_(pa.string())),
-    pa.field("responses", pa.list_(pa.string())),
-    pa.field("response_token_ids", pa.list_(pa.list_(pa.int32()))),
+    pa.field("response_id", pa.list_(pa.string())),
+    pa.field("response", pa.list_(pa.string())),
+    pa.field("token_ids", pa.list_(pa.list_(pa.int32()))),
     pa.field("sample_logprobs", pa.list_(pa.list_(pa.float32()))),
-    pa.field("token_level_advantages", pa.list_(pa.list_(pa.float32()))),
+    pa.field("advantages", pa.list_(pa.list_(pa.float32()))),
     pa.field("reward_names", pa.list_(pa.string())),
     pa.field("rewards", pa.list_(pa.list_(pa.float32()))),
 ])
@@ -125,20 +132,11 @@ def export_hf(out_dir: str | Path, dest: str | Path, advantage: str = "mrtpo",
     scores = {rid: (names, values) for rid, names, values in db.execute(
         "SELECT response_id, reward_names, rewards FROM responses WHERE status = 'ok'").fetchall()}
     texts = dict(db.execute(TOKEN_TEXTS_SQL).fetchall())
-    ds = datasets.Dataset.from_dict({
-        "prompt": [r["prompt"] for r in rows],
-        "completion": [r["response"] for r in rows],
-        "prompt_token_ids": [r["prompt_token_ids"] for r in rows],
-        "completion_token_ids": [r["token_ids"] for r in rows],
-        "completion_tokens": [texts.get(r["response_id"]) for r in rows],
-        "sample_logprobs": [r["sample_logprobs"] for r in rows],
-        "weights": [r["sft_weight"] for r in rows],
-        "advantages": [r["advantages"] for r in rows],
+    ds = datasets.Dataset.from_dict({name: [row[name] for row in rows] for name in HF_FEATURES
+                                     if name not in ("token_texts", "reward_names", "rewards")} | {
+        "token_texts": [texts.get(r["response_id"]) for r in rows],
         "reward_names": [scores[r["response_id"]][0] for r in rows],
         "rewards": [scores[r["response_id"]][1] for r in rows],
-        "response_id": [r["response_id"] for r in rows],
-        "group_id": [r["group_id"] for r in rows],
-        "task": [r["task"] for r in rows],
     }, features=HF_FEATURES)
     dest = Path(dest)
     ds.save_to_disk(str(dest))
@@ -233,29 +231,34 @@ def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mr
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(r["group_id"], []).append(r)
-    table = []
-    for index, (group_id, members) in enumerate(groups.items()):
+    for group_id, members in groups.items():
         if group_id not in records:
             raise _missing_record(out_dir, group_id, members[0]["response_id"], prompts, rejected)
-        record = records[group_id]
-        applying = tuple(ref for ref in refs if plugins.applies(ref, record))
-        table.append({
-            "data_source": f"tokencredit/{record.task}",
-            "prompt": [{"role": "user", "content": record.prompt}],
-            "ability": record.task,
-            "reward_model": {"style": "rule", "ground_truth": ground_truth(record)},
-            "extra_info": {"index": index, "group_id": group_id, "record": json.dumps(record_json(record)),
-                           "verifiers": refs_json(applying)},
-            "prompt_token_ids": members[0]["prompt_token_ids"],
-            "response_ids": [m["response_id"] for m in members],
-            "responses": [m["response"] for m in members],
-            "response_token_ids": [m["token_ids"] for m in members],
-            "sample_logprobs": [m["sample_logprobs"] for m in members],
-            "token_level_advantages": [m["advantages"] for m in members],
-            "reward_names": scores[members[0]["response_id"]][0],
-            "rewards": [scores[m["response_id"]][1] for m in members],
-        })
+    applying = {g: tuple(ref for ref in refs if plugins.applies(ref, records[g])) for g in groups}
+    # verl keeps compute_score's keys per response in one batch: every row returns the file's whole key set
+    keys = json.dumps(sorted({name for g in groups for name in verifiers.reward_names(records[g], applying[g])}))
+    table = [verl_row(index, records[g], applying[g], members, scores, keys)
+             for index, (g, members) in enumerate(groups.items())]
     dest_file = Path(dest_file)
     dest_file.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(table, schema=VERL_SCHEMA), dest_file)
     return dest_file
+
+
+def verl_row(index: int, record: TaskRecord, applying: tuple[PluginRef, ...], members: list[dict],
+             scores: dict[str, tuple[list[str], list[float]]], reward_keys: str) -> dict:
+    """One prompt's row of the verl export: the fields verl dictates, then the dataset's own columns as
+    lists over the prompt's responses (`members`, rows of the training view)."""
+    return {
+        "data_source": f"tokencredit/{record.task}",
+        "prompt": [{"role": "user", "content": record.prompt}],
+        "ability": record.task,
+        "reward_model": {"style": "rule", "ground_truth": ground_truth(record)},
+        "extra_info": {"index": index, "group_id": record.id, "record": json.dumps(record_json(record)),
+                       "verifiers": refs_json(applying), "reward_keys": reward_keys},
+        "prompt_token_ids": members[0]["prompt_token_ids"],
+        **{name: [m[name] for m in members]
+           for name in ("response_id", "response", "token_ids", "sample_logprobs", "advantages")},
+        "reward_names": scores[members[0]["response_id"]][0],
+        "rewards": [scores[m["response_id"]][1] for m in members],
+    }

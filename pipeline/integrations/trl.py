@@ -205,18 +205,18 @@ class MRTPOTrainer(GRPOTrainer):
 
 
 def sft_dataset(run_dir: str, advantage: str | None = None) -> datasets.Dataset:
-    """The run's `training` view as rows of prompt_ids, token_ids and per-token weights (the view's
+    """The run's `training` view as rows of prompt_token_ids, token_ids and per-token sft_weight (the view's
     `sft_weight`, or the positive part of `advantage`); responses whose weights are all 0 are left out."""
     examples = load_examples(run_dir, advantage, "sft")
-    return datasets.Dataset.from_list([{"prompt_ids": e.prompt_ids, "token_ids": e.token_ids,
-                                        "weights": e.credit} for e in examples])
+    return datasets.Dataset.from_list([{"prompt_token_ids": e.prompt_ids, "token_ids": e.token_ids,
+                                        "sft_weight": e.credit} for e in examples])
 
 
 def weighted_collator(pad_id: int):
     """A data collator for `sft_dataset` rows: input_ids, attention_mask, labels and `credit` (the weights)."""
     def collate_rows(rows: list[dict]) -> dict[str, torch.Tensor]:
-        batch = collate([Example("", r["prompt_ids"], r["token_ids"], [0.0] * len(r["token_ids"]), r["weights"])
-                         for r in rows], pad_id)
+        batch = collate([Example("", r["prompt_token_ids"], r["token_ids"], [0.0] * len(r["token_ids"]),
+                                 r["sft_weight"]) for r in rows], pad_id)
         del batch["sample_logprobs"]
         return batch
     return collate_rows

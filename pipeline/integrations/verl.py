@@ -17,9 +17,13 @@ plugin task's rows name its verifiers in `extra_info.verifiers` (from the run's 
 every verl process imports by their target, as annotate's Dask workers do.
 
 `compute_score` verifies one response and returns verl's dict form: "score" (the mean of the
-rewards, verl's scalar reward) plus one key per reward slot ("tc_reward_0", ...: 0 where the record
-has fewer rewards), "reward_names" and "feedback" (JSON lists), which verl keeps per response in
-the batch's non-tensor data. The `mrtpo` estimator reads them there: GDPO with verl's options
+rewards, verl's scalar reward) plus one key per reward, named as the verifier names it (`format`,
+`c0_char_count`: README, "One vocabulary"), and "reward_names", "feedback" and "observed" (JSON lists),
+which verl keeps per response in the batch's non-tensor data. verl needs every response of a batch to
+return the same keys, so each row carries the export file's whole key set (`extra_info.reward_keys`);
+a reward the record does not have is 0, constant within the record's group, so that verl's own `gdpo`
+over those keys (`algorithm.gdpo_reward_keys`) gives it no advantage, as `mrtpo` does. The `mrtpo`
+estimator reads them there: GDPO with verl's options
 (`preset("verl")`: sample std per group, then `masked_whiten` over the tokens), and MRTPO's per-token
 reallocation from the leave-one-out replay of each response's feedback.
 
@@ -51,8 +55,7 @@ from tokencredit.pipeline.dataset.export import record_from_json, refs_from_json
 
 SOURCE_PREFIX = "tokencredit/"
 DATA_SOURCES = tuple(f"{SOURCE_PREFIX}{task}" for task in TASKS)  # and tokencredit/<plugin task>
-MAX_REWARDS = 8  # reward slots per response (the demo's instruction prompts carry up to 6 constraints)
-SLOTS = tuple(f"tc_reward_{k}" for k in range(MAX_REWARDS))
+RESERVED = ("score", "reward_names", "feedback", "observed")  # compute_score's own keys
 # verl 0.9.1's v1 trainer reads only these fields from its TransferQueue for the advantage step
 # (trainer/ppo/v1/trainer_base.py, `_compute_advantage`): no token ids, records or feedback to replay
 V1_BATCH = ("adv_estimator=mrtpo cannot run under verl's v1 trainer (trainer.use_v1=true, verl 0.9.1's default): "
@@ -83,12 +86,13 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None 
                          f"as JSON), as the verl export writes it")
     record, refs = row_record(extra_info)
     scores = verifiers.verify(record, solution_str, refs)
-    if len(scores) > MAX_REWARDS:
-        raise ValueError(f"compute_score: record {record.id!r} has {len(scores)} rewards; "
-                         f"at most {MAX_REWARDS} fit verl's fixed reward keys")
-    values = [s.score for s in scores]
-    return {"score": sum(values) / len(values), **{slot: (values[k] if k < len(values) else 0.0)
-                                                   for k, slot in enumerate(SLOTS)},
+    clash = [s.name for s in scores if s.name in RESERVED]
+    if clash:
+        raise ValueError(f"compute_score: record {record.id!r} has a reward named {clash[0]!r}, one of verl's keys "
+                         f"{', '.join(RESERVED)}; rename that plugin reward")
+    values = {s.name: s.score for s in scores}
+    keys = json.loads(extra_info.get("reward_keys") or "[]")
+    return {"score": sum(values.values()) / len(values), **{key: 0.0 for key in keys}, **values,
             "reward_names": json.dumps([s.name for s in scores]), "feedback": json.dumps([s.feedback for s in scores]),
             "observed": json.dumps([s.observed for s in scores])}
 
@@ -109,8 +113,7 @@ def _verified(non_tensor_batch: dict, batch, response_mask: torch.Tensor, index)
         names = json.loads(non_tensor_batch["reward_names"][i])
         feedback = json.loads(non_tensor_batch["feedback"][i])
         observed = json.loads(non_tensor_batch["observed"][i]) if "observed" in non_tensor_batch else [""] * len(names)
-        rewards = [RewardScore(n, float(non_tensor_batch[SLOTS[k]][i]), f, o)
-                   for k, (n, f, o) in enumerate(zip(names, feedback, observed))]
+        rewards = [RewardScore(n, float(non_tensor_batch[n][i]), f, o) for n, f, o in zip(names, feedback, observed)]
         group = str(index[i])
         records[group] = row_record(non_tensor_batch["extra_info"][i])[0]
         prompt = prompts[i][attention[i, : prompts.shape[1]].bool()].tolist()
