@@ -213,13 +213,15 @@ def score(ref: PluginRef, record: TaskRecord, response: str) -> list[RewardScore
     """Run one plugin on one response; PluginError when it returns something unusable."""
     try:
         result = load(ref)(record_dict(record), response)
-    except Exception as error:  # its message is the plugin's own; the note says whose
-        error.add_note(f"raised by verifier {ref.target}")
+        if result is None or isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable):
+            raise PluginError(f"verifier {ref.target} returned {type(result).__name__}; "
+                              "expected an iterable of (name, score, feedback) ")
+        items = list(result)  # a generator runs here
+    except Exception as error:
+        if not isinstance(error, PluginError):  # the plugin's own error: the note says whose
+            error.add_note(f"raised by verifier {ref.target}")
         raise
-    if result is None or isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable):
-        raise PluginError(f"verifier {ref.target} returned {type(result).__name__}; "
-                          "expected an iterable of (name, score, feedback) ")
-    rewards = [_reward(ref, item) for item in result]
+    rewards = [_reward(ref, item) for item in items]
     for r in rewards:
         try:
             spans.check(r.spans, response, f"record {record.id!r}: verifier {ref.target}: reward {r.name!r}")
