@@ -110,8 +110,8 @@ class VerifierRewards:
             missing = sorted(set(record_id) - set(self.records))
             if missing:
                 raise KeyError(f"reward functions: record ids {missing} are not among the trainer's records")
-            scores, statuses = zip(*(self._verify_one(rid, text) for rid, text in key)) if key else ((), ())
-            self.last = (key, list(scores), list(statuses))
+            results = [self._verify_one(rid, text) for rid, text in key]
+            self.last = (key, [scores for scores, _ in results], [status for _, status in results])
         return self.last[1]
 
     def _verify_one(self, record_id: str, text: str) -> tuple[list[RewardScore], str]:
