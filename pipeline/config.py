@@ -176,6 +176,11 @@ class AnnotateConfig:
                              f"or {AUTO_LIMIT!r}, got {self.limit!r}")
         if not self.verifier_timeout_s > 0:
             raise ValueError(f"AnnotateConfig.verifier_timeout_s must be > 0, got {self.verifier_timeout_s!r}")
+        for ref in self.verifiers:  # the run's identity records each by its importable target and source hash
+            if type(ref) is not PluginRef:
+                raise TypeError(f"AnnotateConfig.verifiers: {ref!r} is not an importable verifier; annotate records "
+                                "each verifier by its target: pass verifiers.plugins.resolve(['TASK=module:name']) "
+                                "(a verifier object at module level in my_rewards.py is 'TASK=my_rewards:name')")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -15,8 +15,9 @@ import pytest
 
 from tokencredit import verifiers
 from tokencredit.pipeline.annotate import AnnotateConfig, verify_samples
-from tokencredit.schemas.records import PluginSpec, RewardScore, Sample, TaskRecord
+from tokencredit.schemas.records import PluginSpec, RecordError, RewardScore, Sample, TaskRecord
 from tokencredit.verifiers import plugins
+from tokencredit.verifiers.trl_rewards import trl_verifier
 
 ROOT = Path(__file__).resolve().parents[1]
 HAIKU = '''
@@ -306,3 +307,87 @@ def test_a_trl_reward_function_returning_no_single_number_is_named(tmp_path, ret
     (ref,) = plugins.resolve([f"haiku={tmp_path / 'bad.py'}:odd"])
     with pytest.raises(plugins.PluginError, match=f"TRL reward function odd_reward: returned .*{problem}"):
         verifiers.verify(plugin_record(), "a response", [ref])
+
+
+# TRL's documented reward functions (TRL 1.16 docs, "Using a custom reward function"): a standard
+# one scores strings, a conversational one reads `completions[i][0]["content"]`.
+TRL_DOCS_REWARDS = '''
+import re
+
+from tokencredit.verifiers.trl_rewards import trl_verifier
+
+
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+def format_reward_func(completions, **kwargs):
+    """Reward function that checks if the completion has a specific format."""
+    pattern = r"^<think>.*?</think><answer>.*?</answer>$"
+    completion_contents = [completion[0]["content"] for completion in completions]
+    matches = [re.match(pattern, content) for content in completion_contents]
+    return [1.0 if match else 0.0 for match in matches]
+
+
+def asked_reward(prompts, completions, **kwargs):  # conversational prompts are message lists too
+    return [float(p[-1]["role"] == "user" and p[-1]["content"] in c[0]["content"])
+            for p, c in zip(prompts, completions)]
+
+
+length = trl_verifier(reward_len, feedback="Write 20 characters.", bounds=(-20, 0))
+think = trl_verifier(format_reward_func, feedback="Think in <think></think>, then answer in <answer></answer>.")
+asked = trl_verifier(asked_reward, feedback="Repeat the prompt.")
+think_strings = trl_verifier(format_reward_func, feedback="Think first.", conversational=False)
+'''
+
+
+def test_trls_documented_standard_and_conversational_reward_functions_score_in_annotate(tmp_path):
+    (tmp_path / "docs_rewards.py").write_text(TRL_DOCS_REWARDS)
+    refs = plugins.resolve([f"haiku={tmp_path / 'docs_rewards.py'}:{name}" for name in ("length", "think", "asked")])
+    samples = [Sample(f"h1/{i}", "h1", "haiku", "Write a haiku.", [1], text, [1], [0.0], "m", 0)
+               for i, text in enumerate(["<think>sea</think><answer>waves</answer>", "Write a haiku. The sea."])]
+    verified = verify_samples(samples, {"h1": plugin_record()}, refs)  # annotate's verify stage
+    assert [v.status for v in verified] == ["ok", "ok"]
+    assert [[r.score for r in v.rewards] for v in verified] == [[0.0, 1.0, 0.0], [pytest.approx(0.85), 0.0, 1.0]]
+    assert [r.name for r in verified[0].rewards] == ["reward_len", "format_reward_func", "asked_reward"]
+    length, think, asked = (plugins.load(ref) for ref in refs)
+    assert (length.conversational, think.conversational, asked.conversational) == (False, True, True)  # remembered
+
+
+def test_a_conversational_choice_is_kept_and_a_function_failing_either_way_raises_its_own_error(tmp_path):
+    (tmp_path / "docs_rewards.py").write_text(TRL_DOCS_REWARDS)
+    (ref,) = plugins.resolve([f"haiku={tmp_path / 'docs_rewards.py'}:think_strings"])
+    with pytest.raises(TypeError, match="string indices must be integers"):  # told strings: no retry
+        verifiers.verify(plugin_record(), "<think>a</think><answer>b</answer>", [ref])
+    def broken_reward(completions, topic, **kwargs):
+        return [float(len(topic[0]) / 0)]
+
+    broken = plugins.of_object(trl_verifier(broken_reward, feedback="Anything."), "haiku")
+    with pytest.raises(ZeroDivisionError) as raised:  # the error on strings, not a retry's
+        verifiers.verify(plugin_record(), "a response", [broken])
+    assert "raised by verifier tests.test_plugins:" in "".join(raised.value.__notes__)
+    with pytest.raises(plugins.PluginError, match="conversational must be True, False or None"):
+        trl_verifier(broken_reward, feedback="x", conversational="yes")
+
+
+def test_a_verifier_object_scores_in_python_and_annotate_says_it_needs_an_importable_target():
+    ref = plugins.of_object(objects, "haiku")
+    assert ref.target == "tests.test_plugins:objects" and ref.task == "haiku"
+    assert [s.name for s in verifiers.verify(plugin_record(), "x" * 50, [ref])] == ["long"]
+
+    def trl_style(completions, **kwargs):
+        return [1.0 for _ in completions]
+
+    with pytest.raises(plugins.PluginError, match=r"a TRL reward function .*trl_verifier\(fn, feedback=\.\.\.\)"):
+        plugins.of_object(trl_style, "haiku")
+    with pytest.raises(TypeError, match=r"AnnotateConfig.verifiers: .* not an importable verifier.*resolve\("):
+        AnnotateConfig(verifiers=(ref,))
+
+
+def test_python_side_messages_name_the_python_argument(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku."}\n')
+    _, (rejected,) = verifiers.load_tasks(prompts)
+    assert "plugin_tasks=('haiku',)" in rejected.reason
+    with pytest.raises(RecordError, match=r"verifiers=\[\('haiku', verifier\)\]"):
+        verifiers.reward_names(plugin_record())

@@ -11,7 +11,8 @@ trl = pytest.importorskip("trl")
 from tokencredit import verifiers  # noqa: E402
 from tokencredit.pipeline.credit.advantages import gdpo, preset  # noqa: E402
 from tokencredit.pipeline.credit.assign import CreditConfig  # noqa: E402
-from tokencredit.pipeline.integrations.trl import MRTPOTrainer, VerifierRewards, prompt_dataset  # noqa: E402
+from tokencredit.pipeline.integrations.trl import (MRTPOTrainer, VerifierRewards, plugin_refs,  # noqa: E402
+                                                   prompt_dataset, verifier_rewards)
 from tokencredit.pipeline.models.loading import load_policy  # noqa: E402
 from tokencredit.schemas.records import RecordError  # noqa: E402
 
@@ -240,3 +241,137 @@ def test_a_missing_plugin_verifier_is_named_and_a_short_run_says_beta_is_warming
     with caplog.at_level("WARNING", logger="tokencredit.pipeline.integrations.trl"):
         MRTPOTrainer(**kwargs, verifiers=specs)
     assert "beta warms up over 10 steps and the run has 1" in caplog.text
+
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n### Response\n{% endfor %}"  # a minimal chat template
+
+
+def test_conversational_trl_reward_functions_work_through_trl_verifier_in_a_trl_step(haiku_task, tmp_path):
+    """A conversational dataset: TRL hands the reward functions message lists; TRL's documented
+    conversational function, a `trl_verifier` object in a (task, verifier) pair, scores the assistant text."""
+    from tests.test_plugins import TRL_DOCS_REWARDS
+
+    records, _ = haiku_task
+    (tmp_path / "docs_rewards.py").write_text(TRL_DOCS_REWARDS)
+    torch.manual_seed(0)
+    model, tokenizer = load_policy()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    dataset = prompt_dataset(records, tokenizer)
+    assert dataset[0]["prompt"] == [{"role": "user", "content": "Write a haiku about the sea."}]
+    think = verifiers.plugins.load(verifiers.plugins.resolve([f"{tmp_path / 'docs_rewards.py'}:think"])[0])
+    funcs = verifier_rewards(records, verifiers=[("haiku", think), f"haiku={tmp_path / 'docs_rewards.py'}:length"])
+    seen = []
+
+    def spy(completions, **kwargs):  # what TRL passes the reward functions
+        seen.extend(completions)
+        return [None] * len(completions)
+
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[*funcs, spy], processing_class=tokenizer, train_dataset=dataset,
+                              args=grpo_config(tmp_path, per_device_train_batch_size=2 * G))
+    trainer.train()
+    assert all(isinstance(c, list) and c[0]["role"] == "assistant" for c in seen)
+    assert think.conversational is True
+    metrics = trainer.state.log_history[0]
+    assert {"rewards/format_reward_func/mean", "rewards/reward_len/mean"} <= set(metrics)
+    texts = [c[0]["content"] for c in seen]
+    lengths = [min(1.0, max(0.0, (20 - abs(20 - len(t))) / 20)) for t in texts]
+    assert metrics["rewards/reward_len/mean"] == pytest.approx(sum(lengths) / len(lengths), abs=1e-5)
+
+
+FAILS_ON_SNOW = '''
+def haiku(record, response):
+    if record["topic"] == "snow":
+        raise RuntimeError("no snow today")
+    yield "long", min(1.0, len(response) / 100), "Write 100 characters."
+'''
+
+
+def test_a_verifier_failing_inside_trl_gives_a_warned_none_reward_and_training_goes_on(haiku_task, tmp_path, caplog):
+    records, _ = haiku_task
+    (tmp_path / "fails.py").write_text(FAILS_ON_SNOW)
+    torch.manual_seed(0)
+    model, tokenizer = load_policy()
+    trainer = Capturing(model=model, records=records, verifiers=[f"haiku={tmp_path / 'fails.py'}:haiku"],
+                        args=grpo_config(tmp_path, per_device_train_batch_size=2 * G),
+                        train_dataset=prompt_dataset(records, tokenizer), processing_class=tokenizer,
+                        credit=CreditConfig(kinds=("gdpo", "mrtpo"), beta=1.0, locate="replay", gdpo=preset("trl")),
+                        warmup_steps=0)
+    with caplog.at_level("WARNING", logger="tokencredit.pipeline.integrations.trl"):
+        trainer.train()
+    assert trainer.state.global_step == 1
+    warned = [r.getMessage() for r in caplog.records if "verifiers failed" in r.getMessage()]
+    assert len(warned) == G and all("record 'h2'" in w and "RuntimeError: no snow today" in w
+                                    and "fails.py:haiku" in w for w in warned)
+    _, scores, statuses = trainer.verifier.last
+    failed = [s != "ok" for s in statuses]
+    assert sum(failed) == G and all(s == "verifier_error: RuntimeError: no snow today" for s in statuses if s != "ok")
+    assert all(scores[i] == [] for i in range(len(scores)) if failed[i])
+    out = trainer.captured
+    mask, adv = out["completion_mask"].bool(), out["advantages"]
+    assert all((adv[i][mask[i]] == 0).all() for i, bad in enumerate(failed) if bad)  # no advantage, as TRL's
+    assert (adv[mask] != 0).any()
+    metrics = trainer.state.log_history[0]
+    assert metrics["rewards/long/mean"] == pytest.approx(
+        sum(s[0].score for s in scores if s) / (len(scores) - G), abs=1e-5)  # TRL's mean leaves None out
+
+
+def test_reward_funcs_and_a_dataset_without_record_id_say_what_to_pass(haiku_task, tmp_path):
+    records, specs = haiku_task
+    model, tokenizer = load_policy()
+    kwargs = dict(model=model, records=records, verifiers=specs, processing_class=tokenizer,
+                  args=grpo_config(tmp_path, per_device_train_batch_size=2 * G))
+    with pytest.raises(TypeError, match=r"not reward_funcs: pass records= and verifiers=.*trl_verifier"):
+        MRTPOTrainer(**kwargs, train_dataset=prompt_dataset(records, tokenizer), reward_funcs=[len])
+    no_ids = prompt_dataset(records, tokenizer).remove_columns("record_id")
+    with pytest.raises(ValueError, match="train_dataset has no record_id column.*names the task record each prompt "
+                                         r"was made from.*prompt_dataset\(records, tokenizer\) adds it"):
+        MRTPOTrainer(**kwargs, train_dataset=no_ids)
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=verifier_rewards(records, specs), train_dataset=no_ids,
+                              processing_class=tokenizer, args=kwargs["args"])
+    with pytest.raises(ValueError, match="reward function 'length': the dataset has no record_id column"):
+        trainer.train()
+
+
+class CountingVerifier:
+    """Counts its calls; the reward names it gives depend on the record's task only."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, record, response):
+        self.calls += 1
+        return [(f"{record['task']}_short", float(len(response) < 40), "Answer in 40 characters.")]
+
+
+def test_construction_asks_each_plugin_once_per_task_and_a_record_with_other_names_is_a_warned_failure(tmp_path,
+                                                                                                      caplog):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "{task}{i}", "task": "{task}", "prompt": "Write."}}\n'
+                               for task in ("haiku", "limerick") for i in range(5)))
+    records, _ = verifiers.load_tasks(prompts, plugin_tasks=("*",))
+    counter = CountingVerifier()
+    rewards = VerifierRewards({r.id: r for r in records}, plugin_refs([counter]))
+    assert counter.calls == 2 and rewards.names == ["haiku_short", "limerick_short"]
+    assert rewards.functions[1](["short", "a" * 50], record_id=["limerick3", "limerick3"]) == [1.0, 0.0]
+    assert rewards.functions[0](["short"], record_id=["limerick3"]) == [None]  # not this record's reward
+
+    def by_record(record, response):
+        return [(record["id"], 1.0, "Anything.")]
+
+    rewards = VerifierRewards({r.id: r for r in records}, plugin_refs([by_record]))
+    with caplog.at_level("WARNING", logger="tokencredit.pipeline.integrations.trl"):
+        assert rewards.functions[0](["x", "x"], record_id=["haiku0", "haiku1"]) == [1.0, None]
+    assert "record 'haiku1'" in caplog.text and "a plugin must give every record of a task the same reward names" \
+        in caplog.text
+
+
+def test_plugin_refs_take_objects_pairs_specs_and_refs(haiku_task):
+    _, specs = haiku_task
+    counter = CountingVerifier()
+    refs = plugin_refs([("haiku", counter), counter, specs[0], verifiers.plugins.resolve([specs[1]])[0]])
+    assert [r.task for r in refs] == ["haiku", None, "haiku", "haiku"]
+    assert refs[0].target == "tests.test_trl:CountingVerifier" and refs[0].obj is counter
+    with pytest.raises(TypeError, match=r"expected a list of verifiers, e.g. \[\('haiku', haiku\)\]"):
+        plugin_refs(counter)
+    with pytest.raises(TypeError, match="is not a \\(task, verifier\\) pair"):
+        plugin_refs([("haiku", counter, "extra")])

@@ -62,7 +62,8 @@ def _applying(record: TaskRecord, plugin_refs: Sequence[PluginRef]) -> list[Plug
     applying = [ref for ref in plugin_refs if plugins.applies(ref, record)]
     if record.task not in _BY_TASK and not applying:
         raise RecordError(record.id, "task", f"no verifier for task {record.task!r} (a plugin task needs its "
-                          "verifier: --verifier TASK=module:function)")
+                          f"verifier: verifiers=[({record.task!r}, verifier)] or ['{record.task}=module:function'] "
+                          f"from Python, --verifier {record.task}=module:function on the command line)")
     return applying
 
 

@@ -20,6 +20,10 @@ expected (never the response's own tokens), `observed` what it found (may quote 
 inside the response; `tokencredit.verifiers.spans`), which `--locate verifier|both` turns into token credit.
 It must return the same names, in the same order, for every response of one record.
 
+In Python a verifier may also be the object itself: `of_object(obj, task)` is a ref that calls it in
+this process (the TRL trainers take these); annotate records each verifier by its importable target,
+so it takes only `resolve`'s refs.
+
 A `PluginRef` carries the sha256 of the callable's source file: it is part of the annotate
 config, so of the dataset's identity, and a worker (a Dask process imports the target by its
 path) refuses a source that changed since the run started.
@@ -35,7 +39,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,38 @@ class PluginRef:
     target: str  # "package.module:callable" or "/absolute/file.py:callable"
     task: str | None = None  # None: every record
     source_sha256: str = ""  # of the callable's source file when the ref was resolved
+
+
+@dataclass(frozen=True)
+class ObjectRef(PluginRef):
+    """A verifier given as a Python object, called in this process: nothing imports it by `target`
+    (which only names it in messages), so a run's identity cannot record it."""
+    obj: Callable[[dict, str], Any] | None = field(default=None, compare=False, repr=False)
+
+
+def of_object(obj: Any, task: str | None = None) -> ObjectRef:
+    """A ref to the verifier object `obj` (a callable record, response -> rewards) for records of `task` (None: every record)."""
+    if not callable(obj):
+        raise PluginError(f"verifier {obj!r}: not callable; a verifier is a callable (record, response) -> rewards")
+    if "completions" in _parameters(obj):
+        raise PluginError(f"verifier {_label(obj)}: a TRL reward function (it takes `completions`); "
+                          "make it a verifier with trl_verifier(fn, feedback=...)")
+    if task is not None and (not isinstance(task, str) or not task.strip()):
+        raise PluginError(f"verifier {_label(obj)}: task {task!r} is not a non-empty string")
+    return ObjectRef(_label(obj), task, obj=obj)
+
+
+def _parameters(fn: Any) -> Sequence[str]:
+    try:
+        return list(inspect.signature(fn, follow_wrapped=False).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return ()
+
+
+def _label(obj: Any) -> str:
+    inner = inspect.unwrap(obj)
+    owner = inner if inspect.isfunction(inner) or inspect.ismethod(inner) else type(inner)
+    return f"{owner.__module__}:{owner.__qualname__}"
 
 
 def resolve(specs: Iterable[str]) -> tuple[PluginRef, ...]:
@@ -93,6 +129,8 @@ def _entry_point(name: str) -> str:
 
 def load(ref: PluginRef) -> Callable[[dict, str], Any]:
     """The plugin's callable, imported once per process; refuses a source that changed since `resolve`."""
+    if isinstance(ref, ObjectRef):
+        return ref.obj
     fn = _import(ref.target)
     if ref.source_sha256 and source_hash(fn, ref.target) != ref.source_sha256:
         raise PluginError(f"verifier {ref.target}: its source changed since the run started "
@@ -173,11 +211,17 @@ def record_dict(record: TaskRecord) -> dict[str, Any]:
 
 def score(ref: PluginRef, record: TaskRecord, response: str) -> list[RewardScore]:
     """Run one plugin on one response; PluginError when it returns something unusable."""
-    result = load(ref)(record_dict(record), response)
-    if result is None or isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable):
-        raise PluginError(f"verifier {ref.target} returned {type(result).__name__}; "
-                          "expected an iterable of (name, score, feedback) ")
-    rewards = [_reward(ref, item) for item in result]
+    try:
+        result = load(ref)(record_dict(record), response)
+        if result is None or isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable):
+            raise PluginError(f"verifier {ref.target} returned {type(result).__name__}; "
+                              "expected an iterable of (name, score, feedback) ")
+        items = list(result)  # a generator runs here
+    except Exception as error:
+        if not isinstance(error, PluginError):  # the plugin's own error: the note says whose
+            error.add_note(f"raised by verifier {ref.target}")
+        raise
+    rewards = [_reward(ref, item) for item in items]
     for r in rewards:
         try:
             spans.check(r.spans, response, f"record {record.id!r}: verifier {ref.target}: reward {r.name!r}")

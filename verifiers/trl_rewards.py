@@ -14,7 +14,13 @@ expected (the feedback that MRTPO's replay needs), so the adapter asks for that 
     topic = trl_verifier(topic_reward, feedback=lambda record: f"Mention the {record['topic']}.")
 
     tokencredit annotate --prompts poems.jsonl --verifier poem=my_rewards:brevity
-    MRTPOTrainer(..., records=records, verifiers=["poem=my_rewards:brevity"])
+    MRTPOTrainer(..., records=records, verifiers=[("poem", brevity)])    # or "poem=my_rewards:brevity"
+
+TRL passes a standard dataset's completions as strings and a conversational one's as messages
+(`[{"role": "assistant", "content": text}]`, the prompts as message lists); `conversational=` says
+which the function expects, and by default the first call finds out: a function that fails on a
+string with what indexing a string as a message raises (TypeError, IndexError) is called again
+with messages, and the form that worked is kept.
 
 A TRL function may score outside [0, 1]: `bounds=(low, high)` maps `low` to 0 and `high` to 1
 linearly, clipped (`(80, 0)` for "shorter is better" on a length). The source hash in the run's
@@ -35,7 +41,7 @@ class TrlRewardVerifier:
     """A verifier plugin (`tokencredit.verifiers.plugins`) that scores one response with a TRL reward function."""
 
     def __init__(self, fn: Callable[..., Sequence[float | None]], feedback: Feedback, name: str | None = None,
-                 bounds: tuple[float, float] = (0.0, 1.0)):
+                 bounds: tuple[float, float] = (0.0, 1.0), conversational: bool | None = None):
         if not callable(fn):
             raise PluginError(f"trl_verifier: {fn!r} is not a callable reward function")
         if not callable(feedback) and not (isinstance(feedback, str) and feedback.strip()):
@@ -44,12 +50,14 @@ class TrlRewardVerifier:
         low, high = bounds
         if high == low:
             raise PluginError(f"trl_verifier({_name(fn)}): bounds {bounds} must differ")
+        if conversational not in (None, True, False):
+            raise PluginError(f"trl_verifier({_name(fn)}): conversational must be True, False or None (find out), "
+                              f"got {conversational!r}")
         self.__wrapped__, self.feedback, self.bounds = fn, feedback, (float(low), float(high))
-        self.name = name or _name(fn)
+        self.name, self.conversational = name or _name(fn), conversational
 
     def __call__(self, record: dict, response: str) -> list[tuple[str, float, str]]:
-        columns = {key: [value] for key, value in record.items() if key != "prompt"}
-        values = self.__wrapped__(completions=[response], prompts=[record.get("prompt", "")], **columns)
+        values = self._values(record, response)
         if (not isinstance(values, Sequence) or len(values) != 1 or not isinstance(values[0], (int, float))
                 or not math.isfinite(values[0])):
             raise PluginError(f"TRL reward function {self.name}: returned {values!r} for one completion; "
@@ -59,13 +67,50 @@ class TrlRewardVerifier:
         feedback = self.feedback(record) if callable(self.feedback) else self.feedback
         return [(self.name, score, feedback)]
 
+    def _values(self, record: dict, response: str) -> Any:
+        if self.conversational is not None:
+            return self._call(record, response, self.conversational)
+        try:
+            values = self._call(record, response, conversational=False)
+        except (TypeError, IndexError) as error:  # what `completions[0][0]["content"]` raises on a string
+            try:
+                values = self._call(record, response, conversational=True)
+            except Exception:
+                raise error from None  # not a conversational function either: its own error on a string
+            self.conversational = True
+            return values
+        self.conversational = False
+        return values
+
+    def _call(self, record: dict, response: str, conversational: bool) -> Any:
+        """`fn` on one completion, its record's fields as TRL passes a dataset's columns."""
+        columns = {key: [value] for key, value in record.items() if key != "prompt"}
+        prompt, completion = record.get("prompt", ""), response
+        if conversational:
+            prompt = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            completion = [{"role": "assistant", "content": response}]
+        return self.__wrapped__(completions=[completion], prompts=[prompt], **columns)
+
 
 def trl_verifier(fn: Callable[..., Sequence[float | None]], feedback: Feedback, *, name: str | None = None,
-                 bounds: tuple[float, float] = (0.0, 1.0)) -> TrlRewardVerifier:
+                 bounds: tuple[float, float] = (0.0, 1.0), conversational: bool | None = None) -> TrlRewardVerifier:
     """The verifier plugin for TRL reward function `fn`: its reward is named `name` (default the
     function's name), its feedback is `feedback` (or `feedback(record)`), its score `fn`'s mapped
-    from `bounds` onto [0, 1]."""
-    return TrlRewardVerifier(fn, feedback, name, bounds)
+    from `bounds` onto [0, 1]. `conversational`: whether `fn` takes TRL's conversational completions
+    (message lists) or strings; None finds out on the first call (module docstring)."""
+    return TrlRewardVerifier(fn, feedback, name, bounds, conversational)
+
+
+def assistant_text(completion: Any) -> str:
+    """A completion's text as TRL passes completions: a string, or the assistant messages of a
+    conversational one (`[{"role": "assistant", "content": text}]`, more messages after tool calls)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                            for m in completion):
+        return "".join(m["content"] for m in completion if m.get("role") == "assistant")
+    raise TypeError(f"a completion {str(completion)[:60]!r}: expected a string or a list of chat messages "
+                    "with string contents, as TRL passes completions")
 
 
 def _name(fn: Any) -> str:
