@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback
 
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY
 from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss, token_weighted_sft_loss
@@ -333,6 +333,63 @@ def test_checkpoints_hold_no_optimizer_state_unless_asked(run_dir, policy_dir, t
     assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3]  # it still resumes, with fresh moments
 
 
+class Interrupt(TrainerCallback):
+    """Raises once step `at` is logged (its metrics row written), as a killed run would stop."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.global_step == self.at and "tokens" in (logs or {}):
+            raise KeyboardInterrupt(f"interrupted at step {self.at}")
+
+
+def test_a_run_interrupted_and_resumed_ends_as_an_uninterrupted_one(run_dir, policy_dir, tmp_path, capsys):
+    settings = dict(data=run_dir, model=str(policy_dir), advantage="gdpo", steps=5, batch_size=2, grad_accum=2,
+                    lr=1e-2, save_every=2, save_optimizer=True)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(out=str(out), **settings), callbacks=[Interrupt(3)])
+    assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3]
+    (out / "checkpoint-4").mkdir()  # a save cut short: no train_config.json, so not a checkpoint to resume
+    train(TrainConfig(out=str(out), **settings))
+    assert f"resuming from {out / 'checkpoint-2'} (step 2 of 5)" in capsys.readouterr().out
+    straight = tmp_path / "straight"
+    train(TrainConfig(out=str(straight), **settings))
+    assert read_metrics(out) == read_metrics(straight)  # every figure of every step, as written
+    resumed, uninterrupted = weights(out / "final"), weights(straight / "final")
+    assert all(torch.equal(resumed[k], v) for k, v in uninterrupted.items())
+
+
+@pytest.mark.parametrize("objective", ["pg", "sft"])
+def test_trainer_losses_equal_a_plain_adamw_loop_on_the_union_batches(run_dir, policy_dir, tmp_path, objective):
+    """train's Trainer (micro-batches of 2, accumulated over 2) against AdamW on one batch of the 4 responses
+    of each step (batch_indices), with the loss written out on that batch."""
+    steps, batch_size, accum, lr = 4, 2, 2, 1e-2
+    out = tmp_path / "out"
+    train(TrainConfig(data=run_dir, out=str(out), model=str(policy_dir), objective=objective, advantage="mrtpo",
+                      steps=steps, batch_size=batch_size, grad_accum=accum, lr=lr, save_every=100))
+    examples = load_examples(run_dir, "mrtpo", objective)
+    model = load_model(policy_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    expected = []
+    for step in range(steps):
+        batch = collate([examples[i] for i in batch_indices(len(examples), batch_size * accum, 0, step)], PAD)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        if objective == "sft":
+            loss = token_weighted_sft_loss(logits, batch["labels"], batch["credit"])
+        else:
+            loss = policy_gradient_loss(token_logprobs(logits, batch["labels"]), batch["sample_logprobs"][:, 1:],
+                                        batch["credit"][:, 1:], batch["labels"][:, 1:] != IGNORE_INDEX)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    losses = [float(r["loss"]) for r in read_metrics(out)]
+    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert len(set(np.round(expected, 4))) == steps  # the steps differ: the comparison follows training
+
+
 # --- gradient accumulation, KL to the reference, bf16, LoRA from the CLI ------------------------------
 
 
@@ -400,7 +457,12 @@ def test_lora_from_the_cli_trains_adapters_only(run_dir, policy_dir, tmp_path):
 
     out = tmp_path / "lora"
     assert main(["train", "--data", run_dir, "--model", str(policy_dir), "--out", str(out), "--lora", "--steps", "2",
-                 "--batch-size", "2", "--grad-accum", "2", "--kl-coef", "0.1", "--lr", "1e-2"]) == 0
+                 "--batch-size", "2", "--grad-accum", "2", "--kl-coef", "0.1", "--lr", "1e-2", "--save-every", "1",
+                 "--save-total-limit", "1"]) == 0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]  # save_total_limit 1
+    checkpoint = {p.name: p.stat().st_size for p in (out / "checkpoint-2").iterdir()}
+    assert "adapter_model.safetensors" in checkpoint and "model.safetensors" not in checkpoint
+    assert sum(checkpoint.values()) < 50 * 2**20
     files = {p.name for p in (out / "final").iterdir()}
     assert "adapter_model.safetensors" in files and "model.safetensors" not in files and "trainer_state.pt" not in files
     adapter = load_file(str(out / "final" / "adapter_model.safetensors"))
