@@ -206,7 +206,7 @@ def micro_batch_loss(model, batch: dict[str, Tensor], objective: str, totals: tu
     """
     tokens, weight_sum = totals
     if objective == "sft" and weight_sum <= 0:
-        raise ValueError("train_step: the SFT weights of the batch's labelled tokens sum to zero")
+        raise ValueError("the SFT weights of the step's labelled tokens sum to zero")
     mask = batch["labels"][:, 1:] != IGNORE_INDEX
     share = int(mask.sum()) / tokens
     logprobs = _logprobs(model, batch, bf16)
