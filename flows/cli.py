@@ -239,8 +239,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                          out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                          seed=args.seed, device=args.device, lora=args.lora, grad_accum=args.grad_accum,
                          kl_coef=args.kl_coef, bf16=args.bf16, save_every=args.save_every,
-                         save_optimizer=args.save_optimizer,
-                         allow_incomplete=args.allow_incomplete)
+                         save_total_limit=args.save_total_limit, save_optimizer=args.save_optimizer,
+                         report_to=args.report_to, allow_incomplete=args.allow_incomplete)
     print(f"final checkpoint: {train(config)}")
     return 0
 
@@ -384,8 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')")
     p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
+    p.add_argument("--save-total-limit", type=int, default=None, help="keep only the newest N checkpoints")
     p.add_argument("--save-optimizer", action="store_true", help="also save AdamW's moments in each checkpoint "
                    "(twice the weights' size), so that a resume continues exactly")
+    p.add_argument("--report-to", default="none", help="Trainer's logging integrations: tensorboard, wandb, all, "
+                   "... (default none)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_train)
 

@@ -2,6 +2,7 @@
 checkpoints and resume, and the errors of the training view, on a tiny random Llama and a small
 run directory written with the real RunWriter."""
 import csv
+import json
 import shutil
 import sys
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback
 
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY
 from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss, token_weighted_sft_loss
@@ -282,20 +283,20 @@ def weights(folder):
     return load_file(str(folder / "model.safetensors"))
 
 
-def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_dir, tmp_path):
+def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_dir, tmp_path, capsys):
     base = shutil.copytree(policy_dir, tmp_path / "base")
     settings = dict(data=run_dir, model=str(base), advantage="mrtpo", batch_size=3, lr=1e-3, save_every=2,
                     save_optimizer=True)
     out = tmp_path / "out"
     final = train(TrainConfig(out=str(out), steps=4, **settings))
     assert final == out / "final"
-    for name in ("checkpoint-2", "checkpoint-4"):
-        assert {"model.safetensors", "config.json", "tokenizer.json", "trainer_state.pt"} <= {
-            p.name for p in (out / name).iterdir()}
+    for name in ("checkpoint-2", "checkpoint-4"):  # Trainer's checkpoints, AdamW's moments included
+        assert {"model.safetensors", "config.json", "tokenizer.json", "trainer_state.json", "rng_state.pth",
+                "optimizer.pt", "train_config.json"} <= {p.name for p in (out / name).iterdir()}
     # final: weights only (AdamW's moments would double its size)
     final_files = {p.name for p in (out / "final").iterdir()}
     assert {"model.safetensors", "tokenizer.json", "train_config.json"} <= final_files
-    assert "trainer_state.pt" not in final_files
+    assert not final_files & {"trainer_state.json", "optimizer.pt"}
     assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3, 4]
     assert all(int(r["tokens"]) > 0 and np.isfinite(float(r["loss"])) for r in read_metrics(out))
     assert (out / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -308,9 +309,9 @@ def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_d
     # Resume to 6 steps without the base model: only checkpoint-4 can supply the weights.
     shutil.rmtree(base)
     train(TrainConfig(out=str(out), steps=6, **settings))
+    assert f"resuming from {out / 'checkpoint-4'} (step 4 of 6)" in capsys.readouterr().out
     assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
-    state = torch.load(out / "checkpoint-6" / "trainer_state.pt", weights_only=True)
-    assert state["step"] == 6
+    assert json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())["global_step"] == 6
 
     # ... and it lands where an uninterrupted 6-step run lands (same batches, AdamW moments, RNG).
     shutil.copytree(policy_dir, base)
@@ -326,11 +327,67 @@ def test_train_writes_checkpoints_and_resumes_where_it_stopped(run_dir, policy_d
 def test_checkpoints_hold_no_optimizer_state_unless_asked(run_dir, policy_dir, tmp_path):
     out = tmp_path / "out"
     train(TrainConfig(data=run_dir, model=str(policy_dir), out=str(out), steps=2, batch_size=3, save_every=100))
-    state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=True)
-    assert state["step"] == 2 and "optimizer" not in state
-    assert (out / "checkpoint-2" / "trainer_state.pt").stat().st_size < 10_000  # step and RNG only
+    files = {p.name for p in (out / "checkpoint-2").iterdir()}
+    assert {"model.safetensors", "trainer_state.json", "rng_state.pth"} <= files and "optimizer.pt" not in files
     train(TrainConfig(data=run_dir, model=str(policy_dir), out=str(out), steps=3, batch_size=3, save_every=100))
     assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3]  # it still resumes, with fresh moments
+
+
+class Interrupt(TrainerCallback):
+    """Raises once step `at` is logged (its metrics row written), as a killed run would stop."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.global_step == self.at and "tokens" in (logs or {}):
+            raise KeyboardInterrupt(f"interrupted at step {self.at}")
+
+
+def test_a_run_interrupted_and_resumed_ends_as_an_uninterrupted_one(run_dir, policy_dir, tmp_path, capsys):
+    settings = dict(data=run_dir, model=str(policy_dir), advantage="gdpo", steps=5, batch_size=2, grad_accum=2,
+                    lr=1e-2, save_every=2, save_optimizer=True)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(out=str(out), **settings), callbacks=[Interrupt(3)])
+    assert [int(r["step"]) for r in read_metrics(out)] == [1, 2, 3]
+    (out / "checkpoint-4").mkdir()  # a save cut short: no train_config.json, so not a checkpoint to resume
+    train(TrainConfig(out=str(out), **settings))
+    assert f"resuming from {out / 'checkpoint-2'} (step 2 of 5)" in capsys.readouterr().out
+    straight = tmp_path / "straight"
+    train(TrainConfig(out=str(straight), **settings))
+    assert read_metrics(out) == read_metrics(straight)  # every figure of every step, as written
+    resumed, uninterrupted = weights(out / "final"), weights(straight / "final")
+    assert all(torch.equal(resumed[k], v) for k, v in uninterrupted.items())
+
+
+@pytest.mark.parametrize("objective", ["pg", "sft"])
+def test_trainer_losses_equal_a_plain_adamw_loop_on_the_union_batches(run_dir, policy_dir, tmp_path, objective):
+    """train's Trainer (micro-batches of 2, accumulated over 2) against AdamW on one batch of the 4 responses
+    of each step (batch_indices), with the loss written out on that batch."""
+    steps, batch_size, accum, lr = 4, 2, 2, 1e-2
+    out = tmp_path / "out"
+    train(TrainConfig(data=run_dir, out=str(out), model=str(policy_dir), objective=objective, advantage="mrtpo",
+                      steps=steps, batch_size=batch_size, grad_accum=accum, lr=lr, save_every=100))
+    examples = load_examples(run_dir, "mrtpo", objective)
+    model = load_model(policy_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    expected = []
+    for step in range(steps):
+        batch = collate([examples[i] for i in batch_indices(len(examples), batch_size * accum, 0, step)], PAD)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        if objective == "sft":
+            loss = token_weighted_sft_loss(logits, batch["labels"], batch["credit"])
+        else:
+            loss = policy_gradient_loss(token_logprobs(logits, batch["labels"]), batch["sample_logprobs"][:, 1:],
+                                        batch["credit"][:, 1:], batch["labels"][:, 1:] != IGNORE_INDEX)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    losses = [float(r["loss"]) for r in read_metrics(out)]
+    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert len(set(np.round(expected, 4))) == steps  # the steps differ: the comparison follows training
 
 
 # --- gradient accumulation, KL to the reference, bf16, LoRA from the CLI ------------------------------
@@ -400,7 +457,12 @@ def test_lora_from_the_cli_trains_adapters_only(run_dir, policy_dir, tmp_path):
 
     out = tmp_path / "lora"
     assert main(["train", "--data", run_dir, "--model", str(policy_dir), "--out", str(out), "--lora", "--steps", "2",
-                 "--batch-size", "2", "--grad-accum", "2", "--kl-coef", "0.1", "--lr", "1e-2"]) == 0
+                 "--batch-size", "2", "--grad-accum", "2", "--kl-coef", "0.1", "--lr", "1e-2", "--save-every", "1",
+                 "--save-total-limit", "1"]) == 0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]  # save_total_limit 1
+    checkpoint = {p.name: p.stat().st_size for p in (out / "checkpoint-2").iterdir()}
+    assert "adapter_model.safetensors" in checkpoint and "model.safetensors" not in checkpoint
+    assert sum(checkpoint.values()) < 50 * 2**20
     files = {p.name for p in (out / "final").iterdir()}
     assert "adapter_model.safetensors" in files and "model.safetensors" not in files and "trainer_state.pt" not in files
     adapter = load_file(str(out / "final" / "adapter_model.safetensors"))

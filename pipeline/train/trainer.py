@@ -1,14 +1,19 @@
-"""Token-credited training from a run directory (method.md section 5).
+"""Token-credited training from a run directory (method.md section 5), on `transformers.Trainer`.
 
-    run dir --DuckDB `training` view--> Examples --collate--> batch --train_step--> AdamW
+    run dir --DuckDB `training` view--> Examples --StepSampler, collate--> micro-batches
+            --CreditTrainer.compute_loss--> AdamW (Trainer's loop, accelerate, callbacks, checkpoints)
 
 Objectives: `pg`, the clipped offline policy gradient on per-token advantages (any kind of the
 view, or a mix such as "mrtpo:0.5,gdpo:0.5"), and `sft`, token-weighted SFT whose weights are
 the view's `sft_weight` (advantage=None) or the positive part of the chosen advantage, and `rs`,
 rejection sampling: SFT with weight 1 on the responses that pass every reward (`passed_all`). Each
 may add `kl_coef` x KL to the frozen initial policy (`kl_penalty`); `grad_accum` micro-batches of
-`batch_size` make one optimizer step (the same gradient as one batch of their union); `bf16`
+`batch_size` make one optimizer step (the same gradient as one batch of their union: each
+micro-batch's loss is divided by the step's total tokens or SFT weight, not by its own); `bf16`
 runs the forwards under bf16 autocast (CUDA; CPU works too, slowly); `lora` trains adapters.
+The optimizer is torch's AdamW with its defaults (weight decay 0.01 on every trainable parameter)
+at a constant learning rate, without gradient clipping. `train_step` is the same step without
+Trainer, for a plain loop.
 
 The advantages are the dataset's: GDPO's batch step taken over the whole run (schemas/views.sql).
 A trainer that prefers to normalize over its own batch, as TRL and verl do, reads `gdpo_sum` and
@@ -16,21 +21,27 @@ A trainer that prefers to normalize over its own batch, as TRL and verl do, read
 
 The output directory holds
 
-    out/checkpoint-{step}/   model (safetensors), tokenizer, trainer_state.pt, train_config.json
-    out/final/               model (safetensors), tokenizer, train_config.json: weights only
+    out/checkpoint-{step}/   Trainer's checkpoint: the weights (LoRA: the adapter only), tokenizer,
+                             trainer_state.json, rng_state.pth, train_config.json (written last);
+                             optimizer.pt (AdamW's moments) only with `save_optimizer`
+    out/final/               weights (LoRA: the adapter) (safetensors), tokenizer, train_config.json
     out/metrics.csv          step, loss, kl, mean_advantage, tokens (one row per optimizer step)
     out/metrics.png          those curves
 
-A checkpoint is written to a temporary folder and renamed into place, so one that exists is
-complete. Re-running with the same `out` resumes from the latest checkpoint: weights, AdamW
-state, step and torch RNG state are restored, and the batch of each step is a pure function of
-(seed, step), so the resumed run sees the batches an uninterrupted run would have seen.
+Every `save_every` steps and at the last one Trainer saves a checkpoint; `save_total_limit` keeps
+only the newest ones. Re-running with the same `out` resumes from the latest complete checkpoint
+(one with its train_config.json) through Trainer's `resume_from_checkpoint`: weights, step, RNG
+state and, when saved, AdamW's moments are restored, and the batch of each step is a pure function
+of (seed, step), so the resumed run sees the batches an uninterrupted run would have seen. A resume
+with other settings (RESUME_KEYS) is refused. `report_to` hands the logs (loss, kl, mean_advantage,
+tokens) to Trainer's logging integrations (tensorboard, wandb, ...).
 """
 from __future__ import annotations
 
 import csv
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +49,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import Tensor
-from tqdm import tqdm
 
 from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
 from tokencredit.pipeline.models.loading import load_policy
@@ -48,7 +59,6 @@ from tokencredit.pipeline.dataset.training import check_aligned, parse_advantage
 from tokencredit.pipeline.dataset.writer import run_files
 
 OBJECTIVES = ("pg", "sft", "rs")
-STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "train_config.json"
 METRICS = ("step", "loss", "kl", "mean_advantage", "tokens")
 # Config fields that shape the training trajectory: a resume must not change them.
@@ -71,11 +81,13 @@ class TrainConfig:
     device: str = "cpu"
     lora: bool = False  # LoRA adapters via `peft` (the `lora` extra); checkpoints then hold only the adapter
     save_every: int = 25
+    save_total_limit: int | None = None  # keep only the newest N checkpoints (None: all)
     save_optimizer: bool = False  # AdamW's moments in each checkpoint (twice the weights' size) for an exact resume
     grad_accum: int = 1  # micro-batches of batch_size per optimizer step
     kl_coef: float = 0.0  # weight of KL(pi || pi_ref), pi_ref = the initial policy (LoRA: the base model)
     bf16: bool = False  # bf16 autocast of the forward passes
     allow_incomplete: bool = False  # train on a run whose annotation has not finished
+    report_to: str = "none"  # Trainer's logging integrations: "tensorboard", "wandb", "all", ...
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -89,8 +101,8 @@ class TrainConfig:
             parse_advantage(self.advantage)
         if self.kl_coef < 0:
             raise ValueError(f"TrainConfig.kl_coef must be >= 0, got {self.kl_coef}")
-        for name in ("steps", "batch_size", "save_every", "grad_accum"):
-            if getattr(self, name) < 1:
+        for name in ("steps", "batch_size", "save_every", "grad_accum", "save_total_limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
@@ -175,54 +187,78 @@ def _logprobs(model, batch: dict[str, Tensor], bf16: bool) -> Tensor:
     return token_logprobs(logits, batch["labels"])
 
 
+def step_totals(micro: list[dict[str, Tensor]]) -> tuple[int, float]:
+    """(response tokens, their summed credit) over one optimizer step's micro-batches: the
+    denominators of the step's pg/KL and SFT losses."""
+    masks = [b["labels"][:, 1:] != IGNORE_INDEX for b in micro]
+    return (sum(int(m.sum()) for m in masks),
+            sum(float(b["credit"][:, 1:][m].sum()) for b, m in zip(micro, masks)))
+
+
+def micro_batch_loss(model, batch: dict[str, Tensor], objective: str, totals: tuple[int, float],
+                     clip_eps: float = 0.2, reference=None, kl_coef: float = 0.0,
+                     bf16: bool = False) -> tuple[Tensor, dict[str, float]]:
+    """One micro-batch's part of its step's loss (scalar tensor) and its figures (loss, kl, credit sum).
+
+    `totals` = step_totals of the whole step: pg and KL are token means and SFT a weighted mean over
+    the union of the step's micro-batches, so the parts' gradients add up to the union's.
+    `objective` is "pg" or "sft" (rs is SFT on 0/1 weights).
+    """
+    tokens, weight_sum = totals
+    if objective == "sft" and weight_sum <= 0:
+        raise ValueError("the SFT weights of the step's labelled tokens sum to zero")
+    mask = batch["labels"][:, 1:] != IGNORE_INDEX
+    share = int(mask.sum()) / tokens
+    logprobs = _logprobs(model, batch, bf16)
+    credit = batch["credit"][:, 1:]
+    if objective == "sft":
+        loss = -(credit * logprobs).sum() / weight_sum  # token_weighted_sft_loss over the union
+    else:
+        loss = policy_gradient_loss(logprobs, batch["sample_logprobs"][:, 1:], credit, mask, clip_eps) * share
+    kl = 0.0
+    if kl_coef:
+        with torch.no_grad():
+            ref = reference(batch)
+        kl_term = kl_penalty(logprobs, ref, mask) * share
+        loss = loss + kl_coef * kl_term
+        kl = kl_term.item()
+    return loss, {"loss": loss.item(), "kl": kl, "credit": float(credit[mask].sum())}
+
+
+def step_figures(parts: list[dict[str, float]], tokens: int) -> dict[str, float]:
+    """A step's metrics row from its micro-batches' figures: loss (objective + kl_coef * kl), kl,
+    mean_advantage (mean credit over the response tokens: the advantage for pg, the SFT weight for
+    sft) and tokens (number of response tokens)."""
+    return {"loss": sum(p["loss"] for p in parts), "kl": sum(p["kl"] for p in parts),
+            "mean_advantage": sum(p["credit"] for p in parts) / tokens, "tokens": tokens}
+
+
 def train_step(model, batch: dict[str, Tensor] | list[dict[str, Tensor]], objective: str,
                optimizer: torch.optim.Optimizer, clip_eps: float = 0.2, *, reference=None, kl_coef: float = 0.0,
                bf16: bool = False) -> dict[str, float]:
-    """One optimizer step on a collate() batch, or on a list of them (micro-batches, on the model's device).
+    """One optimizer step on a collate() batch, or on a list of them (micro-batches, on the model's device),
+    without Trainer: the step `train` takes, for a plain loop.
 
-    The micro-batches' gradients accumulate, each weighted by its share of the step's tokens (pg, KL) or
-    of its SFT weight (sft), so the step equals one on their union. `reference(batch)` gives log pi_ref
-    of the labels ([B, L - 1]) for the `kl_coef` term. Returns loss (objective + kl_coef * kl), kl,
-    mean_advantage (mean credit over the response tokens: the advantage for `pg`, the SFT weight for
-    `sft`) and tokens (number of response tokens).
+    The micro-batches' gradients accumulate (micro_batch_loss), so the step equals one on their union.
+    `reference(batch)` gives log pi_ref of the labels ([B, L - 1]) for the `kl_coef` term. Returns the
+    step_figures row.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
     if kl_coef and reference is None:
         raise ValueError("train_step: kl_coef > 0 needs a reference policy")
     micro = batch if isinstance(batch, list) else [batch]
-    masks = [b["labels"][:, 1:] != IGNORE_INDEX for b in micro]
-    tokens = sum(int(m.sum()) for m in masks)
-    weight_sum = sum(float(b["credit"][:, 1:][m].sum()) for b, m in zip(micro, masks))
-    if objective == "sft" and weight_sum <= 0:
-        raise ValueError("train_step: the SFT weights of the batch's labelled tokens sum to zero")
+    totals = step_totals(micro)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss_total = kl_total = credit_total = 0.0
-    for b, mask in zip(micro, masks):
-        n = int(mask.sum())
-        if n == 0:
-            continue
-        logprobs = _logprobs(model, b, bf16)
-        credit = b["credit"][:, 1:]
-        if objective == "sft":
-            share = float(credit[mask].sum()) / weight_sum
-            loss = -(credit * logprobs).sum() / weight_sum  # token_weighted_sft_loss over the union
-        else:
-            share = n / tokens
-            loss = policy_gradient_loss(logprobs, b["sample_logprobs"][:, 1:], credit, mask, clip_eps) * share
-        if kl_coef:
-            with torch.no_grad():
-                ref = reference(b)
-            kl = kl_penalty(logprobs, ref, mask) * (n / tokens)
-            loss = loss + kl_coef * kl
-            kl_total += kl.item()
-        if share or kl_coef:
-            loss.backward()
-        loss_total += loss.item()
-        credit_total += float(credit[mask].sum())
+    parts = []
+    for b in micro:
+        loss, figures = micro_batch_loss(model, b, "sft" if objective == "rs" else objective, totals, clip_eps,
+                                         reference, kl_coef, bf16)
+        loss.backward()
+        parts.append(figures)
     optimizer.step()
-    return {"loss": loss_total, "kl": kl_total, "mean_advantage": credit_total / tokens, "tokens": tokens}
+    return step_figures(parts, totals[0])
 
 
 def reference_policy(config: TrainConfig, model):
@@ -245,6 +281,90 @@ def batch_indices(n: int, batch_size: int, seed: int, step: int) -> list[int]:
     perms = {epoch: np.random.default_rng([seed, epoch]).permutation(n)
              for epoch in {pos // n for pos in positions}}
     return [int(perms[pos // n][pos % n]) for pos in positions]
+
+
+class StepSampler(torch.utils.data.Sampler):
+    """The example indices of `steps` optimizer steps of `per_step` examples each, step after step
+    (batch_indices): Trainer's dataloader cuts them into micro-batches, so a resumed run that skips
+    the first k steps' batches continues with the batches of step k."""
+
+    def __init__(self, n: int, per_step: int, steps: int, seed: int):
+        self.n, self.per_step, self.steps, self.seed = n, per_step, steps, seed
+
+    def __len__(self) -> int:
+        return self.per_step * self.steps
+
+    def __iter__(self):
+        for step in range(self.steps):
+            yield from batch_indices(self.n, self.per_step, self.seed, step)
+
+
+class CreditTrainer(transformers.Trainer):
+    """`transformers.Trainer` with tokencredit's objectives (TrainConfig.objective) as compute_loss,
+    the StepSampler's batches, torch's AdamW, and a metrics row (step_figures) in every training log.
+
+    `reference` is reference_policy's function (for kl_coef > 0). `train_dataset` is a list of
+    Examples, `data_collator` collate with the tokenizer's pad id.
+    """
+
+    def __init__(self, *args, config: TrainConfig, reference=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.config, self.reference = config, reference
+        self.objective = "sft" if config.objective == "rs" else config.objective  # rs: SFT on its 0/1 weights
+        self._totals: tuple[int, float] = (0, 0.0)
+        self._parts: list[dict[str, float]] = []
+        # compute_loss divides by the whole step's tokens or weight; Trainer must not divide by grad_accum again
+        self.model_accepts_loss_kwargs = True
+
+    def _get_train_sampler(self, train_dataset=None):
+        c = self.config
+        n = len(self.train_dataset if train_dataset is None else train_dataset)
+        return StepSampler(n, c.batch_size * c.grad_accum, c.steps, c.seed)
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:  # torch's AdamW defaults on every trainable parameter, as `train_step` users do
+            params = [p for p in (model or self.model).parameters() if p.requires_grad]
+            self.optimizer = torch.optim.AdamW(params, lr=self.args.learning_rate)
+        return self.optimizer
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self._totals = step_totals(batches)
+        return batches, num_items if num_items is not None else self._totals[0]
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        c = self.config
+        loss, figures = micro_batch_loss(model, inputs, self.objective, self._totals, c.clip_eps, self.reference,
+                                         c.kl_coef, c.bf16)
+        self._parts.append(figures)
+        return (loss, {}) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._parts:  # a training step's log (logging_steps=1): this step's figures
+            logs.update(step_figures(self._parts, self._totals[0]))
+            self._parts = []
+        super().log(logs, start_time)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if self.config.save_optimizer:  # else a resume starts AdamW's moments (and the constant LR) afresh
+            super()._save_optimizer_and_scheduler(output_dir)
+
+
+class MetricsCSV(transformers.TrainerCallback):
+    """Appends each training log's step_figures to metrics.csv, and marks each checkpoint complete by
+    writing its train_config.json last (latest_checkpoint only takes marked ones)."""
+
+    def __init__(self, out: Path, config: TrainConfig):
+        self.out, self.config = out, config
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "tokens" in logs:
+            with (self.out / "metrics.csv").open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=METRICS).writerow(
+                    {"step": state.global_step, **{k: logs[k] for k in METRICS[1:]}})
+
+    def on_save(self, args, state, control, **kwargs):
+        write_config(self.config, self.out / f"checkpoint-{state.global_step}")
 
 
 # --- model, checkpoints, metrics --------------------------------------------------------------------
@@ -296,7 +416,9 @@ def read_responses(data: str | Path, ids: list[str], allow_incomplete: bool) -> 
 
 
 def latest_checkpoint(out: Path) -> Path | None:
-    steps = [int(p.name.split("-", 1)[1]) for p in out.glob("checkpoint-*") if p.name.split("-", 1)[1].isdigit()]
+    """The newest complete checkpoint-N in `out` (its train_config.json written), or None."""
+    steps = [int(p.parent.name.split("-", 1)[1]) for p in out.glob(f"checkpoint-*/{CONFIG_FILE}")
+             if p.parent.name.split("-", 1)[1].isdigit()]
     return out / f"checkpoint-{max(steps)}" if steps else None
 
 
@@ -306,28 +428,12 @@ def _identity(config: TrainConfig) -> dict[str, Any]:
     return fields
 
 
-def save_checkpoint(model, tokenizer, optimizer, step: int, config: TrainConfig, dest: Path) -> Path:
-    """Weights (safetensors), tokenizer and, unless `optimizer` is None, trainer state (step, RNG and,
-    with `config.save_optimizer`, AdamW's moments) into `dest`, atomically (tmp folder + rename)."""
-    tmp = dest.with_name(f"{dest.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if optimizer is not None:
-        state = {"step": step, "torch_rng": torch.get_rng_state()}
-        if config.save_optimizer:
-            state["optimizer"] = optimizer.state_dict()
-        if torch.cuda.is_available():
-            state["cuda_rng"] = torch.cuda.get_rng_state_all()
-        torch.save(state, tmp / STATE_FILE)
-    (tmp / CONFIG_FILE).write_text(json.dumps({**asdict(config), "identity": _identity(config)}, indent=2))
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
+def write_config(config: TrainConfig, folder: Path) -> None:
+    (folder / CONFIG_FILE).write_text(json.dumps({**asdict(config), "identity": _identity(config)}, indent=2))
 
 
-def restore(checkpoint: Path, config: TrainConfig, optimizer) -> int:
-    """Load RNG and (when saved) optimizer state from a checkpoint of the same configuration; returns its step."""
+def check_resumable(checkpoint: Path, config: TrainConfig) -> int:
+    """The step of a checkpoint written with the same trajectory settings; ValueError (one line) otherwise."""
     saved = json.loads((checkpoint / CONFIG_FILE).read_text())["identity"]
     defaults = {"grad_accum": 1, "kl_coef": 0.0}  # checkpoints written before these options existed
     changed = [f"{k}: saved {saved.get(k, defaults.get(k))!r}, now {v!r}" for k, v in _identity(config).items()
@@ -335,13 +441,20 @@ def restore(checkpoint: Path, config: TrainConfig, optimizer) -> int:
     if changed:
         raise ValueError(f"{checkpoint.parent} holds a run with another configuration ({'; '.join(changed)}); "
                          f"use a new out dir or the same settings")
-    state = torch.load(checkpoint / STATE_FILE, weights_only=True)
-    if "optimizer" in state:  # else AdamW's moments start again from zero
-        optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["torch_rng"])
-    if "cuda_rng" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return int(state["step"])
+    return json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+
+
+def save_final(model, tokenizer, config: TrainConfig, dest: Path) -> Path:
+    """Weights (LoRA: the adapter; safetensors), tokenizer and train_config.json into `dest`, atomically
+    (tmp folder + rename)."""
+    tmp = dest.with_name(f"{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    write_config(config, tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
 
 
 def reset_metrics(path: Path, through_step: int) -> None:
@@ -375,8 +488,20 @@ def plot_metrics(csv_path: Path, png_path: Path) -> None:
     plt.close(fig)
 
 
-def train(config: TrainConfig) -> Path:
-    """Train (or resume training) from config.data; returns the final checkpoint folder out/final."""
+def training_arguments(config: TrainConfig) -> transformers.TrainingArguments:
+    """TrainConfig as TrainingArguments: constant LR, no warm-up or clipping, a log every step, a
+    checkpoint every save_every steps (and at the last), the collate() tensors kept as they are."""
+    return transformers.TrainingArguments(
+        output_dir=config.out, max_steps=config.steps, per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.grad_accum, learning_rate=config.lr, lr_scheduler_type="constant",
+        warmup_steps=0, max_grad_norm=0.0, logging_steps=1, save_strategy="steps", save_steps=config.save_every,
+        save_total_limit=config.save_total_limit, seed=config.seed, remove_unused_columns=False,
+        use_cpu=config.device == "cpu", dataloader_pin_memory=False, report_to=config.report_to)
+
+
+def train(config: TrainConfig, callbacks: Sequence[transformers.TrainerCallback] = ()) -> Path:
+    """Train (or resume training) from config.data; returns the final checkpoint folder out/final.
+    `callbacks` are extra TrainerCallbacks (progress, timing, ...)."""
     examples = load_examples(config.data, config.advantage, config.objective, config.allow_incomplete)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)  # only once the data is usable: a refusal leaves no folder
@@ -385,29 +510,18 @@ def train(config: TrainConfig) -> Path:
     sampled_with = run_model(config.data, config.allow_incomplete)
     if config.model is None:
         config.model = sampled_with
+    start = check_resumable(checkpoint, config) if checkpoint else 0
     model, tokenizer = load_model(config, checkpoint)
     check_vocabulary(examples, config, sampled_with, model, tokenizer)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr)
-    start = restore(checkpoint, config, optimizer) if checkpoint else 0
     reference = reference_policy(config, model) if config.kl_coef else None
-    metrics_csv = out / "metrics.csv"
-    reset_metrics(metrics_csv, start)
+    reset_metrics(out / "metrics.csv", start)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    device = next(model.parameters()).device
-    with metrics_csv.open("a", newline="") as f:
-        log = csv.DictWriter(f, fieldnames=METRICS)
-        progress = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="train")
-        for step in progress:
-            indices = batch_indices(len(examples), config.batch_size * config.grad_accum, config.seed, step)
-            micro = [collate([examples[i] for i in indices[m: m + config.batch_size]], pad_id)
-                     for m in range(0, len(indices), config.batch_size)]
-            objective = "sft" if config.objective == "rs" else config.objective  # rs: SFT on its 0/1 weights
-            row = train_step(model, [{k: v.to(device) for k, v in b.items()} for b in micro], objective,
-                             optimizer, config.clip_eps, reference=reference, kl_coef=config.kl_coef, bf16=config.bf16)
-            log.writerow({"step": step + 1, **row})
-            f.flush()
-            progress.set_postfix(loss=f"{row['loss']:.4f}")
-            if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
-                save_checkpoint(model, tokenizer, optimizer, step + 1, config, out / f"checkpoint-{step + 1}")
-    plot_metrics(metrics_csv, out / "metrics.png")
-    return save_checkpoint(model, tokenizer, None, max(start, config.steps), config, out / "final")
+    trainer = CreditTrainer(model=model, args=training_arguments(config), train_dataset=examples,
+                            data_collator=lambda batch: collate(batch, pad_id), processing_class=tokenizer,
+                            callbacks=[MetricsCSV(out, config), *callbacks], config=config, reference=reference)
+    if checkpoint:
+        print(f"resuming from {checkpoint} (step {start} of {config.steps})")
+    if start < config.steps:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    plot_metrics(out / "metrics.csv", out / "metrics.png")
+    return save_final(model, tokenizer, config, out / "final")
