@@ -135,7 +135,7 @@ def main() -> None:
         tiny = measure(None, "tiny", steps=6 if args.quick else 13, rounds=2 if args.quick else 3, tmp=tmp)
         if args.quick:
             return
-        smol = measure("smollm2-135m-instruct", "smollm2-135m-instruct", steps=4, rounds=2, tmp=tmp)
+        smol = measure("smollm2-135m-instruct", "smollm2-135m-instruct", steps=6, rounds=3, tmp=tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     ok, small = smol["trainer_over_loop"] <= TARGET, smol["lora_checkpoint_bytes"] < SIZE_TARGET
