@@ -13,7 +13,7 @@
 Only this module and `tokencredit.pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
 imported by the command that needs them, so `--help` answers at once. A user error (bad input,
 missing file, incomplete run, another writer) is one line on stderr and exit status 2; set
-TOKENCREDIT_DEBUG=1 for the traceback.
+TOKENCREDIT_DEBUG=1 (or true, yes) for the traceback.
 """
 from __future__ import annotations
 
@@ -420,6 +420,11 @@ def _one_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def debugging() -> bool:
+    """TOKENCREDIT_DEBUG=1, true or yes (any case) asks for tracebacks; 0, false or empty does not."""
+    return os.environ.get("TOKENCREDIT_DEBUG", "").strip().lower() in ("1", "true", "yes")
+
+
 def main(argv: list[str] | None = None) -> int:
     _prefect_settings()
     args = build_parser().parse_args(argv)
@@ -429,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokencredit {args.command}: interrupted", file=sys.stderr)
         return 130
     except USER_ERRORS as error:
-        if os.environ.get("TOKENCREDIT_DEBUG"):
+        if debugging():
             raise
         print(f"tokencredit {args.command}: error: {_one_line(error)}", file=sys.stderr)
         return 2

@@ -72,6 +72,21 @@ def test_user_errors_are_one_line_with_exit_status_2(tmp_path, capsys, argv, mes
     assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("value", ["0", "false", "No", "", "off"])
+def test_tokencredit_debug_off_values_keep_the_one_line_error(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.setenv("TOKENCREDIT_DEBUG", value)
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a tokencredit run directory" in err, err
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", " True "])
+def test_tokencredit_debug_on_values_raise_for_the_traceback(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("TOKENCREDIT_DEBUG", value)
+    with pytest.raises(FileNotFoundError, match="is not a tokencredit run directory"):
+        main(["report", str(tmp_path / "nowhere")])
+
+
 def test_prefect_start_timeout_is_set_unless_the_user_set_one(monkeypatch):
     monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", raising=False)
     cli._prefect_settings()
