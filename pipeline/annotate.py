@@ -211,14 +211,16 @@ def rejection_lines(rejected: Sequence[verifiers.Rejected], shown: int = 3) -> l
     lines = []
     for r in rejected[:shown]:
         where = f"{Path(r.path).name} line {r.line_no}" if r.line_no is not None else f"record {r.record_id!r}"
-        lines.append(f"  {where}" + (f", field {r.field!r}" if r.field else "") + f": {_reason(r)}")
+        field = f", field {r.field!r}" if r.field and r.field != "<line>" else ""  # "<line>": the line is unreadable
+        lines.append(f"  {where}{field}: {_reason(r)}")
     if len(rejected) > shown:
         lines.append(f"  ... and {len(rejected) - shown} more")
     return lines
 
 
 def _reason(r: verifiers.Rejected) -> str:
-    prefix = f"record {r.record_id!r}: field {r.field!r}: "  # RecordError's own wording, said once above
+    record_id = r.record_id if r.record_id is not None else f"line {r.line_no}"  # an unreadable line's RecordError
+    prefix = f"record {record_id!r}: field {r.field!r}: "  # RecordError's own wording, said once above
     return r.reason[len(prefix):] if r.reason.startswith(prefix) else r.reason
 
 

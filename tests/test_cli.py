@@ -87,6 +87,18 @@ def test_tokencredit_debug_on_values_raise_for_the_traceback(tmp_path, monkeypat
         main(["report", str(tmp_path / "nowhere")])
 
 
+def test_unreadable_prompt_lines_are_reported_once_each_in_plain_words(tmp_path, capsys):
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text('{"id": "a", "task": "sql", "prompt": "x\n'  # a string never closed
+                       '{"id": "b", "task": "sql", "prompt": "y",}\n'
+                       '[1]\n')
+    assert main(["annotate", "--prompts", str(prompts), "--out", str(tmp_path / "run"), "--runner", "none"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1:4] == ["  bad.jsonl line 1: invalid JSON: Unterminated string starting at column 38",
+                          "  bad.jsonl line 2: invalid JSON: Expecting property name enclosed in double quotes at column 42",
+                          "  bad.jsonl line 3: expected a JSON object, got a list"], lines
+
+
 def test_prefect_start_timeout_is_set_unless_the_user_set_one(monkeypatch):
     monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", raising=False)
     cli._prefect_settings()
