@@ -51,10 +51,15 @@ def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[veri
         config.prompts, config.format, databases=config.databases, semantics=config.semantics,
         columns=dict(config.columns), plugin_tasks=tasks_of(config.verifiers), check=prompt_fits(config))
     present = {r.task for r in records}
+    # (a prompt set with no record at all is reported by prepare_run, its rejections naming the --verifier tasks)
+    its_tasks = f"(its tasks: {', '.join(sorted(present))}" + (f"; {len(rejected)} records rejected" if rejected else "") + ")"
     unknown = [t for t in config.tasks or () if t not in present]
-    if unknown and present:  # (a prompt set with no record at all is reported by prepare_run)
-        raise ValueError(f"the prompt set {config.prompts} has no record of tasks {','.join(unknown)} (its tasks: "
-                         f"{', '.join(sorted(present))}" + (f"; {len(rejected)} records rejected" if rejected else "") + ")")
+    if unknown and present:
+        raise ValueError(f"the prompt set {config.prompts} has no record of tasks {','.join(unknown)} {its_tasks}")
+    unused = [ref for ref in config.verifiers if ref.task is not None and ref.task not in present]
+    if unused and present:  # a verifier that applies to no record is a typo in its task, not a choice
+        raise ValueError(f"--verifier {unused[0].task}={unused[0].target}: the prompt set {config.prompts} has no "
+                         f"record of task {unused[0].task!r} {its_tasks}")
     chosen, per_task = [], {}
     for record in records:
         if (config.tasks is not None and record.task not in config.tasks) or (config.split and record.split != config.split):

@@ -195,3 +195,21 @@ def test_rejections_are_shown_before_the_run_which_leaves_no_lock_and_no_repeate
     assert err.index("rejected (all") < err.index("sampling:")  # before any model ran
     assert len(lines) == len(set(lines)), err  # each progress line once
     assert not (out / ".lock").exists() and (out / "manifest.json").exists()
+
+
+def test_a_typo_in_a_verifiers_task_is_named(tmp_path, capsys):
+    """`--verifier fact=...` against records of task `facts`: the errors name the typo, not only the file's task."""
+    facts = tmp_path / "facts.jsonl"
+    facts.write_text("".join(f'{{"id": "f{i}", "task": "facts", "prompt": "Name a fact."}}\n' for i in range(2)))
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(facts.read_text() + '{"id": "h1", "task": "haiku", "prompt": "Write a haiku."}\n')
+    typo = ["--verifier", f"fact={PLUGIN}:objects", "--runner", "none"]
+    assert main(["annotate", "--prompts", str(mixed), "--out", str(tmp_path / "a"), *typo,
+                 "--verifier", f"haiku={PLUGIN}:objects"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"tokencredit annotate: error: --verifier fact={PLUGIN}:objects: the prompt set {mixed} has no "
+                   "record of task 'fact' (its tasks: haiku; 2 records rejected)"), err
+    assert main(["annotate", "--prompts", str(facts), "--out", str(tmp_path / "b"), *typo]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].startswith("  facts.jsonl line 1, field 'task': unknown task 'facts'") and \
+        lines[1].endswith("(--verifier TASK=module:function; the --verifier tasks given: 'fact')"), lines
