@@ -52,7 +52,8 @@ def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[veri
         columns=dict(config.columns), plugin_tasks=tasks_of(config.verifiers), check=prompt_fits(config))
     present = {r.task for r in records}
     # (a prompt set with no record at all is reported by prepare_run, its rejections naming the --verifier tasks)
-    its_tasks = f"(its tasks: {', '.join(sorted(present))}" + (f"; {len(rejected)} records rejected" if rejected else "") + ")"
+    its_tasks = (f"(its tasks: {', '.join(sorted(present))}"
+                 + (f"; {len(rejected)} records rejected" if rejected else "") + ")")
     unknown = [t for t in config.tasks or () if t not in present]
     if unknown and present:
         raise ValueError(f"the prompt set {config.prompts} has no record of tasks {','.join(unknown)} {its_tasks}")
