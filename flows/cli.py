@@ -13,7 +13,7 @@
 Only this module and `tokencredit.pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
 imported by the command that needs them, so `--help` answers at once. A user error (bad input,
 missing file, incomplete run, another writer) is one line on stderr and exit status 2; set
-TOKENCREDIT_DEBUG=1 for the traceback.
+TOKENCREDIT_DEBUG=1 (or true, yes) for the traceback.
 """
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     print(f"wrote {summary['pairs_written']} preference pairs to {args.out}/pairs (TRL DPOTrainer columns prompt, "
           "chosen, rejected)")
     for reward, c in summary["by_reward"].items():
-        print(f"  {reward}: {c['repaired_pairs']}/{c['pairs']} failed pairs repaired, repair rate "
+        print(f"  {reward}: {c['failures_repaired']}/{c['failures']} failures repaired, repair rate "
               f"{c['repair_rate']:.3f} ({c['repairs']} of {c['resamples']} resamples, "
               f"{c['tokens_resampled']} tokens resampled)")
     return 0
@@ -355,10 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
                 "failed reward, resample the rest, keep the repairs as preference pairs")
     p.add_argument("run", help="run directory written by annotate (complete)")
     p.add_argument("--out", required=True, help="folder for the pairs (pairs/part-*.parquet) and repair.json")
-    p.add_argument("--n", type=int, default=4, help="resamples per failed (response, reward)")
+    p.add_argument("--n", type=int, default=4, help="resamples per failure (a response and one reward it failed)")
     p.add_argument("--seed", type=int, default=0, help="resampling seed")
-    p.add_argument("--limit", type=int, default=None, help="failed pairs to repair (default: all)")
-    p.add_argument("--shard-size", type=int, default=16, help="failed pairs per shard (the unit of resumption)")
+    p.add_argument("--limit", type=int, default=None, help="failures to repair (default: all)")
+    p.add_argument("--shard-size", type=int, default=16, help="failures per shard (the unit of resumption)")
     p.add_argument("--batch-size", type=int, default=32, help="resampled rows per forward")
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--runner", choices=["threads", "none"], default="threads",
@@ -423,6 +423,11 @@ def _one_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def debugging() -> bool:
+    """TOKENCREDIT_DEBUG=1, true or yes (any case) asks for tracebacks; 0, false or empty does not."""
+    return os.environ.get("TOKENCREDIT_DEBUG", "").strip().lower() in ("1", "true", "yes")
+
+
 def main(argv: list[str] | None = None) -> int:
     _prefect_settings()
     args = build_parser().parse_args(argv)
@@ -432,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokencredit {args.command}: interrupted", file=sys.stderr)
         return 130
     except USER_ERRORS as error:
-        if os.environ.get("TOKENCREDIT_DEBUG"):
+        if debugging():
             raise
         print(f"tokencredit {args.command}: error: {_one_line(error)}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Prefect flow: prefix repair (`tokencredit.pipeline.repair`) as shard tasks, like the annotate flow.
 
-Each shard of failed (response, reward) pairs is one Prefect task (resample -> verify -> keep the repairs ->
+Each shard of failures (a response and one reward it failed) is one Prefect task (resample -> verify -> keep the repairs ->
 write its part and marker); a re-run skips the shards whose marker matches their part file, so a killed run
 resumes where it stopped. Shards run on threads (one policy copy per process, loaded once).
 """
@@ -32,16 +32,16 @@ def repair_shard_task(job: RepairJob, shard: int, records: dict, refs: tuple, de
 @flow(name="repair", log_prints=True)
 def repair_flow(run: str, out: str, config: RepairConfig = RepairConfig(), device: str = "cpu",
                 progress: bool = True) -> dict[str, Any]:
-    """Repair every failed pair of `run` not yet done under `out`; returns the summary (OUT/repair.json)."""
+    """Repair every failure of `run` not yet done under `out`; returns the summary (OUT/repair.json)."""
     from tokencredit.pipeline.dataset.export import run_records
 
     logger = get_run_logger()
     job = prepare_repair(run, out, config)
     records, _, refs = run_records(run)
-    logger.info("repair of %s: %d failed pairs in %d shards", run, sum(map(len, job.shards)), len(job.shards))
+    logger.info("repair of %s: %d failures in %d shards", run, sum(map(len, job.shards)), len(job.shards))
     futures = [repair_shard_task.submit(job, s, records, refs, device) for s in range(len(job.shards))]
     markers = []
-    with Progress("repair", total=sum(map(len, job.shards)), unit="pair", enabled=progress) as bar:
+    with Progress("repair", total=sum(map(len, job.shards)), unit="failure", enabled=progress) as bar:
         for future in as_completed(futures):
             markers.append(future.result())
             bar.update(len(job.shards[markers[-1]["shard"]]))

@@ -51,10 +51,16 @@ def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[veri
         config.prompts, config.format, databases=config.databases, semantics=config.semantics,
         columns=dict(config.columns), plugin_tasks=tasks_of(config.verifiers), check=prompt_fits(config))
     present = {r.task for r in records}
+    # (a prompt set with no record at all is reported by prepare_run, its rejections naming the --verifier tasks)
+    its_tasks = (f"(its tasks: {', '.join(sorted(present))}"
+                 + (f"; {len(rejected)} records rejected" if rejected else "") + ")")
     unknown = [t for t in config.tasks or () if t not in present]
-    if unknown and present:  # (a prompt set with no record at all is reported by prepare_run)
-        raise ValueError(f"the prompt set {config.prompts} has no record of tasks {','.join(unknown)} (its tasks: "
-                         f"{', '.join(sorted(present))}" + (f"; {len(rejected)} records rejected" if rejected else "") + ")")
+    if unknown and present:
+        raise ValueError(f"the prompt set {config.prompts} has no record of tasks {','.join(unknown)} {its_tasks}")
+    unused = [ref for ref in config.verifiers if ref.task is not None and ref.task not in present]
+    if unused and present:  # a verifier that applies to no record is a typo in its task, not a choice
+        raise ValueError(f"--verifier {unused[0].task}={unused[0].target}: the prompt set {config.prompts} has no "
+                         f"record of task {unused[0].task!r} {its_tasks}")
     chosen, per_task = [], {}
     for record in records:
         if (config.tasks is not None and record.task not in config.tasks) or (config.split and record.split != config.split):
@@ -211,14 +217,16 @@ def rejection_lines(rejected: Sequence[verifiers.Rejected], shown: int = 3) -> l
     lines = []
     for r in rejected[:shown]:
         where = f"{Path(r.path).name} line {r.line_no}" if r.line_no is not None else f"record {r.record_id!r}"
-        lines.append(f"  {where}" + (f", field {r.field!r}" if r.field else "") + f": {_reason(r)}")
+        field = f", field {r.field!r}" if r.field and r.field != "<line>" else ""  # "<line>": the line is unreadable
+        lines.append(f"  {where}{field}: {_reason(r)}")
     if len(rejected) > shown:
         lines.append(f"  ... and {len(rejected) - shown} more")
     return lines
 
 
 def _reason(r: verifiers.Rejected) -> str:
-    prefix = f"record {r.record_id!r}: field {r.field!r}: "  # RecordError's own wording, said once above
+    record_id = r.record_id if r.record_id is not None else f"line {r.line_no}"  # an unreadable line's RecordError
+    prefix = f"record {record_id!r}: field {r.field!r}: "  # RecordError's own wording, said once above
     return r.reason[len(prefix):] if r.reason.startswith(prefix) else r.reason
 
 

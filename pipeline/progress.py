@@ -18,14 +18,14 @@ LOG_EVERY_S = 5.0
 class Progress:
     """Counts `unit`s (out of `total` when known) and tokens; draws a tqdm bar when `stream` is a
     terminal, else prints '<desc>: 12/40 responses, 1,234 tokens, 310 tokens/s' at most every
-    `every` seconds and once at the end. `enabled=False` prints nothing."""
+    `every` seconds and once at the end (unless the last line already had the final count). `enabled=False` prints nothing."""
 
     def __init__(self, desc: str, total: int | None = None, unit: str = "it", *, enabled: bool = True,
                  stream: TextIO | None = None, every: float = LOG_EVERY_S):
         self.desc, self.total, self.unit, self.every = desc, total, unit, every
         self.stream = stream or sys.stderr
         self.enabled = enabled
-        self.done = self.tokens = 0
+        self.done = self.tokens = self.logged = 0  # logged: `done` when the last line was printed
         self.start = self.last_log = time.monotonic()
         self.bar = None
         if enabled and self.stream.isatty():
@@ -55,12 +55,12 @@ class Progress:
 
     def _log(self) -> None:
         print(self.line(), file=self.stream, flush=True)
-        self.last_log = time.monotonic()
+        self.last_log, self.logged = time.monotonic(), self.done
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        elif self.enabled and self.done:
+        elif self.enabled and self.done != self.logged:  # the final count, unless the last line already said it
             self._log()
 
     def __enter__(self) -> Progress:

@@ -1,7 +1,7 @@
 """Prefix repair (method.md section 2, after TTEL): credit checked on the model's own samples, and minimal-edit
 preference pairs out of it.
 
-For each failed (response, reward) of a run: cut the response just before the token with the largest penalty
+For each failure of a run (a response and one reward it failed): cut the response just before the token with the largest penalty
 on that reward (the most negative token advantage A[i,k,t] of the run's credit; ties go to the earliest token,
 so a uniform credit resamples the whole response), keep y_<t*, resample the rest `n` times from the same policy
 under the sampling prompt, verify, and keep the repairs: resamples that fix that reward (score 1) without
@@ -10,12 +10,13 @@ lowering another. A repair and its original are a preference pair (chosen, rejec
     OUT/pairs/part-00003.parquet   the repairs of shard 3 (PAIRS): TRL's prompt, chosen, rejected and more;
                                    none for a shard without repairs
     OUT/_shards/shard-00003.json   its marker, written last: a shard counts as done only with its marker
-    OUT/repair.json                the config and the repair rate per reward, once every shard is written
+    OUT/repair.json                the config and, per reward, the failures, how many were repaired and the
+                                   repair rate, once every shard is written
     OUT/config.json                the config of the run in OUT; a different one is refused
 
 A resume skips the shards whose marker exists and whose part file matches the marker's checksum, so a killed
-run ends with the same pairs as an uninterrupted one: the resamples of a pair depend only on (seed, response,
-reward, j), as sampling's do (`sampling.row_seed`).
+run ends with the same preference pairs as an uninterrupted one: the resamples of a failure depend only on
+(seed, response, reward, j), as sampling's do (`sampling.row_seed`).
 """
 from __future__ import annotations
 
@@ -64,9 +65,9 @@ MARKER = "_shards/shard-{:05d}.json"
 class RepairConfig:
     n: int = 4  # resamples per failed (response, reward)
     seed: int = 0
-    shard_size: int = 16  # failed pairs per shard (the unit of resumption)
+    shard_size: int = 16  # failures per shard (the unit of resumption)
     batch_size: int = 32  # resampled rows per forward
-    limit: int | None = None  # failed pairs to repair, in response order (None: all)
+    limit: int | None = None  # failures to repair, in response order (None: all)
 
     def __post_init__(self) -> None:
         bad = [name for name, ok in (("n", self.n >= 1), ("shard_size", self.shard_size >= 1),
@@ -81,7 +82,7 @@ class RepairConfig:
 
 @dataclass(frozen=True)
 class Target:
-    """One failed (response, reward) and where to cut it."""
+    """One failure (a response and one reward it failed) and where to cut it."""
 
     response_id: str
     group_id: str
@@ -120,7 +121,7 @@ def penalty_cut(advantage: Sequence[float]) -> int:
 
 
 def failed_targets(run: str, limit: int | None = None) -> list[Target]:
-    """The failed (response, reward) pairs of a complete run with their cut, in response then reward order."""
+    """The failures of a complete run with their cut, in response then reward order."""
     from tokencredit.pipeline.dataset.query import connect
 
     targets = []
@@ -190,9 +191,10 @@ def repair_shard(targets: Sequence[Target], records: dict[str, TaskRecord], samp
     for t, row_ids, row_texts, row_scores, row_suffix in zip(targets, ids, texts, scores, suffixes):
         reward, index = stored_reward(t.task, t.reward_names[t.k])
         fixed = [j for j, s in enumerate(row_scores) if s is not None and is_repair(t.rewards, s, t.k)]
-        c = counts.setdefault(reward, dict(pairs=0, repaired_pairs=0, resamples=0, repairs=0, tokens_resampled=0))
-        c["pairs"] += 1
-        c["repaired_pairs"] += bool(fixed)
+        c = counts.setdefault(reward, dict(failures=0, failures_repaired=0, resamples=0, repairs=0,
+                                           tokens_resampled=0))
+        c["failures"] += 1
+        c["failures_repaired"] += bool(fixed)
         c["resamples"] += len(row_texts)
         c["repairs"] += len(fixed)
         c["tokens_resampled"] += sum(map(len, row_suffix))
@@ -270,8 +272,8 @@ class RepairStore:
 
 
 def summarize(markers: Sequence[dict]) -> dict[str, dict[str, float]]:
-    """Per reward: counts summed over shards, `repair_rate` (repairs per resample) and `pairs_repaired`
-    (the share of failed pairs with at least one repair)."""
+    """Per reward: counts summed over shards, `repair_rate` (repairs per resample) and `share_repaired`
+    (the share of failures with at least one repair)."""
     total: dict[str, dict[str, float]] = {}
     for marker in markers:
         for reward, counts in marker["counts"].items():
@@ -280,7 +282,7 @@ def summarize(markers: Sequence[dict]) -> dict[str, dict[str, float]]:
                 into[key] = into.get(key, 0) + value
     for c in total.values():
         c["repair_rate"] = c["repairs"] / c["resamples"] if c["resamples"] else 0.0
-        c["pairs_repaired"] = c["repaired_pairs"] / c["pairs"] if c["pairs"] else 0.0
+        c["share_repaired"] = c["failures_repaired"] / c["failures"] if c["failures"] else 0.0
     return total
 
 
@@ -307,7 +309,7 @@ class RepairJob:
 
 
 def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
-    """Read the run (complete) and its failed pairs, record the config in OUT, and split the pairs into shards."""
+    """Read the run (complete) and its failures, record the config in OUT, and split the failures into shards."""
     from tokencredit.pipeline.dataset.writer import run_files
 
     manifest = run_files(run).manifest  # IncompleteRunError for a run still being written
@@ -339,13 +341,13 @@ def finish_repair(job: RepairJob, markers: Sequence[dict]) -> dict:
 
 def run_repair(run: str, out: str, config: RepairConfig = RepairConfig(), device: str = "cpu",
                progress: bool = True) -> dict:
-    """Repair every failed pair of `run` not yet done under `out`, in this process; returns the summary."""
+    """Repair every failure of `run` not yet done under `out`, in this process; returns the summary."""
     from tokencredit.pipeline.dataset.export import run_records
 
     job = prepare_repair(run, out, config)
     records, _, refs = run_records(run)
     store, models, markers = RepairStore(out, run, config), None, []
-    with Progress("repair", total=sum(map(len, job.shards)), unit="pair", enabled=progress) as bar:
+    with Progress("repair", total=sum(map(len, job.shards)), unit="failure", enabled=progress) as bar:
         for shard, targets in enumerate(job.shards):
             if models is None and store.done(shard) is None:  # load the policy only when a shard needs it
                 models = load_sampler(job.model, device)

@@ -72,6 +72,33 @@ def test_user_errors_are_one_line_with_exit_status_2(tmp_path, capsys, argv, mes
     assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("value", ["0", "false", "No", "", "off"])
+def test_tokencredit_debug_off_values_keep_the_one_line_error(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.setenv("TOKENCREDIT_DEBUG", value)
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a tokencredit run directory" in err, err
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", " True "])
+def test_tokencredit_debug_on_values_raise_for_the_traceback(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("TOKENCREDIT_DEBUG", value)
+    with pytest.raises(FileNotFoundError, match="is not a tokencredit run directory"):
+        main(["report", str(tmp_path / "nowhere")])
+
+
+def test_unreadable_prompt_lines_are_reported_once_each_in_plain_words(tmp_path, capsys):
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text('{"id": "a", "task": "sql", "prompt": "x\n'  # a string never closed
+                       '{"id": "b", "task": "sql", "prompt": "y",}\n'
+                       '[1]\n')
+    assert main(["annotate", "--prompts", str(prompts), "--out", str(tmp_path / "run"), "--runner", "none"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1:4] == ["  bad.jsonl line 1: invalid JSON: Unterminated string starting at column 38",
+                          "  bad.jsonl line 2: invalid JSON: Expecting property name enclosed in double quotes at column 42",
+                          "  bad.jsonl line 3: expected a JSON object, got a list"], lines
+
+
 def test_prefect_start_timeout_is_set_unless_the_user_set_one(monkeypatch):
     monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", raising=False)
     cli._prefect_settings()
@@ -168,3 +195,21 @@ def test_rejections_are_shown_before_the_run_which_leaves_no_lock_and_no_repeate
     assert err.index("rejected (all") < err.index("sampling:")  # before any model ran
     assert len(lines) == len(set(lines)), err  # each progress line once
     assert not (out / ".lock").exists() and (out / "manifest.json").exists()
+
+
+def test_a_typo_in_a_verifiers_task_is_named(tmp_path, capsys):
+    """`--verifier fact=...` against records of task `facts`: the errors name the typo, not only the file's task."""
+    facts = tmp_path / "facts.jsonl"
+    facts.write_text("".join(f'{{"id": "f{i}", "task": "facts", "prompt": "Name a fact."}}\n' for i in range(2)))
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(facts.read_text() + '{"id": "h1", "task": "haiku", "prompt": "Write a haiku."}\n')
+    typo = ["--verifier", f"fact={PLUGIN}:objects", "--runner", "none"]
+    assert main(["annotate", "--prompts", str(mixed), "--out", str(tmp_path / "a"), *typo,
+                 "--verifier", f"haiku={PLUGIN}:objects"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"tokencredit annotate: error: --verifier fact={PLUGIN}:objects: the prompt set {mixed} has no "
+                   "record of task 'fact' (its tasks: haiku; 2 records rejected)"), err
+    assert main(["annotate", "--prompts", str(facts), "--out", str(tmp_path / "b"), *typo]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].startswith("  facts.jsonl line 1, field 'task': unknown task 'facts'") and \
+        lines[1].endswith("on the command line --verifier facts=module:function; the plugin tasks given: 'fact')"), lines

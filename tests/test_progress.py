@@ -45,15 +45,14 @@ def test_replay_reports_every_replayed_token(tiny_causal_lm):
     assert sum(seen) == stats.tokens_replayed == 2 * 3 + 4 and len(seen) >= 1
 
 
-def test_without_a_terminal_a_line_at_most_every_few_seconds_and_at_the_end():
+def test_without_a_terminal_a_line_at_most_every_few_seconds_and_at_the_end_never_twice():
     often, rarely = io.StringIO(), io.StringIO()
     for stream, every in ((often, 0.0), (rarely, 3600.0)):
         with Progress("replay", total=40, unit="token", stream=stream, every=every) as progress:
             for _ in range(4):
                 progress.update(10)
     assert [line.split(",")[0] for line in often.getvalue().splitlines()] == [
-        "replay: 10/40 tokens", "replay: 20/40 tokens", "replay: 30/40 tokens", "replay: 40/40 tokens",
-        "replay: 40/40 tokens"]
+        "replay: 10/40 tokens", "replay: 20/40 tokens", "replay: 30/40 tokens", "replay: 40/40 tokens"]
     assert [line.split(",")[0] for line in rarely.getvalue().splitlines()] == ["replay: 40/40 tokens"]
     assert "tokens/s" in rarely.getvalue()
 

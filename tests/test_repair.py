@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -61,9 +62,24 @@ def test_repair_writes_pairs_whose_chosen_fixes_the_reward(run, repaired):
     summary = json.loads((repaired / "repair.json").read_text())
     assert summary["pairs_written"] == len(rows)
     for reward, c in summary["by_reward"].items():
-        assert c["resamples"] == CONFIG.n * c["pairs"] and 0 <= c["repair_rate"] <= 1
+        assert c["resamples"] == CONFIG.n * c["failures"] and 0 <= c["repair_rate"] <= 1
+        assert c["share_repaired"] == pytest.approx(c["failures_repaired"] / c["failures"])
         assert c["repair_rate"] == pytest.approx(c["repairs"] / c["resamples"])
         assert sum(r["reward"] == reward for r in rows) <= c["repairs"]
+
+
+def test_the_cli_says_failures_for_what_it_repaired_and_pairs_for_what_it_wrote(run, repaired, capsys):
+    """Run again on its own output (every shard done: no model loads), the command prints the summary."""
+    assert main(["repair", str(run), "--out", str(repaired), "--n", "3", "--shard-size", "4", "--seed", "1",
+                 "--runner", "none"]) == 0
+    summary = json.loads((repaired / "repair.json").read_text())
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"wrote {summary['pairs_written']} preference pairs to {repaired}/pairs (TRL DPOTrainer "
+                        "columns prompt, chosen, rejected)")
+    expected = sorted(f"  {reward}: {c['failures_repaired']}/{c['failures']} failures repaired, repair rate "
+                      f"{c['repair_rate']:.3f}" for reward, c in summary["by_reward"].items())
+    assert sorted(line.partition(" (")[0] for line in lines[1:]) == expected, lines
+    assert not any(re.search(r"\bpairs?\b", line) for line in lines[1:]), lines
 
 
 def test_a_killed_repair_resumes_to_the_same_pairs(run, repaired, tmp_path):

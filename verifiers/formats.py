@@ -114,8 +114,9 @@ def _jsonl_rows(file: Path) -> Iterator[Row]:
             yield Row(str(file), line_no, text, error=RecordError(f"line {line_no}", "<line>",
                                                                  f"not UTF-8 ({e.reason} at byte {e.start})"))
         except json.JSONDecodeError as e:
-            yield Row(str(file), line_no, text, error=RecordError(f"line {line_no}", "<line>",
-                                                                 f"invalid JSON: {e.msg} at column {e.colno}"))
+            # Some of the parser's messages end in "at" ("Unterminated string starting at"): one "at" is enough.
+            yield Row(str(file), line_no, text, error=RecordError(
+                f"line {line_no}", "<line>", f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}"))
         except RecursionError:
             yield Row(str(file), line_no, text, error=RecordError(f"line {line_no}", "<line>", "invalid JSON: "
                                                                  "nested more deeply than the JSON parser allows"))

@@ -130,9 +130,10 @@ def parse_record(obj: Any, line_no: int, base_dir: Path, *, databases: str | Pat
     task = _string(obj, "task", record_id)
     plugin = task not in TASKS
     if plugin and task not in plugin_tasks and ANY_TASK not in plugin_tasks:
+        given = f"; the plugin tasks given: {', '.join(map(repr, plugin_tasks))}" if plugin_tasks else ""
         raise RecordError(record_id, "task", f"unknown task {task!r}, expected one of {', '.join(TASKS)} "
                           f"or the task of a plugin verifier (from Python load_tasks(..., plugin_tasks=({task!r},)), "
-                          f"on the command line --verifier {task}=module:function)")
+                          f"on the command line --verifier {task}=module:function{given})")
     split = obj.get("split", "train")
     if split not in SPLITS:
         raise RecordError(record_id, "split", f"expected 'train' or 'test', got {split!r}")

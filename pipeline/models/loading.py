@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from tokencredit.pipeline.models.registry import METADATA, MODELS, check_end_of_turn, registered_path
+from tokencredit.pipeline.models.registry import (METADATA, MODELS, check_end_of_turn, registered_path,
+                                                  tokenizer_settings)
 
 DEFAULT_POLICY = Path(str(importlib.resources.files("tokencredit.pipeline") / "models" / "tiny-policy"))
 DEFAULT_REWARD_MODEL = Path(str(importlib.resources.files("tokencredit.pipeline") / "models" / "tiny-rm"))
@@ -68,8 +69,12 @@ def load_tokenizer(path: str | Path | None = None, *, default: Path = DEFAULT_PO
                    trust_remote_code: bool = False):
     """The model's tokenizer, with a pad token (eos when it has none) and left padding for generation."""
     folder = resolve_model_path(path, default)
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
-    if (folder / METADATA).is_file():  # a registry model: its end of turn was set when it was converted
+    registry = (folder / METADATA).is_file()
+    # A registry folder converted before its tokenizer settings were saved gets them here, as a new one has them.
+    settings = tokenizer_settings(folder) if registry else {}
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code,
+                                              **settings)
+    if registry:  # its end of turn was set when it was converted
         check_end_of_turn(folder, tokenizer)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:

