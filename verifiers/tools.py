@@ -136,6 +136,10 @@ def _validate_reference(record_id: str, where: str, call: ToolCall, params: dict
                     raise RecordError(record_id, field, f"expected a {prop['type']}, got {v!r}")
                 if "enum" in prop and v not in prop["enum"]:
                     raise RecordError(record_id, field, f"{v!r} is not one of {prop['enum']}")
+    for key, accepted in (call.possible_answer or {}).items():
+        if _has_non_finite(accepted):
+            raise RecordError(record_id, f"{where}.possible_answer.{key}",
+                              f"{accepted!r} holds NaN or Infinity, which no response can equal")
     missing = [k for k in params.get("required", []) if k not in call.arguments]
     if missing:
         raise RecordError(record_id, f"{where}.arguments", f"missing required {', '.join(missing)}")
