@@ -191,18 +191,21 @@ def test_non_finite_possible_answer_is_rejected_under_bfcl_semantics(tmp_path):
 
 def test_an_integer_past_pythons_digit_limit_rejects_its_line_only(tmp_path):
     """json.loads stops at a 5001-digit integer with no line; the line is rejected naming the field."""
-    line = {"id": "a", "task": "instructions", "prompt": "p", "constraints": [{"kind": "word_count", "args": {"max": 5}}]}
+    line = {"id": "a", "task": "instructions", "prompt": "p",
+            "constraints": [{"kind": "word_count", "args": {"max": 5}}]}
     long_line = json.dumps({**line, "id": "b"}).replace('"max": 5', '"max": ' + "7" * 5001)
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join([json.dumps(line), long_line, "[-" + "1" * 5001 + "]", json.dumps({**line, "id": "c"})]))
     records, rejected = load_tasks(path)
     assert [r.id for r in records] == ["a", "c"]
-    assert [(r.line_no, r.record_id, r.field) for r in rejected] == [(2, "b", "constraints[0].args.max"), (3, None, "[0]")]
+    assert [(r.line_no, r.record_id, r.field) for r in rejected] == [(2, "b", "constraints[0].args.max"),
+                                                                     (3, None, "[0]")]
     assert "an integer of 5001 digits, more than the 4300" in rejected[0].reason
     as_list = tmp_path / "spider.json"  # a JSON list file: the item is rejected, the others load
     as_list.write_text("[" + ", ".join([json.dumps(line), long_line, json.dumps({**line, "id": "c"})]) + "]")
     records, rejected = load_tasks(as_list)
-    assert [r.id for r in records] == ["a", "c"] and [(r.line_no, r.field) for r in rejected] == [(2, "constraints[0].args.max")]
+    assert [r.id for r in records] == ["a", "c"]
+    assert [(r.line_no, r.field) for r in rejected] == [(2, "constraints[0].args.max")]
 
 def test_hf_datasets_folder_and_parquet_of_native_rows(tmp_path):
     import datasets

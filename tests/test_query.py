@@ -140,7 +140,8 @@ def test_a_pivot_without_an_in_list_runs_and_writes_nothing(run):
     """DuckDB makes it two statements (an ENUM of the values, then the select); COPY or CREATE around it stay out."""
     before = tree_digest(run.parent)
     assert run_query(run, "PIVOT responses ON task USING count(*)").columns[-3:] == ["instructions", "sql", "tools"]
-    assert run_query(run, "/* wide */ pivot (SELECT task FROM responses) ON task USING count(*)").fetchall() == [(4, 4, 4)]
+    wide = run_query(run, "/* wide */ pivot (SELECT task FROM responses) ON task USING count(*)")
+    assert wide.fetchall() == [(4, 4, 4)]
     for sql in [f"COPY (PIVOT responses ON task USING count(*)) TO '{run / 'p.csv'}'",
                 "CREATE TABLE p AS PIVOT responses ON task USING count(*)",
                 "SELECT * FROM (PIVOT responses ON task USING count(*))"]:

@@ -4,8 +4,8 @@ The connection is read-only to the run. The views read exactly the part files th
 (never a glob of the folder), file access is limited to the run folder, extensions are neither
 installed nor loaded, and the configuration is locked before any user SQL runs. `run_query` also
 accepts only read statements (DuckDB's statement type SELECT: SELECT, WITH, FROM-first, DESCRIBE,
-SHOW, SUMMARIZE, PIVOT; and a PIVOT without an IN list, which DuckDB runs as two statements), so COPY, ATTACH, CREATE, INSTALL, SET, PRAGMA and the like never run, not
-even into the run folder.
+SHOW, SUMMARIZE, PIVOT; and a PIVOT without an IN list, which DuckDB runs as two statements), so COPY,
+ATTACH, CREATE, INSTALL, SET, PRAGMA and the like never run, not even into the run folder.
 """
 from __future__ import annotations
 
