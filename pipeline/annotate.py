@@ -270,12 +270,15 @@ def open_run(config: AnnotateConfig, out: str, n_shards: int, rejected: Sequence
 
 def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Rejected]) -> dict[str, Any]:
     """After the last shard: the manifest, with GDPO's batch scale c and shift m over the whole run
-    (the views apply them; recorded for provenance). Raises if a shard is missing."""
+    (the views apply them; recorded for provenance). Raises, naming the shards to resume, if one is missing or
+    its files changed since they were written (before DuckDB reads them)."""
     from tokencredit.pipeline.dataset.query import connect
 
+    entries = writer.checked_shards(n_shards)
     scale, shift = connect(writer.out, allow_incomplete=True).execute(
         "SELECT any_value(gdpo_scale), any_value(gdpo_shift) FROM responses").fetchone()
-    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift}})
+    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift}},
+                         entries)
 
 
 def shard_bar(progress: bool) -> bool:

@@ -75,6 +75,7 @@ from tokencredit.verifiers.plugins import PluginRef
 
 from tokencredit.pipeline.dataset.query import connect
 from tokencredit.pipeline.dataset.training import read_training
+from tokencredit.pipeline.dataset.writer import read_manifest
 
 HF_FEATURES = datasets.Features({
     "prompt": datasets.Value("string"),
@@ -187,8 +188,7 @@ def refs_from_json(text: str | None) -> tuple[PluginRef, ...]:
 
 
 def _manifest_config(out_dir: str | Path) -> dict:
-    path = Path(out_dir) / "manifest.json"
-    return (json.loads(path.read_text()) if path.is_file() else {}).get("config") or {}
+    return (read_manifest(str(out_dir)) or {}).get("config") or {}
 
 
 def run_records(out_dir: str | Path, prompts: str | None = None

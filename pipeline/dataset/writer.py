@@ -89,6 +89,59 @@ def _read_json(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
                          "Restore it or annotate again into a new --out") from None
 
 
+def read_manifest(out: str) -> dict[str, Any] | None:
+    """The manifest of the run directory `out` (None when it has none), checked as `run_files` checks it."""
+    return _read_manifest(*filesystem(out))
+
+
+def _read_manifest(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
+    """OUT/manifest.json (None when absent); ValueError naming it when it is not the object annotate writes
+    (a `[]` or `{"complete": true}` failed later with a raw AttributeError or KeyError)."""
+    path = f"{root}/{MANIFEST}"
+    manifest = _read_json(fs, path)
+    problem = None if manifest is None else _manifest_problem(manifest)
+    if problem:
+        raise ValueError(f"{path}: {problem}; restore it or annotate again into a new --out")
+    return manifest
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    if not isinstance(manifest, dict):
+        return f"expected a JSON object, got {type(manifest).__name__}"
+    for key in ("config", "seeds", "shards", "stats", "totals"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            return f"'{key}' is not an object"
+    if manifest.get("complete"):
+        if not isinstance(manifest.get("shards"), dict):
+            return "it says complete but lists no 'shards'"
+        for name, entry in manifest["shards"].items():
+            problem = _entry_problem(entry)
+            if problem:
+                return f"shard {name}: {problem}"
+    return None
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """What is wrong with a shard's entry (its marker, or its copy in the manifest), None when nothing."""
+    if not isinstance(entry, dict) or type(entry.get("shard")) is not int:
+        return "expected an object with an integer 'shard'"
+    for name in TABLES:
+        table = entry.get(name)
+        if name in entry and not (isinstance(table, dict) and isinstance(table.get("path"), str)
+                                  and isinstance(table.get("sha256"), str) and type(table.get("rows")) is int):
+            return f"'{name}' needs a path, a sha256 and a row count"
+    return None
+
+
+def _read_marker(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
+    """A shard's completion marker (None when absent); ValueError naming it when it is malformed."""
+    entry = _read_json(fs, path)
+    problem = None if entry is None else _entry_problem(entry)
+    if problem:
+        raise ValueError(f"{path}: {problem}; delete it and resume the run to write the shard again")
+    return entry
+
+
 def _exists(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
@@ -111,14 +164,14 @@ def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
     shards whose completion marker exists (never a half-written or unmarked file).
     """
     fs, root = filesystem(out)
-    manifest = _read_json(fs, f"{root}/{MANIFEST}")
+    manifest = _read_manifest(fs, root)
     if manifest is None:
         raise FileNotFoundError(f"{out} is not a tokencredit run directory (no {MANIFEST})")
     if manifest.get("complete"):
         entries = list(manifest["shards"].values())
     else:
         markers = fs.get_file_info(pafs.FileSelector(f"{root}/{SHARDS}", allow_not_found=True))
-        entries = [_read_json(fs, m.path) for m in markers
+        entries = [_read_marker(fs, m.path) for m in markers
                    if m.base_name.startswith("shard-") and m.base_name.endswith(".json")]
         if not allow_incomplete:
             total = manifest.get("n_shards")
@@ -145,10 +198,7 @@ class RunWriter:
         self.fs, self.root = filesystem(self.out)
         for folder in (*TABLES, SHARDS):
             self.fs.create_dir(f"{self.root}/{folder}", recursive=True)
-        self.manifest = self._read_json(MANIFEST) or {"schema_version": SCHEMA_VERSION}
-
-    def _read_json(self, relpath: str) -> dict[str, Any] | None:
-        return _read_json(self.fs, f"{self.root}/{relpath}")
+        self.manifest = _read_manifest(self.fs, self.root) or {"schema_version": SCHEMA_VERSION}
 
     def write_file(self, relpath: str, payload: bytes) -> None:
         """Write OUT/relpath atomically (temporary name, then rename)."""
@@ -265,7 +315,7 @@ class RunWriter:
         same bytes, and if this deletes its temporary file that task fails, and the shard is
         written here."""
         self._delete_temporaries()
-        marked = {s: self._read_json(self._marker(s)) for s in range(n_shards)}
+        marked = {s: self._read_marker(s) for s in range(n_shards)}
         redo = [s for s, entry in marked.items() if entry is not None and not self._files_match(entry)]
         if redo and self.manifest.get("complete"):
             self.manifest["complete"] = False
@@ -293,12 +343,15 @@ class RunWriter:
     def _marker(self, shard: int) -> str:
         return f"{SHARDS}/shard-{shard:05d}.json"
 
+    def _read_marker(self, shard: int) -> dict[str, Any] | None:
+        return _read_marker(self.fs, f"{self.root}/{self._marker(shard)}")
+
     def is_complete(self, shard: int) -> bool:
         return _exists(self.fs, f"{self.root}/{self._marker(shard)}")
 
     def shard_entry(self, shard: int) -> dict[str, Any]:
         """The completion marker of a written shard (rows, checksums, stats)."""
-        entry = self._read_json(self._marker(shard))
+        entry = self._read_marker(shard)
         if entry is None:
             raise KeyError(f"{self.out}: shard {shard} is not written")
         return entry
@@ -319,17 +372,28 @@ class RunWriter:
         self._write_json(self._marker(shard), entry)
         return entry
 
-    def finish(self, n_shards: int, extra: dict[str, Any]) -> dict[str, Any]:
-        """Collect the shard markers into the manifest: totals, summed stats, dataset checksum,
-        `complete: true`.
-
-        Raises if a shard in range(n_shards) is missing: the run is not complete. Deletes what
-        writers that died mid-file left (a killed Dask worker's shard was written again elsewhere).
-        """
-        entries = [self._read_json(self._marker(s)) for s in range(n_shards)]
+    def checked_shards(self, n_shards: int) -> list[dict[str, Any]]:
+        """The markers of shards 0..n_shards-1, once every one exists and its files still match its
+        checksums; else RuntimeError naming the shards to write again by resuming (which redoes them)."""
+        entries = [self._read_marker(s) for s in range(n_shards)]
         missing = [s for s, entry in enumerate(entries) if entry is None]
         if missing:
             raise RuntimeError(f"{self.out}: shards {missing} are not written; resume the run")
+        changed = [s for s, entry in enumerate(entries) if not self._files_match(entry)]
+        if changed:
+            raise RuntimeError(f"{self.out}: the files of shards {changed} differ from their checksums (changed "
+                               f"after they were written); resume the run to write them again")
+        return entries
+
+    def finish(self, n_shards: int, extra: dict[str, Any],
+               entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Collect the shard markers into the manifest: totals, summed stats, dataset checksum,
+        `complete: true`. `entries`: what `checked_shards` returned just before (else it is called).
+
+        Raises if a shard in range(n_shards) is missing or changed: the run is not complete. Deletes what
+        writers that died mid-file left (a killed Dask worker's shard was written again elsewhere).
+        """
+        entries = entries if entries is not None else self.checked_shards(n_shards)
         totals = {name: sum(e[name]["rows"] for e in entries) for name in TABLES}
         checksum = hashlib.sha256("".join(e[name]["sha256"] for e in entries for name in TABLES)
                                   .encode()).hexdigest()
