@@ -73,7 +73,9 @@ def test_restart_replaces_a_run_of_another_config_and_leaves_no_old_shard(tmp_pa
     assert main(["annotate", "--out", str(out), "--prompts", str(prompts), "--shard-size", "1", *FAST]) == 0
     assert len(list((out / "_shards").iterdir())) == 3
     assert main(["annotate", "--out", str(out), "--prompts", str(prompts), "--shard-size", "3", *FAST]) == 2
+    (out / "notes.txt").write_text("mine")
     assert main(["annotate", "--out", str(out), "--prompts", str(prompts), "--shard-size", "3", "--restart", *FAST]) == 0
+    assert (out / "notes.txt").read_text() == "mine"  # only the run's own files go
     assert sorted(p.name for p in (out / "_shards").iterdir()) == ["shard-00000.json"]
     assert sorted(p.name for p in (out / "responses").iterdir()) == ["part-00000.parquet"]
     assert manifest(out)["config"]["shard_size"] == 3 and manifest(out)["totals"]["responses"] == 6
@@ -140,3 +142,5 @@ def test_export_and_repair_work_from_another_directory(tmp_path):
     done = cli("repair", "../a/run", "--out", "pairs", "--runner", "none", "--n", "1", "--limit", "2", cwd=b)
     assert done.returncode == 0, done.stderr
     assert json.loads((b / "pairs" / "repair.json").read_text())["shards"] == 1
+    done = cli("repair", "run", "--out", "../b/pairs", "--runner", "none", "--n", "1", "--limit", "2", cwd=a)
+    assert done.returncode == 0, done.stderr  # the same repair, named from the run's own directory

@@ -267,8 +267,12 @@ class RunWriter:
                              f"it started; annotate again with --restart to start a fresh run, or use a new --out")
 
     def clear(self) -> None:
-        """Delete the run this directory holds (markers first, so that a crash midway leaves no shard
-        that counts as written), then its part files and manifest. Call it holding the lock."""
+        """Delete the run this directory holds. Call it holding the lock. A crash midway leaves the old
+        run incomplete (readers refuse it) and no shard that counts as written without its files: the
+        manifest says incomplete first, then markers go, then part files, then the manifest."""
+        if self.manifest.get("complete"):
+            self.manifest["complete"] = False
+            self._write_json(MANIFEST, self.manifest)
         for folder in (SHARDS, *TABLES, ""):
             for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"),
                                                                 allow_not_found=True)):
