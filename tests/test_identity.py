@@ -144,3 +144,20 @@ def test_export_and_repair_work_from_another_directory(tmp_path):
     assert json.loads((b / "pairs" / "repair.json").read_text())["shards"] == 1
     done = cli("repair", "run", "--out", "../b/pairs", "--runner", "none", "--n", "1", "--limit", "2", cwd=a)
     assert done.returncode == 0, done.stderr  # the same repair, named from the run's own directory
+
+
+def test_the_prefect_flow_refuses_changed_inputs_and_restarts(prefect_harness, tmp_path):
+    from tokencredit.flows.annotate import run_annotate_flow
+    from tokencredit.pipeline.annotate import AnnotateConfig
+    from tokencredit.pipeline.config import CreditConfig, SamplingConfig
+
+    prompts = write_prompts(tmp_path / "p.jsonl", [title_record("a", "Write a title.")])
+    config = AnnotateConfig(prompts=str(prompts), credit=CreditConfig(kinds=("gdpo",)),
+                            sampling=SamplingConfig(n=2, max_new_tokens=8))
+    out = str(tmp_path / "run")
+    first = run_annotate_flow(config, out, workers=1, progress=False)
+    write_prompts(prompts, [title_record("a", "Write a song title.")])
+    with pytest.raises(ValueError, match=r"p\.jsonl changed .* --restart"):
+        run_annotate_flow(config, out, workers=1, progress=False)
+    fresh = run_annotate_flow(config, out, workers=1, progress=False, restart=True)
+    assert fresh["inputs"][str(prompts)]["sha256"] != first["inputs"][str(prompts)]["sha256"]
