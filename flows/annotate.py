@@ -62,15 +62,16 @@ def task_runner(runner: str, dask_address: str | None = None, workers: int = 2):
 
 @flow(name="annotate", log_prints=True)
 def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
-                  progress: bool = True) -> dict[str, Any]:
+                  progress: bool = True, restart: bool = False) -> dict[str, Any]:
     """Annotate every shard of the prompt set not yet written under `out`; returns the manifest.
 
-    `{date}` in `out` becomes today's date (scheduled runs write one folder per day).
+    `{date}` in `out` becomes today's date (scheduled runs write one folder per day). `restart`:
+    delete the run `out` holds first (a run of another config or of changed inputs).
     """
     logger = get_run_logger()
     out = out.replace("{date}", datetime.date.today().isoformat())
     run_id = run_id or config.digest()[:12]
-    writer, shards, rejected = prepare_run(config, out, run_id)  # holds the lock on `out`
+    writer, shards, rejected = prepare_run(config, out, run_id, restart)  # holds the lock on `out`
     try:
         logger.info("run %s: %d prompts in %d shards, %d rejected records", run_id, sum(map(len, shards)),
                     len(shards), len(rejected))
@@ -91,7 +92,8 @@ def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
 
 
 def run_annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None, runner: str = "threads",
-                      dask_address: str | None = None, workers: int = 2, progress: bool = True) -> dict[str, Any]:
+                      dask_address: str | None = None, workers: int = 2, progress: bool = True,
+                      restart: bool = False) -> dict[str, Any]:
     """Run the flow with the chosen task runner (threads, or Dask local/remote)."""
     configured = annotate_flow.with_options(task_runner=task_runner(runner, dask_address, workers))
-    return configured(config, out, run_id=run_id, progress=progress)
+    return configured(config, out, run_id=run_id, progress=progress, restart=restart)

@@ -116,6 +116,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dask-address", default=None, help="existing Dask scheduler (default: a LocalCluster)")
     p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
     p.add_argument("--strict", action="store_true", help="exit non-zero when any prompt record was rejected")
+    p.add_argument("--restart", action="store_true", help="delete the run --out holds (of another config, or "
+                   "whose prompt file, databases or models changed since it started) and start a fresh one")
 
 
 def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
@@ -162,7 +164,7 @@ def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
         handler.addFilter(_NoUserErrorTracebacks())
     try:
         return run_annotate_flow(config, args.out, run_id=args.run_id, runner=args.runner,
-                                 dask_address=args.dask_address, workers=args.workers)
+                                 dask_address=args.dask_address, workers=args.workers, restart=args.restart)
     except RuntimeError as error:
         if "ephemeral Prefect API server" not in str(error):
             raise
@@ -178,14 +180,14 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
 
     config = annotate_config(args)
-    rejected = check_inputs(config, args.out)
+    rejected = check_inputs(config, args.out, args.restart)
     if rejected:  # before the run starts (Prefect's server alone takes 20 s), not only after it
         print("\n".join([f"{len(rejected)} prompt records rejected (all of them will be in {args.out}/rejected.jsonl):",
                          *rejection_lines(rejected)]), file=sys.stderr, flush=True)
     if args.runner == "none":
         from tokencredit.pipeline.annotate import run_annotation
 
-        manifest = run_annotation(config, args.out, run_id=args.run_id)
+        manifest = run_annotation(config, args.out, run_id=args.run_id, restart=args.restart)
     else:
         manifest = _run_flow(config, args)
     stats = manifest["stats"]

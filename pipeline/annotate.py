@@ -29,7 +29,8 @@ from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 from tokencredit.pipeline.sample import make_sampler
 from tokencredit.pipeline.dataset.tables import credits_table, responses_table
-from tokencredit.pipeline.dataset.writer import RunWriter
+from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter
+from tokencredit.pipeline.identity import record_hashes, run_inputs
 
 
 @functools.lru_cache(maxsize=1)
@@ -201,13 +202,15 @@ def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) ->
     writer.write_file("rejected.jsonl", "".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rejected).encode())
 
 
-def check_inputs(config: AnnotateConfig, out: str) -> list[verifiers.Rejected]:
+def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> list[verifiers.Rejected]:
     """Raise the user errors a run would hit before any model loads (or Prefect starts): no prompt
     file or model folder, a chat template that the sandbox refuses or that hangs, a task with no
-    record, another config or a live writer in `out`. Returns the rejected records."""
-    _, rejected = load_prompt_set(config)
+    record, a live writer in `out`, and (unless `restart`) another config or changed inputs there.
+    Returns the rejected records."""
+    records, rejected = load_prompt_set(config)
     writer = RunWriter(out)
-    writer.check_config(config.digest())
+    if not restart:
+        writer.check_config(config.digest(), run_inputs(config, records))
     writer.check_unlocked()
     return rejected
 
@@ -230,9 +233,10 @@ def _reason(r: verifiers.Rejected) -> str:
     return r.reason[len(prefix):] if r.reason.startswith(prefix) else r.reason
 
 
-def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
+def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None, restart: bool = False):
     """Load the prompt set (records that do not fit the model are rejected there), lock `out`,
     record the run in the manifest, clean up what a crash left there, write rejected records.
+    `restart`: first delete the run `out` holds (`open_run`).
 
     Returns (writer, shards, rejected); the writer holds the lock on `out` until `writer.unlock()`.
     """
@@ -241,22 +245,26 @@ def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
     if not records and not rejected:
         raise ValueError(f"the prompt set {config.prompts} has no record{chosen} to annotate")
     shards = shards_of(records, config.shard_size)
-    writer = open_run(config, out, len(shards), rejected, run_id)
+    writer = open_run(config, out, records, len(shards), rejected, run_id, restart)
     if not records:
         writer.unlock()
         raise ValueError(f"no prompt record{chosen} to annotate: {len(rejected)} rejected, see {out}/rejected.jsonl")
     return writer, shards, rejected
 
 
-def open_run(config: AnnotateConfig, out: str, n_shards: int, rejected: Sequence[verifiers.Rejected],
-             run_id: str | None = None) -> RunWriter:
-    """Lock `out`, record the run in the manifest, clean up what a crash left there, write the
-    rejected records. The writer holds the lock on `out` until `writer.unlock()`."""
+def open_run(config: AnnotateConfig, out: str, records: Sequence[TaskRecord], n_shards: int,
+             rejected: Sequence[verifiers.Rejected], run_id: str | None = None, restart: bool = False) -> RunWriter:
+    """Lock `out`, record the run (config, input checksums, record hashes), clean up what a crash left
+    there, write the rejected records. A run of another config or of changed inputs in `out` is
+    refused, or deleted first with `restart`. The writer holds the lock on `out` until `writer.unlock()`."""
     writer = RunWriter(out)
     writer.lock()
     try:
+        if restart:
+            writer.clear()
         writer.start(run_id or config.digest()[:12], config.to_dict(), config.digest(), code_version(),
-                     n_shards=n_shards, seeds={"sampling": config.sampling.seed})
+                     n_shards=n_shards, seeds={"sampling": config.sampling.seed}, inputs=run_inputs(config, records))
+        writer.write_file(RECORD_HASHES, json.dumps(record_hashes(records), sort_keys=True).encode())
         redo = writer.resume_check(n_shards)
         if redo:
             print(f"{out}: the files of shards {redo} differ from their checksums; writing them again",
@@ -288,9 +296,10 @@ def shard_bar(progress: bool) -> bool:
 
 
 def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
-                   progress: bool = True) -> dict[str, Any]:
-    """Annotate every shard not yet written under `out`, in this process; returns the manifest."""
-    writer, shards, rejected = prepare_run(config, out, run_id)
+                   progress: bool = True, restart: bool = False) -> dict[str, Any]:
+    """Annotate every shard not yet written under `out`, in this process; returns the manifest.
+    `restart`: delete the run `out` holds first (a run of another config or of changed inputs)."""
+    writer, shards, rejected = prepare_run(config, out, run_id, restart)
     try:
         todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
         models = load_models(config) if todo else None

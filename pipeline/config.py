@@ -10,9 +10,12 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tokencredit.verifiers.plugins import PluginRef
+
+from tokencredit.pipeline.models.registry import MODELS
 
 # What the replay shows for a reward (sample/prompts.py lays it out) and what it does with the one it leaves out
 FEEDBACK_STYLES = ("expected", "expected+observed", "auto")
@@ -169,6 +172,9 @@ class AnnotateConfig:
     credit: CreditConfig = field(default_factory=CreditConfig)
 
     def __post_init__(self) -> None:
+        # Absolute paths, so that a run's manifest names the same files from any working directory
+        for name in ("prompts", "databases", "model", "reward_model"):
+            object.__setattr__(self, name, _absolute(getattr(self, name), local_only=name in ("model", "reward_model")))
         if self.limit == AUTO_LIMIT:  # a user's own prompt file is read whole; the demo's first prompts suffice
             object.__setattr__(self, "limit", DEMO_LIMIT if self.prompts == "demo" else None)
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
@@ -187,3 +193,15 @@ class AnnotateConfig:
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def _absolute(path: str | None, local_only: bool) -> str | None:
+    """`path` made absolute; None and the demo set as they are. With `local_only` (a model: a registry
+    name or a Hugging Face repo id are names, not paths), only an existing folder that is not a
+    registry name."""
+    if path is None or path == "demo":
+        return path
+    folder = Path(path).expanduser()
+    if local_only and (path in MODELS or not folder.is_dir()):
+        return path
+    return str(folder.resolve())

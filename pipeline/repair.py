@@ -234,6 +234,7 @@ class RepairStore:
             for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}")):
                 if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):  # a killed write's leftover
                     self.fs.delete_file(info.path)
+        run = run if "://" in run else filesystem(run)[1]  # the same run however a working directory names it
         self.digest = config.digest(run)
         known = _read_json(self.fs, f"{self.root}/config.json")
         if known is not None and known.get("digest") != self.digest:

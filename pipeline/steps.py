@@ -95,7 +95,7 @@ class Pipeline:
         if len(shards) != len(credited.shard_stats):
             raise ValueError(f"{len(credited.shard_stats)} shards were credited, the records make {len(shards)}")
         by_id = _by_id(records)
-        writer = open_run(self.config, str(out), len(shards), rejected)
+        writer = open_run(self.config, str(out), records, len(shards), rejected)
         try:
             for s, (shard, stats) in enumerate(zip(shards, credited.shard_stats)):
                 ids = {r.id for r in shard}

@@ -85,6 +85,22 @@ def read_rows(path: str | Path, format: str = "native", columns: dict[str, str] 
 
 # ---------------------------------------------------------------- sources
 
+def source_files(path: str | Path, format: str = "native") -> list[Path]:
+    """The files `read_rows` reads for `path` (a run's identity hashes them); FileNotFoundError as it."""
+    path = Path(path)
+    if format == "bfcl":
+        questions = sorted(path.glob("BFCL_*.json")) if path.is_dir() else [path]
+        answers = [q.parent / "possible_answer" / q.name for q in questions]
+        return questions + [a for a in answers if a.is_file()]
+    if path.is_dir() and any((path / name).exists() for name in ("dataset_info.json", "dataset_dict.json", "state.json")):
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    if path.is_dir():
+        return sorted(path.glob("*.jsonl"))
+    if not path.is_file():
+        raise FileNotFoundError(f"no task file at {path}")
+    return [path]
+
+
 def _source_rows(path: Path) -> Iterator[Row]:
     if path.is_dir() and any((path / name).exists() for name in ("dataset_info.json", "dataset_dict.json", "state.json")):
         yield from _dataset_rows(path)

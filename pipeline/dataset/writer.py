@@ -3,8 +3,9 @@
     OUT/responses/part-00003.parquet   one file per shard and table
     OUT/credits/part-00003.parquet
     OUT/_shards/shard-00003.json       completion marker: rows, checksums and code version of that shard
-    OUT/manifest.json                  config, code version, seeds, per-shard rows and checksums;
-                                       `complete` is true once every shard is written
+    OUT/manifest.json                  config, input files' checksums, code version, seeds, per-shard
+                                       rows and checksums; `complete` is true once every shard is written
+    OUT/record_hashes.json             a hash of each annotated task record's content
     OUT/.lock                          held by the one process that writes the run
 
 A shard is written table by table to a temporary name and renamed into place; it counts as
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 from tokencredit.schemas import SCHEMA_VERSION, TABLES, with_version
 
 MANIFEST = "manifest.json"
+RECORD_HASHES = "record_hashes.json"  # task record id -> hash of its content (`tokencredit.pipeline.identity`)
 SHARDS = "_shards"
 LOCK = ".lock"
 
@@ -283,26 +285,55 @@ class RunWriter:
     # --- writing -------------------------------------------------------------------------------
 
     def start(self, run_id: str, config: dict[str, Any], config_hash: str, code_version: str,
-              n_shards: int | None = None, seeds: dict[str, Any] | None = None) -> None:
-        """Record the run's identity; refuses to mix two different configs in one directory.
+              n_shards: int | None = None, seeds: dict[str, Any] | None = None,
+              inputs: dict[str, Any] | None = None) -> None:
+        """Record the run's identity: its config and `inputs` (`tokencredit.pipeline.identity.run_inputs`);
+        refuses to mix two configs or two versions of an input in one directory.
 
         `seeds` defaults to {"sampling": config["seed"]}. A complete run stays complete (a re-run
         of it writes nothing) until `resume_check` finds a shard to write again.
         """
-        self.check_config(config_hash)
+        self.check_config(config_hash, inputs)
         previous = self.manifest.get("config_hash")
         self.manifest.update(run_id=run_id, config=config, config_hash=config_hash, code_version=code_version,
                              n_shards=n_shards, seeds=seeds if seeds is not None else {"sampling": config.get("seed")},
                              complete=bool(self.manifest.get("complete")) and previous == config_hash)
+        if inputs is not None:
+            self.manifest["inputs"] = inputs
         self._write_json(MANIFEST, self.manifest)
 
-    def check_config(self, config_hash: str) -> None:
-        """Raise ValueError if the directory already holds a run of another config."""
+    def check_config(self, config_hash: str, inputs: dict[str, Any] | None = None) -> None:
+        """Raise ValueError if the directory already holds a run of another config, or one whose
+        recorded `inputs` differ from these (a run from before inputs were recorded has none)."""
         previous = self.manifest.get("config_hash")
         if previous is not None and previous != config_hash:
             raise ValueError(
                 f"{self.out} already holds run {self.manifest.get('run_id')!r} with another config "
-                f"(hash {previous[:12]} != {config_hash[:12]}); use a new --out or the same config")
+                f"(hash {previous[:12]} != {config_hash[:12]}); use a new --out, the same config, or --restart")
+        recorded = self.manifest.get("inputs")
+        changed = _changed_input(recorded, inputs) if recorded is not None and inputs is not None else None
+        if changed:
+            raise ValueError(f"{self.out} holds run {self.manifest.get('run_id')!r} of other inputs: {changed} since "
+                             f"it started; annotate again with --restart to start a fresh run, or use a new --out")
+
+    def clear(self) -> None:
+        """Delete the run this directory holds. Call it holding the lock. A crash midway leaves the old
+        run incomplete (readers refuse it) and no shard that counts as written without its files: the
+        manifest says incomplete first, then markers go, then part files, then the manifest."""
+        if self.manifest.get("complete"):
+            self.manifest["complete"] = False
+            self._write_json(MANIFEST, self.manifest)
+        for folder in (SHARDS, *TABLES, ""):
+            for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"),
+                                                                allow_not_found=True)):
+                name = info.base_name
+                ours = (name.startswith(("shard-", "part-")) or (name.startswith(".") and name.endswith(".tmp"))
+                        or name in ("rejected.jsonl", RECORD_HASHES))
+                if info.type == pafs.FileType.File and ours:
+                    self.fs.delete_file(info.path)
+        if _exists(self.fs, f"{self.root}/{MANIFEST}"):
+            self.fs.delete_file(f"{self.root}/{MANIFEST}")
+        self.manifest = {"schema_version": SCHEMA_VERSION}
 
     def resume_check(self, n_shards: int) -> list[int]:
         """Before (re)writing shards: delete temporary files, and unmark every shard whose files are
@@ -406,6 +437,17 @@ class RunWriter:
         self._write_json(MANIFEST, self.manifest)
         self._delete_temporaries()
         return self.manifest
+
+
+def _changed_input(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """What differs between two `inputs` maps, as 'PATH changed' / 'PATH is new' / 'PATH is gone'."""
+    for path, entry in current.items():
+        if path not in recorded:
+            return f"{path} is a new input"
+        if recorded[path] != entry:
+            return f"{path} changed (sha256 {recorded[path].get('sha256', '?')[:12]} -> {entry['sha256'][:12]})"
+    gone = [path for path in recorded if path not in current]
+    return f"{gone[0]} is no longer an input" if gone else None
 
 
 def _owner_is_gone(owner: dict[str, Any]) -> bool:
