@@ -1,5 +1,11 @@
 """Shared pytest fixtures. Keep each fixture in its own delimited block."""
 from tokencredit import pipeline  # noqa: F401 - first: its thread settings must be in place before torch loads OpenMP
+# Prefect's console log handler takes sys.stderr as it is when Prefect's logging is set up: set it up here, at
+# collection, so that the handler holds the session's stream rather than one test's capsys (closed after it).
+import os  # noqa: E402
+
+os.environ.setdefault("DO_NOT_TRACK", "1")
+import prefect.main  # noqa: F401,E402
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -26,9 +32,6 @@ def tiny_causal_lm():
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One temporary Prefect server for the whole session (it takes ~25 s to start)."""
-    import os
-
-    os.environ.setdefault("DO_NOT_TRACK", "1")
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
