@@ -22,9 +22,10 @@ from tqdm.auto import tqdm
 
 from tokencredit import verifiers
 from tokencredit.schemas.records import AnnotatedResponse, RecordError, TaskRecord, VerifiedSample
+from tokencredit.verifiers.isolation import VerifierFailed, VerifierPool
 from tokencredit.verifiers.plugins import PluginRef, tasks_of
 
-from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
+from tokencredit.pipeline.sample.bounds import render_bounded
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 from tokencredit.pipeline.sample import make_sampler
@@ -141,34 +142,31 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
 
 
 def verify_samples(samples, records: dict[str, TaskRecord], plugin_refs: Sequence[PluginRef] = (),
-                   timeout_s: float = AnnotateConfig.verifier_timeout_s) -> list[VerifiedSample]:
-    """The verify stage; a verifier that crashes, exits or runs past `timeout_s` on a response marks
-    that response failed, never drops it nor stops the batch. GDPO normalizes reward k across a
-    group, so a response whose reward names differ from those of its group's first verified
-    response is marked failed too."""
+                   timeout_s: float = AnnotateConfig.verifier_timeout_s,
+                   memory_bytes: int = AnnotateConfig.verifier_memory_bytes) -> list[VerifiedSample]:
+    """The verify stage, in a worker process (`tokencredit.verifiers.isolation`): a verifier that
+    raises, exits, crashes, runs past `timeout_s` or allocates past `memory_bytes` on a response
+    marks that response failed, never drops it nor stops the batch, and what it started ends with
+    the batch. GDPO normalizes reward k across a group, so a response whose reward names differ
+    from those of its group's first verified response is marked failed too."""
     verified, names = [], {}
-    call = BoundedCaller(timeout_s)
-    try:
+    with VerifierPool(timeout_s, memory_bytes) as pool:
         for sample in samples:
             try:
-                scores = call(verifiers.verify, records[sample.group_id], sample.response, plugin_refs)
+                scores = pool.verify(records[sample.group_id], sample.response, plugin_refs)
                 got = [s.name for s in scores]
                 if names.setdefault(sample.group_id, got) != got:
                     raise ValueError(f"reward names {got} differ from {names[sample.group_id]} of another "
                                      "response of this record; a verifier must return the same names for every "
                                      "response")
                 verified.append(VerifiedSample(sample, scores))
-            except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the batch
+            except (VerifierFailed, ValueError) as error:
                 verified.append(VerifiedSample(sample, [], status=_verifier_error(error)))
-    finally:
-        call.close()
     return verified
 
 
 def _verifier_error(error: Exception) -> str:
-    if isinstance(error, CallTimeout):
-        return f"verifier_error: timeout: the verifiers {error} on this response (--verifier-timeout)"
-    if isinstance(error, CallAborted):
+    if isinstance(error, VerifierFailed):  # its message is the reason, with the verifier's error type
         return f"verifier_error: {error}"
     return f"verifier_error: {type(error).__name__}: {error}"
 
@@ -185,7 +183,8 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
     use_cpu_threads(config)
     by_id = {r.id: r for r in records}
     samples = models.sampler.sample(records, config.sampling)
-    verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s)
+    verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
+                              config.verifier_memory_bytes)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
                                      models.reward_model)
     return shard_tables(annotated, by_id, shard, models.tokenizer), stats

@@ -350,6 +350,7 @@ def test_trls_documented_standard_and_conversational_reward_functions_score_in_a
     assert [v.status for v in verified] == ["ok", "ok"]
     assert [[r.score for r in v.rewards] for v in verified] == [[0.0, 1.0, 0.0], [pytest.approx(0.85), 0.0, 1.0]]
     assert [r.name for r in verified[0].rewards] == ["reward_len", "format_reward_func", "asked_reward"]
+    verifiers.verify(plugin_record(), samples[0].response, refs)  # annotate called them in its worker; here, in this process
     length, think, asked = (plugins.load(ref) for ref in refs)
     assert (length.conversational, think.conversational, asked.conversational) == (False, True, True)  # remembered
 

@@ -1,0 +1,320 @@
+"""Verifier calls in worker processes: a call that hangs, runs out of memory, exits the interpreter
+or crashes it costs its response, never the run, and nothing a verifier starts outlives its batch.
+
+    with VerifierPool(timeout_s=5.0, memory_bytes=2_000_000_000) as pool:
+        scores = pool.verify(record, response, refs)  # list[RewardScore], or VerifierFailed(reason)
+
+A worker is `python -m tokencredit.verifiers.isolation`, serving one call at a time over a pipe.
+It runs in a session (process group) of its own, as a child subreaper (a daemon that a verifier
+starts, even one that forks twice, stays its descendant), under a memory limit (RLIMIT_DATA:
+its heap and private mappings, not the shared libraries it maps, so a verifier that imports torch
+still fits): an allocation past it raises MemoryError there. The caller waits at most `timeout_s`
+for each reply; a worker past it, or out of memory, or gone (`os._exit`, a segfault) is killed
+with every process under it, and the next call gets a fresh one. Python code that holds the GIL
+(a catastrophic regex) stops nothing but its own worker.
+
+Idle workers are kept for the next batch (a start costs about 0.5 s of imports, not counted in
+any call's time); when a batch ends (`close`), its worker first ends everything its verifiers
+started. A worker whose caller is gone (the annotate process was killed) does the same and exits.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import pickle
+import resource
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+from tokencredit.schemas.records import RewardScore, TaskRecord
+
+from tokencredit.verifiers import plugins, sandbox, verify
+
+_START_TIMEOUT_S = 60.0  # an interpreter's start on a loaded machine; not counted in any call's time
+_MAX_IDLE = 8
+_HEADER = struct.Struct("<Q")
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+_PARENT_POLL_S = 1.0
+
+
+class VerifierFailed(Exception):
+    """A verifier call failed; str(e) is the reason, as the response's status gives it."""
+
+
+class _Gone(Exception):
+    """The worker process ended (or its pipe broke) during a call."""
+
+
+class _Worker:
+    """One worker process and its pipes."""
+
+    def __init__(self, memory_bytes: int):
+        self.memory_bytes = memory_bytes
+        self.loaded: set = set()  # the plugin refs imported there
+        self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(memory_bytes)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, start_new_session=True)
+        try:
+            _send(self.proc.stdin, list(sys.path))  # plugins import as they would in this process
+            if not self._answers_within(_START_TIMEOUT_S) or _receive(self.proc.stdout) != ("ready",):
+                raise _Gone
+        except (_Gone, OSError):
+            self.kill()
+            raise VerifierFailed(f"the verifier worker process did not start within {_START_TIMEOUT_S:g} s") from None
+
+    def ask(self, request: tuple, seconds: float):
+        """The worker's reply to `request`; TimeoutError past `seconds`, _Gone if the worker ended."""
+        deadline = time.monotonic() + seconds
+        try:
+            _send(self.proc.stdin, request)  # a 2 MB response fills the pipe: the worker reads as we write
+        except OSError:
+            raise _Gone from None
+        if not self._answers_within(deadline - time.monotonic()):
+            raise TimeoutError
+        reply = _receive(self.proc.stdout)
+        if reply is None:
+            raise _Gone
+        return reply
+
+    def _answers_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        fd = self.proc.stdout.fileno()
+        while not select.select([fd], [], [], max(deadline - time.monotonic(), 0))[0]:
+            if time.monotonic() >= deadline:
+                return False
+        return True
+
+    def ended_how(self) -> str:
+        code = self.proc.wait()
+        if code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with status {code} (os._exit or a crash)"
+
+    def kill(self) -> None:
+        """End the worker and every process under it."""
+        kill_descendants(self.proc.pid)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its group: anything that left its tree but not its group
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+class VerifierPool:
+    """Verifier calls of one batch, one at a time, in a worker process (see the module docstring)."""
+
+    def __init__(self, timeout_s: float, memory_bytes: int):
+        self.timeout_s, self.memory_bytes = timeout_s, memory_bytes
+        self._worker: _Worker | None = None
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def verify(self, record: TaskRecord, response: str, plugin_refs) -> list[RewardScore]:
+        """`verifiers.verify(record, response, plugin_refs)` in the worker; VerifierFailed with the reason."""
+        worker = self._worker = self._worker or _take(self.memory_bytes)
+        try:
+            self._load(worker, plugin_refs)
+            kind, value = worker.ask(("verify", record, response, tuple(plugin_refs)), self.timeout_s)
+        except TimeoutError:
+            self._recycle()
+            raise VerifierFailed(f"timeout: the verifiers ran past {self.timeout_s:g} s on this response "
+                                 "(--verifier-timeout)") from None
+        except _Gone:
+            how = worker.ended_how()
+            self._recycle()
+            raise VerifierFailed(f"the verifier process {how} on this response") from None
+        if kind == "ok":
+            return value
+        if kind == "memory":
+            self._recycle()  # an allocation failed somewhere: its state is not to be trusted
+            raise VerifierFailed(f"memory: the verifiers needed more than {self.memory_bytes / 1e6:g} MB on this "
+                                 f"response (--verifier-memory); {value}")
+        raise VerifierFailed(value)
+
+    def _load(self, worker: _Worker, plugin_refs) -> None:
+        """Import the plugins in the worker before any call's clock runs: an import (torch, say) may
+        take longer than a call may."""
+        missing = [ref for ref in plugin_refs if ref not in worker.loaded]
+        if missing:
+            try:
+                worker.ask(("load", tuple(missing)), _START_TIMEOUT_S)
+            except TimeoutError:
+                self._recycle()
+                raise VerifierFailed(f"importing the verifiers took more than {_START_TIMEOUT_S:g} s") from None
+            worker.loaded.update(missing)
+
+    def _recycle(self) -> None:
+        self._worker.kill()
+        self._worker = None
+
+    def close(self) -> None:
+        """End what the batch's verifiers started and keep the worker for the next batch."""
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        try:
+            worker.ask(("reap",), _START_TIMEOUT_S)
+        except (TimeoutError, _Gone):
+            worker.kill()
+            return
+        _give_back(worker)
+
+
+_idle: list[_Worker] = []
+_idle_lock = threading.Lock()
+
+
+def _take(memory_bytes: int) -> _Worker:
+    with _idle_lock:
+        for i, worker in enumerate(_idle):
+            if worker.memory_bytes == memory_bytes and worker.proc.poll() is None:
+                return _idle.pop(i)
+    return _Worker(memory_bytes)
+
+
+def _give_back(worker: _Worker) -> None:
+    with _idle_lock:
+        if len(_idle) < _MAX_IDLE:
+            _idle.append(worker)
+            return
+    worker.kill()
+
+
+@atexit.register
+def close_workers() -> None:
+    """End the idle workers and what is under them (a busy one ends itself when it sees this process gone)."""
+    with _idle_lock:
+        workers, _idle[:] = list(_idle), []
+    for worker in workers:
+        worker.kill()
+
+
+def kill_descendants(pid: int) -> None:
+    """SIGKILL every live process under `pid`, looking again until none is left (one may fork meanwhile)."""
+    for _ in range(20):
+        found = _descendants(pid)
+        if not found:
+            return
+        for child in found:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """The live (not zombie) processes under `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                state, ppid = stat.read().rsplit(")", 1)[1].split()[:2]  # the name in () may hold spaces
+        except (OSError, ValueError):
+            continue  # ended while we looked
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _send(stream, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream):
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    data = stream.read(_HEADER.unpack(header)[0])
+    return pickle.loads(data)
+
+
+# ---------------------------------------------------------------- the worker process
+
+def _serve(memory_bytes: int) -> None:
+    # The replies get a pipe of their own: a verifier's print() goes to stderr, never into them.
+    requests, replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    sys.path[:] = _receive(requests)
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # the soft limit only: the SQL sandbox's workers (our children) set their own, lower, limits
+    resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    _send(replies, ("ready",))
+    while (request := _receive(requests)) is not None:
+        if request[0] == "reap":
+            _reap()
+            _send(replies, ("reaped", None))
+        elif request[0] == "load":
+            _send(replies, ("loaded", _load(request[1])))
+        else:
+            _send(replies, _verify(*request[1:]))
+    _reap()
+
+
+def _load(refs) -> None:
+    for ref in refs:
+        try:
+            plugins.load(ref)
+        except Exception:  # noqa: BLE001 - the call that follows fails the same way, and says so
+            pass
+
+
+def _verify(record: TaskRecord, response: str, refs) -> tuple[str, object]:
+    try:
+        return "ok", verify(record, response, refs)
+    except MemoryError as error:
+        return "memory", _describe(error)
+    except Exception as error:  # noqa: BLE001 - the verifier's failure is the response's status
+        return "error", _describe(error)
+    except BaseException as error:  # noqa: BLE001 - SystemExit in called code is not the worker's to obey
+        return "error", f"{type(error).__name__}({', '.join(map(repr, error.args))})"
+
+
+def _describe(error: BaseException) -> str:
+    """'Type: message (raised by verifier TARGET)': the note `plugins.score` adds says whose."""
+    notes = "; ".join(getattr(error, "__notes__", ()))
+    return f"{type(error).__name__}: {error}" + (f" ({notes})" if notes else "")
+
+
+def _reap() -> None:
+    sandbox.close_workers()  # the SQL workers first, as they expect to end
+    kill_descendants(os.getpid())
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:  # the killed children, and orphans that came here
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL_S)
+    _reap()
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))
