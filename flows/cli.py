@@ -203,6 +203,8 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     if stats.get("responses") and stats.get("verifier_failures") == stats["responses"]:
         raise RuntimeError(f"every one of {stats['responses']} responses is a verifier_error; see the status column: "
                            f"tokencredit query {args.out} \"select status from responses limit 5\"")
+    if stats.get("verifier_failures"):
+        print(_failures_warning(args.out, stats), file=sys.stderr)
     print(f"wrote {manifest['totals']} to {args.out} (checksum {manifest['dataset_checksum'][:16]})")
     print("stats:", json.dumps(manifest["stats"]))
     run_query(args.out, SUMMARY_SQL).show(max_rows=200, max_width=200)
@@ -210,6 +212,17 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         print(f"{manifest['rejected']} prompt records rejected: see {args.out}/rejected.jsonl", file=sys.stderr)
         return 1 if args.strict else 0
     return 0
+
+
+def _failures_warning(out: str, stats: dict) -> str:
+    """The count of failed responses and the first of them (record, verifier, exception)."""
+    from tokencredit.pipeline.annotate import failure_line
+    from tokencredit.pipeline.dataset.query import run_query
+
+    first = run_query(out, "SELECT group_id, status FROM responses WHERE status <> 'ok' "
+                           "ORDER BY shard, response_id LIMIT 1").fetchall()[0]
+    return (f"warning: {stats['verifier_failures']} of {stats['responses']} responses are verifier_errors (no "
+            f"rewards, no credit), the first {failure_line(*first)}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -171,6 +171,26 @@ def _verifier_error(error: Exception) -> str:
     return f"verifier_error: {type(error).__name__}: {error}"
 
 
+def failure_line(record_id: str, status: str) -> str:
+    """One failed response as a warning names it: "record 'h2': RuntimeError: ... (raised by verifier X)"."""
+    return f"record {record_id!r}: {status.removeprefix('verifier_error: ')}"
+
+
+def check_first_shard(responses: pa.Table, shard: int, out: str) -> None:
+    """RuntimeError (one line) when every response of a task in `responses`, the first shard this
+    run annotated, is a verifier_error: a verifier that fails on every call would fail the same way
+    on every shard, after all their sampling. The shard stays written, for its status column."""
+    rows = responses.select(["task", "group_id", "status"]).to_pylist()
+    for task in sorted({r["task"] for r in rows}):
+        mine = [r for r in rows if r["task"] == task]
+        if all(r["status"] != "ok" for r in mine):
+            raise RuntimeError(f"every one of {len(mine)} responses of task {task!r} in shard {shard} is a "
+                               f"verifier_error, the first {failure_line(mine[0]['group_id'], mine[0]['status'])}; "
+                               f"stopped after that shard: fix the verifier (or --verifier-timeout/--verifier-memory) "
+                               f"and start a new run (the status column: tokencredit query {out} \"select status "
+                               f"from responses limit 5\")")
+
+
 def use_cpu_threads(config: AnnotateConfig) -> None:
     """Fix torch's thread count before a model runs: it changes the last bits of every log-prob."""
     if config.device == "cpu":
@@ -293,6 +313,8 @@ def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
         for s in tqdm(todo, desc="shards", unit="shard", disable=not shard_bar(progress)):
             tables, stats = annotate_shard(shards[s], s, config, models)
             writer.write_shard(s, tables, stats, code_version=code_version())
+            if s == todo[0]:
+                check_first_shard(tables["responses"], s, out)
         return finish_run(writer, len(shards), rejected)
     finally:
         writer.unlock()

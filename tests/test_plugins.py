@@ -264,7 +264,7 @@ def test_a_run_where_every_response_is_a_verifier_error_exits_2_with_one_line(tm
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("tokencredit annotate: error:")]
     assert code == 2 and "Traceback" not in err and len(errors) == 1  # beside it only progress bars
-    assert "every one of 2 responses is a verifier_error" in errors[0]
+    assert "every one of 2 responses of task 'haiku' in shard 0 is a verifier_error" in errors[0]
 
 
 TRL_REWARDS = '''
