@@ -149,26 +149,22 @@ def verify_samples(samples, records: dict[str, TaskRecord], plugin_refs: Sequenc
     marks that response failed, never drops it nor stops the batch, and what it started ends with
     the batch. GDPO normalizes reward k across a group, so a response whose reward names differ
     from those of its group's first verified response is marked failed too."""
-    verified, names = [], {}
+    items = [(records[sample.group_id], sample.response) for sample in samples]
     with VerifierPool(timeout_s, memory_bytes) as pool:
-        for sample in samples:
-            try:
-                scores = pool.verify(records[sample.group_id], sample.response, plugin_refs)
-                got = [s.name for s in scores]
-                if names.setdefault(sample.group_id, got) != got:
-                    raise ValueError(f"reward names {got} differ from {names[sample.group_id]} of another "
-                                     "response of this record; a verifier must return the same names for every "
-                                     "response")
-                verified.append(VerifiedSample(sample, scores))
-            except (VerifierFailed, ValueError) as error:
-                verified.append(VerifiedSample(sample, [], status=_verifier_error(error)))
+        results = pool.verify_all(items, plugin_refs)
+    verified, names = [], {}
+    for sample, scores in zip(samples, results):
+        if isinstance(scores, VerifierFailed):
+            verified.append(VerifiedSample(sample, [], status=f"verifier_error: {scores}"))
+            continue
+        got = [s.name for s in scores]
+        if names.setdefault(sample.group_id, got) != got:
+            verified.append(VerifiedSample(sample, [], status=(
+                f"verifier_error: ValueError: reward names {got} differ from {names[sample.group_id]} of another "
+                "response of this record; a verifier must return the same names for every response")))
+            continue
+        verified.append(VerifiedSample(sample, scores))
     return verified
-
-
-def _verifier_error(error: Exception) -> str:
-    if isinstance(error, VerifierFailed):  # its message is the reason, with the verifier's error type
-        return f"verifier_error: {error}"
-    return f"verifier_error: {type(error).__name__}: {error}"
 
 
 def failure_line(record_id: str, status: str) -> str:

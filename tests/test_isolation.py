@@ -148,3 +148,25 @@ def test_a_verifier_failing_on_a_whole_first_shard_stops_the_run_after_it(tmp_pa
                                 f"(raised by verifier {(tmp_path / 'plugin.py').resolve()}:haiku); stopped after "
                                 "that shard")
     assert sorted(p.name for p in (tmp_path / "out/_shards").iterdir()) == ["shard-00000.json"]  # not 3 shards
+
+
+@pytest.mark.slow
+def test_the_prefect_flow_survives_an_exiting_plugin_and_stops_on_a_failing_one(prefect_harness, tmp_path):
+    """Under the threads runner os._exit in a plugin ended the run and left Prefect's server running."""
+    from tokencredit.flows.annotate import run_annotate_flow
+    from tokencredit.pipeline.annotate import AnnotateConfig
+    from tokencredit.pipeline.config import CreditConfig, SamplingConfig
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in HAIKUS))
+    for name, source in (("exits", EXITS_ON_SNOW), ("down", DOWN)):
+        (tmp_path / f"{name}.py").write_text(source)
+    config = AnnotateConfig(prompts=str(prompts), shard_size=1, sampling=SamplingConfig(n=2, max_new_tokens=8),
+                            credit=CreditConfig(kinds=("gdpo",)),
+                            verifiers=plugins.resolve([f"haiku={tmp_path / 'exits.py'}:haiku"]))
+    manifest = run_annotate_flow(config, str(tmp_path / "exits"), runner="threads", workers=1, progress=False)
+    assert manifest["complete"] and manifest["stats"]["verifier_failures"] == 2
+    down = AnnotateConfig(**{**config.__dict__, "verifiers": plugins.resolve([f"haiku={tmp_path / 'down.py'}:haiku"])})
+    with pytest.raises(RuntimeError, match="every one of 2 responses of task 'haiku' in shard 0 is a verifier_error"):
+        run_annotate_flow(down, str(tmp_path / "down"), runner="threads", workers=1, progress=False)
+    assert (tmp_path / "down/_shards/shard-00000.json").is_file()

@@ -131,7 +131,7 @@ def test_a_misbehaving_plugin_fails_only_its_responses_with_a_clear_status(targe
     record = plugin_record()
     samples = [Sample(f"h1/{j}", "h1", "haiku", "p", [1], "a response", [2], [-0.1], "m", 0) for j in range(2)]
     verified = verify_samples(samples, {"h1": record}, [plugins.PluginRef(f"{__name__}:{target}", "haiku")])
-    assert all(v.status.startswith("verifier_error: PluginError") and problem in v.status for v in verified)
+    assert all(v.status.startswith("verifier_error: PluginError") and problem in v.status for v in verified), verified[0].status
 
 
 def hanging(record, response):

@@ -2,7 +2,7 @@
 or crashes it costs its response, never the run, and nothing a verifier starts outlives its batch.
 
     with VerifierPool(timeout_s=5.0, memory_bytes=2_000_000_000) as pool:
-        scores = pool.verify(record, response, refs)  # list[RewardScore], or VerifierFailed(reason)
+        results = pool.verify_all([(record, response), ...], refs)  # list[RewardScore] or VerifierFailed each
 
 A worker is `python -m tokencredit.verifiers.isolation`, serving one call at a time over a pipe.
 It runs in a session (process group) of its own, as a child subreaper (a daemon that a verifier
@@ -15,7 +15,8 @@ with every process under it, and the next call gets a fresh one. Python code tha
 
 Idle workers are kept for the next batch (a start costs about 0.5 s of imports, not counted in
 any call's time); when a batch ends (`close`), its worker first ends everything its verifiers
-started. A worker whose caller is gone (the annotate process was killed) does the same and exits.
+started but its idle SQL sandbox workers (`verifiers/sandbox.py`), which end with it. A worker whose
+caller is gone (the annotate process was killed) ends everything under it and exits.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 from tokencredit.schemas.records import RewardScore, TaskRecord
 
@@ -41,6 +43,7 @@ _MAX_IDLE = 8
 _HEADER = struct.Struct("<Q")
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 _PARENT_POLL_S = 1.0
+_FIRST_NAP_S, _LAST_NAP_S = 0.0005, 0.02  # between looks for a worker's reply
 
 
 class VerifierFailed(Exception):
@@ -57,8 +60,9 @@ class _Worker:
     def __init__(self, memory_bytes: int):
         self.memory_bytes = memory_bytes
         self.loaded: set = set()  # the plugin refs imported there
+        # Unbuffered pipes: a reply read ahead into a buffer would be invisible to select()
         self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(memory_bytes)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, start_new_session=True)
+                                     stdout=subprocess.PIPE, start_new_session=True, bufsize=0)
         try:
             _send(self.proc.stdin, list(sys.path))  # plugins import as they would in this process
             if not self._answers_within(_START_TIMEOUT_S) or _receive(self.proc.stdout) != ("ready",):
@@ -69,12 +73,18 @@ class _Worker:
 
     def ask(self, request: tuple, seconds: float):
         """The worker's reply to `request`; TimeoutError past `seconds`, _Gone if the worker ended."""
-        deadline = time.monotonic() + seconds
+        self.send(request)
+        return self.reply(seconds)
+
+    def send(self, request: tuple) -> None:
         try:
             _send(self.proc.stdin, request)  # a 2 MB response fills the pipe: the worker reads as we write
         except OSError:
             raise _Gone from None
-        if not self._answers_within(deadline - time.monotonic()):
+
+    def reply(self, seconds: float):
+        """The worker's next reply; TimeoutError past `seconds`, _Gone if the worker ended."""
+        if not self._answers_within(seconds):
             raise TimeoutError
         reply = _receive(self.proc.stdout)
         if reply is None:
@@ -82,11 +92,16 @@ class _Worker:
         return reply
 
     def _answers_within(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
+        # Polled, with a growing nap, rather than woken by each reply: a wake-up per reply makes the
+        # two processes take turns on a busy core, and most calls take well under a millisecond.
+        deadline, nap = time.monotonic() + seconds, _FIRST_NAP_S
         fd = self.proc.stdout.fileno()
-        while not select.select([fd], [], [], max(deadline - time.monotonic(), 0))[0]:
-            if time.monotonic() >= deadline:
+        while not select.select([fd], [], [], 0)[0]:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return False
+            time.sleep(min(nap, left))
+            nap = min(nap * 2, _LAST_NAP_S)
         return True
 
     def ended_how(self) -> str:
@@ -121,38 +136,48 @@ class VerifierPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def verify(self, record: TaskRecord, response: str, plugin_refs) -> list[RewardScore]:
-        """`verifiers.verify(record, response, plugin_refs)` in the worker; VerifierFailed with the reason."""
+    def verify_all(self, items: Sequence[tuple[TaskRecord, str]], plugin_refs) -> list[list[RewardScore] | VerifierFailed]:
+        """`verifiers.verify(record, response, plugin_refs)` of each (record, response), in order, in
+        the worker, or the VerifierFailed that says why not. The items go in one request and the
+        replies stream back (a pipe round trip per call would cost more than most calls), each
+        awaited for at most `timeout_s` after the one before it; past a failure that ends the
+        worker, the items left go to a fresh one."""
+        results: list[list[RewardScore] | VerifierFailed] = []
+        while len(results) < len(items):
+            results += self._run(items[len(results):], tuple(plugin_refs))
+        return results
+
+    def _run(self, items: Sequence[tuple[TaskRecord, str]], refs: tuple) -> list[list[RewardScore] | VerifierFailed]:
+        """The results of `items` up to and including the first one that ends the worker."""
         worker = self._worker = self._worker or _take(self.memory_bytes)
+        results = []
         try:
-            self._load(worker, plugin_refs)
-            kind, value = worker.ask(("verify", record, response, tuple(plugin_refs)), self.timeout_s)
+            self._load(worker, refs)
+            worker.send(("verify", list(items), refs))  # one pickle: a record shared by n responses goes once
+            for _ in items:
+                kind, value = worker.reply(self.timeout_s)
+                if kind == "memory":
+                    self._recycle()  # an allocation failed somewhere: its state is not to be trusted
+                    return results + [VerifierFailed(f"memory: the verifiers needed more than "
+                                                     f"{self.memory_bytes / 1e6:g} MB on this response "
+                                                     f"(--verifier-memory); {value}")]
+                results.append(value if kind == "ok" else VerifierFailed(value))
         except TimeoutError:
             self._recycle()
-            raise VerifierFailed(f"timeout: the verifiers ran past {self.timeout_s:g} s on this response "
-                                 "(--verifier-timeout)") from None
+            results.append(VerifierFailed(f"timeout: the verifiers ran past {self.timeout_s:g} s on this response "
+                                          "(--verifier-timeout)"))
         except _Gone:
             how = worker.ended_how()
             self._recycle()
-            raise VerifierFailed(f"the verifier process {how} on this response") from None
-        if kind == "ok":
-            return value
-        if kind == "memory":
-            self._recycle()  # an allocation failed somewhere: its state is not to be trusted
-            raise VerifierFailed(f"memory: the verifiers needed more than {self.memory_bytes / 1e6:g} MB on this "
-                                 f"response (--verifier-memory); {value}")
-        raise VerifierFailed(value)
+            results.append(VerifierFailed(f"the verifier process {how} on this response"))
+        return results
 
     def _load(self, worker: _Worker, plugin_refs) -> None:
         """Import the plugins in the worker before any call's clock runs: an import (torch, say) may
         take longer than a call may."""
         missing = [ref for ref in plugin_refs if ref not in worker.loaded]
         if missing:
-            try:
-                worker.ask(("load", tuple(missing)), _START_TIMEOUT_S)
-            except TimeoutError:
-                self._recycle()
-                raise VerifierFailed(f"importing the verifiers took more than {_START_TIMEOUT_S:g} s") from None
+            worker.ask(("load", tuple(missing)), _START_TIMEOUT_S)
             worker.loaded.update(missing)
 
     def _recycle(self) -> None:
@@ -165,8 +190,10 @@ class VerifierPool:
         if worker is None:
             return
         try:
-            worker.ask(("reap",), _START_TIMEOUT_S)
+            reply = worker.ask(("reap",), _START_TIMEOUT_S)
         except (TimeoutError, _Gone):
+            reply = None
+        if reply != ("reaped", None):  # gone, stuck, or still answering a batch left behind (an interrupt)
             worker.kill()
             return
         _give_back(worker)
@@ -201,10 +228,11 @@ def close_workers() -> None:
         worker.kill()
 
 
-def kill_descendants(pid: int) -> None:
-    """SIGKILL every live process under `pid`, looking again until none is left (one may fork meanwhile)."""
+def kill_descendants(pid: int, spare: set[int] = frozenset()) -> None:
+    """SIGKILL every live process under `pid` but those in `spare` (and what is under them), looking
+    again until none is left (one may fork meanwhile)."""
     for _ in range(20):
-        found = _descendants(pid)
+        found = _descendants(pid, spare)
         if not found:
             return
         for child in found:
@@ -214,39 +242,61 @@ def kill_descendants(pid: int) -> None:
                 pass
 
 
-def _descendants(pid: int) -> list[int]:
-    """The live (not zombie) processes under `pid`, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                state, ppid = stat.read().rsplit(")", 1)[1].split()[:2]  # the name in () may hold spaces
-        except (OSError, ValueError):
-            continue  # ended while we looked
-        if state != "Z":
-            children.setdefault(int(ppid), []).append(int(entry))
+def _descendants(pid: int, spare: set[int] = frozenset()) -> list[int]:
+    """The live (not zombie) processes under `pid`, but `spare` and their own."""
     found, todo = [], [pid]
     while todo:
-        below = children.get(todo.pop(), [])
+        below = [child for child in _children(todo.pop()) if child not in spare and not _is_zombie(child)]
         found += below
         todo += below
     return found
 
 
+def _children(pid: int) -> list[int]:
+    """From /proc/PID/task/TID/children (Linux 4.2+): a few small files, where scanning /proc reads them all."""
+    children = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as listed:
+                children += map(int, listed.read().split())
+    except OSError:  # ended while we looked
+        pass
+    return children
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # the name in () may hold spaces
+    except OSError:
+        return True  # gone: as good as a zombie
+
+
 def _send(stream, obj) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = memoryview(_HEADER.pack(len(payload)) + payload)
+    while data:  # an unbuffered pipe may take part of it
+        data = data[stream.write(data):]
     stream.flush()
 
 
 def _receive(stream):
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        return None
-    data = stream.read(_HEADER.unpack(header)[0])
-    return pickle.loads(data)
+    """The next object on `stream`; None at its end."""
+    header = _read_exactly(stream, _HEADER.size)
+    data = header and _read_exactly(stream, _HEADER.unpack(header)[0])
+    return None if data is None else pickle.loads(data)
+
+
+def _read_exactly(stream, n: int) -> bytes | None:
+    """`n` bytes and not one more (what follows stays in the pipe, for select() to see); None at its end."""
+    chunks = []
+    while n:
+        chunk = stream.read(n)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
 
 
 # ---------------------------------------------------------------- the worker process
@@ -270,8 +320,13 @@ def _serve(memory_bytes: int) -> None:
         elif request[0] == "load":
             _send(replies, ("loaded", _load(request[1])))
         else:
-            _send(replies, _verify(*request[1:]))
-    _reap()
+            _, items, refs = request
+            for record, response in items:
+                reply = _verify(record, response, refs)
+                _send(replies, reply)
+                if reply[0] == "memory":
+                    break  # the caller ends this process
+    _reap(keep_sql=False)
 
 
 def _load(refs) -> None:
@@ -299,9 +354,12 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" + (f" ({notes})" if notes else "")
 
 
-def _reap() -> None:
-    sandbox.close_workers()  # the SQL workers first, as they expect to end
-    kill_descendants(os.getpid())
+def _reap(keep_sql: bool = True) -> None:
+    """End every process under this one but (with `keep_sql`) the idle SQL workers, kept for the
+    next batch as the SQL verifier keeps them in any process (starting one costs more than a query)."""
+    if not keep_sql:
+        sandbox.close_workers()
+    kill_descendants(os.getpid(), spare=sandbox.idle_worker_pids() if keep_sql else set())
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:  # the killed children, and orphans that came here
             pass
@@ -312,7 +370,7 @@ def _reap() -> None:
 def _exit_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(_PARENT_POLL_S)
-    _reap()
+    _reap(keep_sql=False)
     os._exit(1)
 
 
