@@ -79,9 +79,10 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
                    help="a plugin verifier (repeatable): package.module:fn, file.py:fn or an installed "
                    "entry-point name; without TASK= it scores every record")
     p.add_argument("--verifier-timeout", type=float, default=d.verifier_timeout_s,
-                   help="seconds per response for all its verifiers; past it the response is a verifier_error")
+                   help="seconds per response for its built-in verifiers, and as many for its plugins; past it the "
+                   "response is a verifier_error")
     p.add_argument("--verifier-memory", type=_size, default=d.verifier_memory_bytes, metavar="SIZE",
-                   help=f"memory of the verifiers' worker process, such as 1GB (default "
+                   help=f"memory of the plugin verifiers' worker process, such as 1GB (default "
                    f"{d.verifier_memory_bytes / 1e9:g}GB); an allocation past it makes the response a verifier_error")
     p.add_argument("--tasks", default=None, help="comma list of tasks to annotate (default: all; a task with "
                    "no record in the prompt set is an error)")

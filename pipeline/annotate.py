@@ -21,11 +21,11 @@ import torch
 from tqdm.auto import tqdm
 
 from tokencredit import verifiers
-from tokencredit.schemas.records import AnnotatedResponse, RecordError, TaskRecord, VerifiedSample
-from tokencredit.verifiers.isolation import VerifierFailed, VerifierPool
+from tokencredit.schemas.records import AnnotatedResponse, RecordError, RewardScore, TaskRecord, VerifiedSample
+from tokencredit.verifiers.isolation import VerifierFailed, VerifierPool, describe, timeout_reason
 from tokencredit.verifiers.plugins import PluginRef, tasks_of
 
-from tokencredit.pipeline.sample.bounds import render_bounded
+from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 from tokencredit.pipeline.sample import make_sampler
@@ -144,27 +144,64 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
 def verify_samples(samples, records: dict[str, TaskRecord], plugin_refs: Sequence[PluginRef] = (),
                    timeout_s: float = AnnotateConfig.verifier_timeout_s,
                    memory_bytes: int = AnnotateConfig.verifier_memory_bytes) -> list[VerifiedSample]:
-    """The verify stage, in a worker process (`tokencredit.verifiers.isolation`): a verifier that
-    raises, exits, crashes, runs past `timeout_s` or allocates past `memory_bytes` on a response
-    marks that response failed, never drops it nor stops the batch, and what it started ends with
-    the batch. GDPO normalizes reward k across a group, so a response whose reward names differ
-    from those of its group's first verified response is marked failed too."""
-    items = [(records[sample.group_id], sample.response) for sample in samples]
-    with VerifierPool(timeout_s, memory_bytes) as pool:
-        results = pool.verify_all(items, plugin_refs)
+    """The verify stage: each response's rewards as `verifiers.verify` gives them (built-in, then each
+    plugin's). The built-in verifiers run in this process, each response's awaited at most `timeout_s`
+    on a thread (`BoundedCaller`); the plugins run in a worker process (`tokencredit.verifiers.isolation`),
+    each response's bounded by `timeout_s` and `memory_bytes`, and what they started ends with the batch.
+    A verifier that raises, runs past its bounds, or (a plugin) exits or crashes on a response marks
+    that response failed, never drops it nor stops the batch. GDPO normalizes reward k across a group,
+    so a response whose reward names differ from those of its group's first verified response is
+    marked failed too."""
+    of = [records[sample.group_id] for sample in samples]
+    scores = _builtin_scores(samples, of, plugin_refs, timeout_s)  # a response's rewards so far, or why it failed
+    isolated = [i for i, got in enumerate(scores)
+                if not isinstance(got, str) and any(verifiers.plugins.applies(ref, of[i]) for ref in plugin_refs)]
+    if isolated:  # a run of built-in tasks alone starts no worker
+        with VerifierPool(timeout_s, memory_bytes) as pool:
+            found = pool.score_all([(of[i], samples[i].response) for i in isolated], plugin_refs)
+        for i, more in zip(isolated, found):
+            scores[i] = str(more) if isinstance(more, VerifierFailed) else scores[i] + more
     verified, names = [], {}
-    for sample, scores in zip(samples, results):
-        if isinstance(scores, VerifierFailed):
-            verified.append(VerifiedSample(sample, [], status=f"verifier_error: {scores}"))
+    for sample, record, got in zip(samples, of, scores):
+        if not isinstance(got, str):
+            try:
+                got = verifiers.checked(record, sample.response, got)
+            except verifiers.plugins.PluginError as error:
+                got = describe(error)
+        if isinstance(got, str):
+            verified.append(VerifiedSample(sample, [], status=f"verifier_error: {got}"))
             continue
-        got = [s.name for s in scores]
-        if names.setdefault(sample.group_id, got) != got:
+        reward_names = [s.name for s in got]
+        if names.setdefault(sample.group_id, reward_names) != reward_names:
             verified.append(VerifiedSample(sample, [], status=(
-                f"verifier_error: ValueError: reward names {got} differ from {names[sample.group_id]} of another "
-                "response of this record; a verifier must return the same names for every response")))
+                f"verifier_error: ValueError: reward names {reward_names} differ from {names[sample.group_id]} of "
+                "another response of this record; a verifier must return the same names for every response")))
             continue
-        verified.append(VerifiedSample(sample, scores))
+        verified.append(VerifiedSample(sample, got))
     return verified
+
+
+def _builtin_scores(samples, of: Sequence[TaskRecord], plugin_refs: Sequence[PluginRef],
+                    timeout_s: float) -> list[list[RewardScore] | str]:
+    """Each response's built-in rewards, computed on a thread and awaited at most `timeout_s`, or the
+    reason they failed (a record no verifier scores fails here, before any plugin runs)."""
+    call, scores = BoundedCaller(timeout_s), []
+    try:
+        for sample, record in zip(samples, of):
+            try:
+                scores.append(call(_builtin_part, record, sample.response, plugin_refs))
+            except CallTimeout:
+                scores.append(timeout_reason(timeout_s))
+            except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the batch
+                scores.append(str(error) if isinstance(error, CallAborted) else describe(error))
+    finally:
+        call.close()
+    return scores
+
+
+def _builtin_part(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef]) -> list[RewardScore]:
+    verifiers.applying_plugins(record, plugin_refs)  # RecordError first, as `verifiers.verify` raises it
+    return verifiers.builtin_scores(record, response)
 
 
 def failure_line(record_id: str, status: str) -> str:

@@ -167,9 +167,10 @@ class AnnotateConfig:
     semantics: str | None = None  # e.g. "ifeval", "bfcl", "tokencredit"; None = the format's default
     columns: tuple[tuple[str, str], ...] = ()  # (native field, source column or 'constant') renames
     verifiers: tuple[PluginRef, ...] = ()  # plugin verifiers, source hashes included
-    # per response, built-in and plugin verifiers together; past it the response is a verifier_error
+    # per response, for its built-in verifiers (in this process) and as many for its plugins (in a
+    # worker process); past it the response is a verifier_error
     verifier_timeout_s: float = 5.0
-    # the memory of the verifiers' worker process (heap and private mappings, its interpreter's
+    # the memory of the plugin verifiers' worker process (heap and private mappings, its interpreter's
     # ~0.15 GB included); an allocation past it makes that response a verifier_error. A laptop survives 2 GB.
     verifier_memory_bytes: int = 2_000_000_000
     tasks: tuple[str, ...] | None = None  # None = every task of the prompt set

@@ -12,10 +12,11 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
+from tokencredit import verifiers
 from tokencredit.flows.cli import main
-from tokencredit.pipeline.annotate import verify_samples
+from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set, verify_samples
 from tokencredit.schemas.records import PluginSpec, Sample, TaskRecord
-from tokencredit.verifiers import plugins
+from tokencredit.verifiers import isolation, plugins
 
 HOSTILE = '''
 import os, re, subprocess, time
@@ -81,6 +82,55 @@ def test_each_hostile_call_is_its_own_verifier_error_and_nothing_it_started_surv
     for kind in ("child", "daemon", "hang"):
         pid = int((tmp_path / f"pid.{kind}").read_text())
         assert wait_gone(pid), f"the {kind} process {pid} outlived the batch"
+
+
+def worker_pids() -> set[int]:
+    """The verifier worker processes this one started (idle ones included), from /proc."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):  # ended while we looked
+            continue
+        if ppid == os.getpid() and b"tokencredit.verifiers.isolation" in command:
+            found.add(int(stat.parent.name))
+    return found
+
+
+WHERE = '''
+import os
+def where(record, response):
+    yield "where", 1.0, "Any response.", str(os.getpid())
+'''
+
+
+def test_built_in_verifiers_start_no_worker_and_a_plugin_adds_its_rewards_from_one_after_theirs(tmp_path):
+    isolation.close_workers()  # idle workers that earlier tests left
+    records, _ = load_prompt_set(AnnotateConfig(limit=2))  # the demo set: sql, instructions, tools
+    samples = [Sample(f"{r.id}/0", r.id, r.task, "p", [1], r.reference_response, [2], [-0.1], "m", 0) for r in records]
+    by_id = {r.id: r for r in records}
+    verified = verify_samples(samples, by_id)
+    assert {r.task for r in records} == {"sql", "instructions", "tools"}
+    assert [v.rewards for v in verified] == [verifiers.verify(r, r.reference_response) for r in records]
+    assert worker_pids() == set()
+
+    (tmp_path / "where.py").write_text(WHERE)
+    refs = plugins.resolve([f"{tmp_path / 'where.py'}:where"])  # scores every record, after its built-ins
+    verified = verify_samples(samples, by_id, refs)
+    assert [v.rewards[:-1] for v in verified] == [verifiers.verify(r, r.reference_response) for r in records]
+    (worker,) = worker_pids()
+    assert [(v.rewards[-1].name, v.rewards[-1].observed) for v in verified] == [("where", str(worker))] * len(records)
+
+
+def test_a_plugin_repeating_a_built_in_reward_name_is_a_verifier_error(tmp_path):
+    (tmp_path / "twice.py").write_text("def twice(record, response):\n    yield 'format', 1.0, 'Any.'\n")
+    records, _ = load_prompt_set(AnnotateConfig(limit=1, tasks=("sql",)))
+    samples = [Sample(f"{r.id}/0", r.id, r.task, "p", [1], r.reference_response, [2], [-0.1], "m", 0) for r in records]
+    refs = plugins.resolve([f"{tmp_path / 'twice.py'}:twice"])
+    (verified,) = verify_samples(samples, {r.id: r for r in records}, refs)
+    assert verified.status == (f"verifier_error: PluginError: record {records[0].id!r}: reward name(s) format "
+                               "given twice")
 
 
 def test_a_plugin_error_names_the_verifier_in_the_status(tmp_path):

@@ -1,8 +1,9 @@
-"""Verifier calls in worker processes: a call that hangs, runs out of memory, exits the interpreter
-or crashes it costs its response, never the run, and nothing a verifier starts outlives its batch.
+"""Plugin verifier calls in worker processes: a call that hangs, runs out of memory, exits the
+interpreter or crashes it costs its response, never the run, and nothing a plugin starts outlives
+its batch. (The built-in verifiers run in the annotate process: `tokencredit.pipeline.annotate.verify_samples`.)
 
     with VerifierPool(timeout_s=5.0, memory_bytes=2_000_000_000) as pool:
-        results = pool.verify_all([(record, response), ...], refs)  # list[RewardScore] or VerifierFailed each
+        results = pool.score_all([(record, response), ...], refs)  # list[RewardScore] or VerifierFailed each
 
 A worker is `python -m tokencredit.verifiers.isolation`, serving one call at a time over a pipe.
 It runs in a session (process group) of its own, as a child subreaper (a daemon that a verifier
@@ -36,7 +37,7 @@ from collections.abc import Sequence
 
 from tokencredit.schemas.records import RewardScore, TaskRecord
 
-from tokencredit.verifiers import plugins, sandbox, verify
+from tokencredit.verifiers import plugin_scores, plugins, sandbox
 
 _START_TIMEOUT_S = 60.0  # an interpreter's start on a loaded machine; not counted in any call's time
 _MAX_IDLE = 8
@@ -48,6 +49,11 @@ _FIRST_NAP_S, _LAST_NAP_S = 0.0005, 0.02  # between looks for a worker's reply
 
 class VerifierFailed(Exception):
     """A verifier call failed; str(e) is the reason, as the response's status gives it."""
+
+
+def timeout_reason(seconds: float) -> str:
+    """A verifier call past its time bound, as the response's status gives it (in this process or a worker)."""
+    return f"timeout: the verifiers ran past {seconds:g} s on this response (--verifier-timeout)"
 
 
 class _Gone(Exception):
@@ -124,7 +130,7 @@ class _Worker:
 
 
 class VerifierPool:
-    """Verifier calls of one batch, one at a time, in a worker process (see the module docstring)."""
+    """Plugin verifier calls of one batch, one at a time, in a worker process (see the module docstring)."""
 
     def __init__(self, timeout_s: float, memory_bytes: int):
         self.timeout_s, self.memory_bytes = timeout_s, memory_bytes
@@ -136,9 +142,9 @@ class VerifierPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def verify_all(self, items: Sequence[tuple[TaskRecord, str]], plugin_refs) -> list[list[RewardScore] | VerifierFailed]:
-        """`verifiers.verify(record, response, plugin_refs)` of each (record, response), in order, in
-        the worker, or the VerifierFailed that says why not. The items go in one request and the
+    def score_all(self, items: Sequence[tuple[TaskRecord, str]], plugin_refs) -> list[list[RewardScore] | VerifierFailed]:
+        """`verifiers.plugin_scores(record, response, plugin_refs)` of each (record, response), in order,
+        in the worker, or the VerifierFailed that says why not. The items go in one request and the
         replies stream back (a pipe round trip per call would cost more than most calls), each
         awaited for at most `timeout_s` after the one before it; past a failure that ends the
         worker, the items left go to a fresh one."""
@@ -164,8 +170,7 @@ class VerifierPool:
                 results.append(value if kind == "ok" else VerifierFailed(value))
         except TimeoutError:
             self._recycle()
-            results.append(VerifierFailed(f"timeout: the verifiers ran past {self.timeout_s:g} s on this response "
-                                          "(--verifier-timeout)"))
+            results.append(VerifierFailed(timeout_reason(self.timeout_s)))
         except _Gone:
             how = worker.ended_how()
             self._recycle()
@@ -339,17 +344,19 @@ def _load(refs) -> None:
 
 def _verify(record: TaskRecord, response: str, refs) -> tuple[str, object]:
     try:
-        return "ok", verify(record, response, refs)
+        return "ok", plugin_scores(record, response, refs)
     except MemoryError as error:
-        return "memory", _describe(error)
-    except Exception as error:  # noqa: BLE001 - the verifier's failure is the response's status
-        return "error", _describe(error)
-    except BaseException as error:  # noqa: BLE001 - SystemExit in called code is not the worker's to obey
-        return "error", f"{type(error).__name__}({', '.join(map(repr, error.args))})"
+        return "memory", describe(error)
+    except BaseException as error:  # noqa: BLE001 - the verifier's failure (SystemExit too) is the response's status
+        return "error", describe(error)
 
 
-def _describe(error: BaseException) -> str:
-    """'Type: message (raised by verifier TARGET)': the note `plugins.score` adds says whose."""
+def describe(error: BaseException) -> str:
+    """A verifier's failure as a response's status gives it: 'Type: message (raised by verifier
+    TARGET)' (the note `plugins.score` adds says whose), or 'SystemExit(3)' for an exception that is
+    no error but an exit or an interrupt."""
+    if not isinstance(error, Exception):
+        return f"{type(error).__name__}({', '.join(map(repr, error.args))})"
     notes = "; ".join(getattr(error, "__notes__", ()))
     return f"{type(error).__name__}: {error}" + (f" ({notes})" if notes else "")
 
