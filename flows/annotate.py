@@ -13,14 +13,15 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import pyarrow.parquet as pq
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm.auto import tqdm
 
-from tokencredit.pipeline.annotate import (AnnotateConfig, annotate_shard, code_version, finish_run, load_models, prepare_run,
-                               shard_bar)
+from tokencredit.pipeline.annotate import (AnnotateConfig, annotate_shard, check_first_shard, code_version, finish_run,
+                                           load_models, prepare_run, shard_bar)
 from tokencredit.pipeline.dataset.writer import RunWriter
 from tokencredit.schemas.records import TaskRecord
 
@@ -75,12 +76,16 @@ def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
     try:
         logger.info("run %s: %d prompts in %d shards, %d rejected records", run_id, sum(map(len, shards)),
                     len(shards), len(rejected))
+        todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
         futures = [annotate_shard_task.submit(shard_records, s, config, out, run_id)
                    for s, shard_records in enumerate(shards)]
         responses = 0
         with tqdm(total=len(futures), desc="shards", unit="shard", disable=not shard_bar(progress)) as bar:
             for future in as_completed(futures):
                 entry = future.result()
+                if entry["shard"] in todo:
+                    todo = []  # only the first shard annotated now is checked
+                    _check_first_shard(writer, entry, out, futures)
                 responses += entry["responses"]["rows"]
                 bar.set_postfix(responses=responses)
                 bar.update()
@@ -89,6 +94,18 @@ def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
         return finish_run(writer, len(shards), rejected)
     finally:
         writer.unlock()
+
+
+def _check_first_shard(writer: RunWriter, entry: dict[str, Any], out: str, futures) -> None:
+    """`check_first_shard` on the shard just written; when it fails, the shards not started yet never start."""
+    table = pq.read_table(f"{writer.root}/{entry['responses']['path']}", filesystem=writer.fs,
+                          columns=["task", "group_id", "status"])
+    try:
+        check_first_shard(table, entry["shard"], out)
+    except RuntimeError:
+        for future in futures:
+            future.wrapped_future.cancel()
+        raise
 
 
 def run_annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None, runner: str = "threads",

@@ -73,7 +73,8 @@ class Pipeline:
     def verify(self, records: Sequence[TaskRecord], samples: Sequence[Sample]) -> list[VerifiedSample]:
         """Each sample's rewards from the built-in and `config.verifiers` verifiers; a verifier that fails
         on a sample marks it `verifier_error: ...` (it keeps its row, without credit)."""
-        return verify_samples(samples, _by_id(records), self.config.verifiers, self.config.verifier_timeout_s)
+        return verify_samples(samples, _by_id(records), self.config.verifiers, self.config.verifier_timeout_s,
+                              self.config.verifier_memory_bytes)
 
     def credit(self, records: Sequence[TaskRecord], verified: Sequence[VerifiedSample]) -> Credited:
         """GDPO, MRTPO and P2T credit (`config.credit`), per shard of prompts as the CLI computes it."""
