@@ -13,14 +13,15 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import pyarrow.parquet as pq
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm.auto import tqdm
 
-from tokencredit.pipeline.annotate import (AnnotateConfig, annotate_shard, code_version, finish_run, load_models, prepare_run,
-                               shard_bar)
+from tokencredit.pipeline.annotate import (AnnotateConfig, annotate_shard, check_first_shard, code_version, finish_run,
+                                           load_models, prepare_run, shard_bar)
 from tokencredit.pipeline.dataset.writer import RunWriter
 from tokencredit.schemas.records import TaskRecord
 
@@ -62,24 +63,29 @@ def task_runner(runner: str, dask_address: str | None = None, workers: int = 2):
 
 @flow(name="annotate", log_prints=True)
 def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
-                  progress: bool = True) -> dict[str, Any]:
+                  progress: bool = True, restart: bool = False) -> dict[str, Any]:
     """Annotate every shard of the prompt set not yet written under `out`; returns the manifest.
 
-    `{date}` in `out` becomes today's date (scheduled runs write one folder per day).
+    `{date}` in `out` becomes today's date (scheduled runs write one folder per day). `restart`:
+    delete the run `out` holds first (a run of another config or of changed inputs).
     """
     logger = get_run_logger()
     out = out.replace("{date}", datetime.date.today().isoformat())
     run_id = run_id or config.digest()[:12]
-    writer, shards, rejected = prepare_run(config, out, run_id)  # holds the lock on `out`
+    writer, shards, rejected = prepare_run(config, out, run_id, restart)  # holds the lock on `out`
     try:
         logger.info("run %s: %d prompts in %d shards, %d rejected records", run_id, sum(map(len, shards)),
                     len(shards), len(rejected))
+        todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
         futures = [annotate_shard_task.submit(shard_records, s, config, out, run_id)
                    for s, shard_records in enumerate(shards)]
         responses = 0
         with tqdm(total=len(futures), desc="shards", unit="shard", disable=not shard_bar(progress)) as bar:
             for future in as_completed(futures):
                 entry = future.result()
+                if entry["shard"] in todo:
+                    todo = []  # only the first shard annotated now is checked
+                    _check_first_shard(writer, entry, out, futures)
                 responses += entry["responses"]["rows"]
                 bar.set_postfix(responses=responses)
                 bar.update()
@@ -90,8 +96,21 @@ def annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None,
         writer.unlock()
 
 
+def _check_first_shard(writer: RunWriter, entry: dict[str, Any], out: str, futures) -> None:
+    """`check_first_shard` on the shard just written; when it fails, the shards not started yet never start."""
+    table = pq.read_table(f"{writer.root}/{entry['responses']['path']}", filesystem=writer.fs,
+                          columns=["task", "group_id", "status"])
+    try:
+        check_first_shard(table, entry["shard"], out)
+    except RuntimeError:
+        for future in futures:
+            future.wrapped_future.cancel()
+        raise
+
+
 def run_annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = None, runner: str = "threads",
-                      dask_address: str | None = None, workers: int = 2, progress: bool = True) -> dict[str, Any]:
+                      dask_address: str | None = None, workers: int = 2, progress: bool = True,
+                      restart: bool = False) -> dict[str, Any]:
     """Run the flow with the chosen task runner (threads, or Dask local/remote)."""
     configured = annotate_flow.with_options(task_runner=task_runner(runner, dask_address, workers))
-    return configured(config, out, run_id=run_id, progress=progress)
+    return configured(config, out, run_id=run_id, progress=progress, restart=restart)

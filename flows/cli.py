@@ -24,7 +24,7 @@ import os
 import sys
 
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
-                                         RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig)
+                                         RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig, parse_bytes)
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
@@ -55,6 +55,13 @@ def _columns(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((field.strip(), source.strip()) for field, source in pairs)
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def add_dataset_args(p: argparse.ArgumentParser) -> None:
     """The options that determine the dataset (annotate and serve)."""
     d, s, c = AnnotateConfig(), SamplingConfig(), CreditConfig()
@@ -72,7 +79,11 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
                    help="a plugin verifier (repeatable): package.module:fn, file.py:fn or an installed "
                    "entry-point name; without TASK= it scores every record")
     p.add_argument("--verifier-timeout", type=float, default=d.verifier_timeout_s,
-                   help="seconds per response for all its verifiers; past it the response is a verifier_error")
+                   help="seconds per response for its built-in verifiers, and as many for its plugins; past it the "
+                   "response is a verifier_error")
+    p.add_argument("--verifier-memory", type=_size, default=d.verifier_memory_bytes, metavar="SIZE",
+                   help=f"memory of the plugin verifiers' worker process, such as 1GB (default "
+                   f"{d.verifier_memory_bytes / 1e9:g}GB); an allocation past it makes the response a verifier_error")
     p.add_argument("--tasks", default=None, help="comma list of tasks to annotate (default: all; a task with "
                    "no record in the prompt set is an error)")
     p.add_argument("--split", choices=["train", "test"], default=None, help="only records of this split")
@@ -116,6 +127,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dask-address", default=None, help="existing Dask scheduler (default: a LocalCluster)")
     p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
     p.add_argument("--strict", action="store_true", help="exit non-zero when any prompt record was rejected")
+    p.add_argument("--restart", action="store_true", help="delete the run --out holds (of another config, or "
+                   "whose prompt file, databases or models changed since it started) and start a fresh one")
 
 
 def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
@@ -124,6 +137,7 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
     return AnnotateConfig(
         prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
         columns=args.columns, verifiers=resolve(args.verifier), verifier_timeout_s=args.verifier_timeout,
+        verifier_memory_bytes=args.verifier_memory,
         tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None,
         split=args.split, limit=AUTO_LIMIT if args.limit is None else (args.limit or None), backend=args.backend,
         model=args.model,
@@ -162,7 +176,7 @@ def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
         handler.addFilter(_NoUserErrorTracebacks())
     try:
         return run_annotate_flow(config, args.out, run_id=args.run_id, runner=args.runner,
-                                 dask_address=args.dask_address, workers=args.workers)
+                                 dask_address=args.dask_address, workers=args.workers, restart=args.restart)
     except RuntimeError as error:
         if "ephemeral Prefect API server" not in str(error):
             raise
@@ -178,20 +192,22 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
 
     config = annotate_config(args)
-    rejected = check_inputs(config, args.out)
+    rejected = check_inputs(config, args.out, args.restart)
     if rejected:  # before the run starts (Prefect's server alone takes 20 s), not only after it
         print("\n".join([f"{len(rejected)} prompt records rejected (all of them will be in {args.out}/rejected.jsonl):",
                          *rejection_lines(rejected)]), file=sys.stderr, flush=True)
     if args.runner == "none":
         from tokencredit.pipeline.annotate import run_annotation
 
-        manifest = run_annotation(config, args.out, run_id=args.run_id)
+        manifest = run_annotation(config, args.out, run_id=args.run_id, restart=args.restart)
     else:
         manifest = _run_flow(config, args)
     stats = manifest["stats"]
     if stats.get("responses") and stats.get("verifier_failures") == stats["responses"]:
         raise RuntimeError(f"every one of {stats['responses']} responses is a verifier_error; see the status column: "
                            f"tokencredit query {args.out} \"select status from responses limit 5\"")
+    if stats.get("verifier_failures"):
+        print(_failures_warning(args.out, stats), file=sys.stderr)
     print(f"wrote {manifest['totals']} to {args.out} (checksum {manifest['dataset_checksum'][:16]})")
     print("stats:", json.dumps(manifest["stats"]))
     run_query(args.out, SUMMARY_SQL).show(max_rows=200, max_width=200)
@@ -199,6 +215,17 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         print(f"{manifest['rejected']} prompt records rejected: see {args.out}/rejected.jsonl", file=sys.stderr)
         return 1 if args.strict else 0
     return 0
+
+
+def _failures_warning(out: str, stats: dict) -> str:
+    """The count of failed responses and the first of them (record, verifier, exception)."""
+    from tokencredit.pipeline.annotate import failure_line
+    from tokencredit.pipeline.dataset.query import run_query
+
+    first = run_query(out, "SELECT group_id, status FROM responses WHERE status <> 'ok' "
+                           "ORDER BY shard, response_id LIMIT 1").fetchall()[0]
+    return (f"warning: {stats['verifier_failures']} of {stats['responses']} responses are verifier_errors (no "
+            f"rewards, no credit), the first {failure_line(*first)}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

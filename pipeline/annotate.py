@@ -21,7 +21,8 @@ import torch
 from tqdm.auto import tqdm
 
 from tokencredit import verifiers
-from tokencredit.schemas.records import AnnotatedResponse, RecordError, TaskRecord, VerifiedSample
+from tokencredit.schemas.records import AnnotatedResponse, RecordError, RewardScore, TaskRecord, VerifiedSample
+from tokencredit.verifiers.isolation import VerifierFailed, VerifierPool, describe, timeout_reason
 from tokencredit.verifiers.plugins import PluginRef, tasks_of
 
 from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
@@ -29,7 +30,8 @@ from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 from tokencredit.pipeline.sample import make_sampler
 from tokencredit.pipeline.dataset.tables import credits_table, responses_table
-from tokencredit.pipeline.dataset.writer import RunWriter
+from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter
+from tokencredit.pipeline.identity import record_hashes, run_inputs
 
 
 @functools.lru_cache(maxsize=1)
@@ -141,36 +143,86 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
 
 
 def verify_samples(samples, records: dict[str, TaskRecord], plugin_refs: Sequence[PluginRef] = (),
-                   timeout_s: float = AnnotateConfig.verifier_timeout_s) -> list[VerifiedSample]:
-    """The verify stage; a verifier that crashes, exits or runs past `timeout_s` on a response marks
-    that response failed, never drops it nor stops the batch. GDPO normalizes reward k across a
-    group, so a response whose reward names differ from those of its group's first verified
-    response is marked failed too."""
+                   timeout_s: float = AnnotateConfig.verifier_timeout_s,
+                   memory_bytes: int = AnnotateConfig.verifier_memory_bytes) -> list[VerifiedSample]:
+    """The verify stage: each response's rewards as `verifiers.verify` gives them (built-in, then each
+    plugin's). The built-in verifiers run in this process, each response's awaited at most `timeout_s`
+    on a thread (`BoundedCaller`); the plugins run in a worker process (`tokencredit.verifiers.isolation`),
+    each response's bounded by `timeout_s` and `memory_bytes`, and what they started ends with the batch.
+    A verifier that raises, runs past its bounds, or (a plugin) exits or crashes on a response marks
+    that response failed, never drops it nor stops the batch. GDPO normalizes reward k across a group,
+    so a response whose reward names differ from those of its group's first verified response is
+    marked failed too."""
+    of = [records[sample.group_id] for sample in samples]
+    scores = _builtin_scores(samples, of, plugin_refs, timeout_s)  # a response's rewards so far, or why it failed
+    isolated = [i for i, got in enumerate(scores)
+                if not isinstance(got, str) and any(verifiers.plugins.applies(ref, of[i]) for ref in plugin_refs)]
+    if isolated:  # a run of built-in tasks alone starts no worker
+        with VerifierPool(timeout_s, memory_bytes) as pool:
+            found = pool.score_all([(of[i], samples[i].response) for i in isolated], plugin_refs)
+        for i, more in zip(isolated, found):
+            scores[i] = str(more) if isinstance(more, VerifierFailed) else scores[i] + more
     verified, names = [], {}
-    call = BoundedCaller(timeout_s)
-    try:
-        for sample in samples:
+    for sample, record, got in zip(samples, of, scores):
+        if not isinstance(got, str):
             try:
-                scores = call(verifiers.verify, records[sample.group_id], sample.response, plugin_refs)
-                got = [s.name for s in scores]
-                if names.setdefault(sample.group_id, got) != got:
-                    raise ValueError(f"reward names {got} differ from {names[sample.group_id]} of another "
-                                     "response of this record; a verifier must return the same names for every "
-                                     "response")
-                verified.append(VerifiedSample(sample, scores))
-            except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the batch
-                verified.append(VerifiedSample(sample, [], status=_verifier_error(error)))
-    finally:
-        call.close()
+                got = verifiers.checked(record, sample.response, got)
+            except verifiers.plugins.PluginError as error:
+                got = describe(error)
+        if isinstance(got, str):
+            verified.append(VerifiedSample(sample, [], status=f"verifier_error: {got}"))
+            continue
+        reward_names = [s.name for s in got]
+        if names.setdefault(sample.group_id, reward_names) != reward_names:
+            verified.append(VerifiedSample(sample, [], status=(
+                f"verifier_error: ValueError: reward names {reward_names} differ from {names[sample.group_id]} of "
+                "another response of this record; a verifier must return the same names for every response")))
+            continue
+        verified.append(VerifiedSample(sample, got))
     return verified
 
 
-def _verifier_error(error: Exception) -> str:
-    if isinstance(error, CallTimeout):
-        return f"verifier_error: timeout: the verifiers {error} on this response (--verifier-timeout)"
-    if isinstance(error, CallAborted):
-        return f"verifier_error: {error}"
-    return f"verifier_error: {type(error).__name__}: {error}"
+def _builtin_scores(samples, of: Sequence[TaskRecord], plugin_refs: Sequence[PluginRef],
+                    timeout_s: float) -> list[list[RewardScore] | str]:
+    """Each response's built-in rewards, computed on a thread and awaited at most `timeout_s`, or the
+    reason they failed (a record no verifier scores fails here, before any plugin runs)."""
+    call, scores = BoundedCaller(timeout_s), []
+    try:
+        for sample, record in zip(samples, of):
+            try:
+                scores.append(call(_builtin_part, record, sample.response, plugin_refs))
+            except CallTimeout:
+                scores.append(timeout_reason(timeout_s))
+            except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the batch
+                scores.append(str(error) if isinstance(error, CallAborted) else describe(error))
+    finally:
+        call.close()
+    return scores
+
+
+def _builtin_part(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef]) -> list[RewardScore]:
+    verifiers.applying_plugins(record, plugin_refs)  # RecordError first, as `verifiers.verify` raises it
+    return verifiers.builtin_scores(record, response)
+
+
+def failure_line(record_id: str, status: str) -> str:
+    """One failed response as a warning names it: "record 'h2': RuntimeError: ... (raised by verifier X)"."""
+    return f"record {record_id!r}: {status.removeprefix('verifier_error: ')}"
+
+
+def check_first_shard(responses: pa.Table, shard: int, out: str) -> None:
+    """RuntimeError (one line) when every response of a task in `responses`, the first shard this
+    run annotated, is a verifier_error: a verifier that fails on every call would fail the same way
+    on every shard, after all their sampling. The shard stays written, for its status column."""
+    rows = responses.select(["task", "group_id", "status"]).to_pylist()
+    for task in sorted({r["task"] for r in rows}):
+        mine = [r for r in rows if r["task"] == task]
+        if all(r["status"] != "ok" for r in mine):
+            raise RuntimeError(f"every one of {len(mine)} responses of task {task!r} in shard {shard} is a "
+                               f"verifier_error, the first {failure_line(mine[0]['group_id'], mine[0]['status'])}; "
+                               f"stopped after that shard: fix the verifier (or --verifier-timeout/--verifier-memory) "
+                               f"and start a new run (the status column: tokencredit query {out} \"select status "
+                               f"from responses limit 5\")")
 
 
 def use_cpu_threads(config: AnnotateConfig) -> None:
@@ -185,7 +237,8 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
     use_cpu_threads(config)
     by_id = {r.id: r for r in records}
     samples = models.sampler.sample(records, config.sampling)
-    verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s)
+    verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
+                              config.verifier_memory_bytes)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
                                      models.reward_model)
     return shard_tables(annotated, by_id, shard, models.tokenizer), stats
@@ -201,13 +254,15 @@ def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) ->
     writer.write_file("rejected.jsonl", "".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rejected).encode())
 
 
-def check_inputs(config: AnnotateConfig, out: str) -> list[verifiers.Rejected]:
+def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> list[verifiers.Rejected]:
     """Raise the user errors a run would hit before any model loads (or Prefect starts): no prompt
     file or model folder, a chat template that the sandbox refuses or that hangs, a task with no
-    record, another config or a live writer in `out`. Returns the rejected records."""
-    _, rejected = load_prompt_set(config)
+    record, a live writer in `out`, and (unless `restart`) another config or changed inputs there.
+    Returns the rejected records."""
+    records, rejected = load_prompt_set(config)
     writer = RunWriter(out)
-    writer.check_config(config.digest())
+    if not restart:
+        writer.check_config(config.digest(), run_inputs(config, records))
     writer.check_unlocked()
     return rejected
 
@@ -230,9 +285,10 @@ def _reason(r: verifiers.Rejected) -> str:
     return r.reason[len(prefix):] if r.reason.startswith(prefix) else r.reason
 
 
-def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
+def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None, restart: bool = False):
     """Load the prompt set (records that do not fit the model are rejected there), lock `out`,
     record the run in the manifest, clean up what a crash left there, write rejected records.
+    `restart`: first delete the run `out` holds (`open_run`).
 
     Returns (writer, shards, rejected); the writer holds the lock on `out` until `writer.unlock()`.
     """
@@ -241,22 +297,26 @@ def prepare_run(config: AnnotateConfig, out: str, run_id: str | None = None):
     if not records and not rejected:
         raise ValueError(f"the prompt set {config.prompts} has no record{chosen} to annotate")
     shards = shards_of(records, config.shard_size)
-    writer = open_run(config, out, len(shards), rejected, run_id)
+    writer = open_run(config, out, records, len(shards), rejected, run_id, restart)
     if not records:
         writer.unlock()
         raise ValueError(f"no prompt record{chosen} to annotate: {len(rejected)} rejected, see {out}/rejected.jsonl")
     return writer, shards, rejected
 
 
-def open_run(config: AnnotateConfig, out: str, n_shards: int, rejected: Sequence[verifiers.Rejected],
-             run_id: str | None = None) -> RunWriter:
-    """Lock `out`, record the run in the manifest, clean up what a crash left there, write the
-    rejected records. The writer holds the lock on `out` until `writer.unlock()`."""
+def open_run(config: AnnotateConfig, out: str, records: Sequence[TaskRecord], n_shards: int,
+             rejected: Sequence[verifiers.Rejected], run_id: str | None = None, restart: bool = False) -> RunWriter:
+    """Lock `out`, record the run (config, input checksums, record hashes), clean up what a crash left
+    there, write the rejected records. A run of another config or of changed inputs in `out` is
+    refused, or deleted first with `restart`. The writer holds the lock on `out` until `writer.unlock()`."""
     writer = RunWriter(out)
     writer.lock()
     try:
+        if restart:
+            writer.clear()
         writer.start(run_id or config.digest()[:12], config.to_dict(), config.digest(), code_version(),
-                     n_shards=n_shards, seeds={"sampling": config.sampling.seed})
+                     n_shards=n_shards, seeds={"sampling": config.sampling.seed}, inputs=run_inputs(config, records))
+        writer.write_file(RECORD_HASHES, json.dumps(record_hashes(records), sort_keys=True).encode())
         redo = writer.resume_check(n_shards)
         if redo:
             print(f"{out}: the files of shards {redo} differ from their checksums; writing them again",
@@ -270,12 +330,15 @@ def open_run(config: AnnotateConfig, out: str, n_shards: int, rejected: Sequence
 
 def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Rejected]) -> dict[str, Any]:
     """After the last shard: the manifest, with GDPO's batch scale c and shift m over the whole run
-    (the views apply them; recorded for provenance). Raises if a shard is missing."""
+    (the views apply them; recorded for provenance). Raises, naming the shards to resume, if one is missing or
+    its files changed since they were written (before DuckDB reads them)."""
     from tokencredit.pipeline.dataset.query import connect
 
+    entries = writer.checked_shards(n_shards)
     scale, shift = connect(writer.out, allow_incomplete=True).execute(
         "SELECT any_value(gdpo_scale), any_value(gdpo_shift) FROM responses").fetchone()
-    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift}})
+    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift}},
+                         entries)
 
 
 def shard_bar(progress: bool) -> bool:
@@ -285,15 +348,18 @@ def shard_bar(progress: bool) -> bool:
 
 
 def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
-                   progress: bool = True) -> dict[str, Any]:
-    """Annotate every shard not yet written under `out`, in this process; returns the manifest."""
-    writer, shards, rejected = prepare_run(config, out, run_id)
+                   progress: bool = True, restart: bool = False) -> dict[str, Any]:
+    """Annotate every shard not yet written under `out`, in this process; returns the manifest.
+    `restart`: delete the run `out` holds first (a run of another config or of changed inputs)."""
+    writer, shards, rejected = prepare_run(config, out, run_id, restart)
     try:
         todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
         models = load_models(config) if todo else None
         for s in tqdm(todo, desc="shards", unit="shard", disable=not shard_bar(progress)):
             tables, stats = annotate_shard(shards[s], s, config, models)
             writer.write_shard(s, tables, stats, code_version=code_version())
+            if s == todo[0]:
+                check_first_shard(tables["responses"], s, out)
         return finish_run(writer, len(shards), rejected)
     finally:
         writer.unlock()

@@ -9,10 +9,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tokencredit.verifiers.plugins import PluginRef
+
+from tokencredit.pipeline.models.registry import MODELS
 
 # What the replay shows for a reward (sample/prompts.py lays it out) and what it does with the one it leaves out
 FEEDBACK_STYLES = ("expected", "expected+observed", "auto")
@@ -138,6 +142,20 @@ class CreditConfig:
         return DEFAULT_FLOORS[self.relevance] if self.relevance_floor is None else self.relevance_floor
 
 
+MIN_VERIFIER_MEMORY = 256_000_000  # bytes: the verifier worker's interpreter and imports take ~0.15 GB
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'1GB' -> 1_000_000_000, '512MiB' -> 536_870_912, '2e9' -> 2_000_000_000 (bytes)."""
+    found = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if not found or found[2].upper() not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size: expected a number of bytes with KB, MB, GB or KiB, MiB, "
+                         "GiB, such as 2GB")
+    return int(float(found[1]) * _SIZE_UNITS[found[2].upper()])
+
+
 DEMO_LIMIT = 16  # prompts per task of the demo set unless a limit is given
 AUTO_LIMIT = "auto"
 
@@ -152,8 +170,12 @@ class AnnotateConfig:
     semantics: str | None = None  # e.g. "ifeval", "bfcl", "tokencredit"; None = the format's default
     columns: tuple[tuple[str, str], ...] = ()  # (native field, source column or 'constant') renames
     verifiers: tuple[PluginRef, ...] = ()  # plugin verifiers, source hashes included
-    # per response, built-in and plugin verifiers together; past it the response is a verifier_error
+    # per response, for its built-in verifiers (in this process) and as many for its plugins (in a
+    # worker process); past it the response is a verifier_error
     verifier_timeout_s: float = 5.0
+    # the memory of the plugin verifiers' worker process (heap and private mappings, its interpreter's
+    # ~0.15 GB included); an allocation past it makes that response a verifier_error. A laptop survives 2 GB.
+    verifier_memory_bytes: int = 2_000_000_000
     tasks: tuple[str, ...] | None = None  # None = every task of the prompt set
     split: str | None = None  # None = all records
     limit: int | str | None = "auto"  # prompts per task; None = all; "auto": DEMO_LIMIT of the demo set, else all
@@ -169,6 +191,9 @@ class AnnotateConfig:
     credit: CreditConfig = field(default_factory=CreditConfig)
 
     def __post_init__(self) -> None:
+        # Absolute paths, so that a run's manifest names the same files from any working directory
+        for name in ("prompts", "databases", "model", "reward_model"):
+            object.__setattr__(self, name, _absolute(getattr(self, name), local_only=name in ("model", "reward_model")))
         if self.limit == AUTO_LIMIT:  # a user's own prompt file is read whole; the demo's first prompts suffice
             object.__setattr__(self, "limit", DEMO_LIMIT if self.prompts == "demo" else None)
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
@@ -176,6 +201,9 @@ class AnnotateConfig:
                              f"or {AUTO_LIMIT!r}, got {self.limit!r}")
         if not self.verifier_timeout_s > 0:
             raise ValueError(f"AnnotateConfig.verifier_timeout_s must be > 0, got {self.verifier_timeout_s!r}")
+        if not isinstance(self.verifier_memory_bytes, int) or self.verifier_memory_bytes < MIN_VERIFIER_MEMORY:
+            raise ValueError(f"AnnotateConfig.verifier_memory_bytes must be an int of at least {MIN_VERIFIER_MEMORY} "
+                             f"(the worker's interpreter and imports), got {self.verifier_memory_bytes!r}")
         for ref in self.verifiers:  # the run's identity records each by its importable target and source hash
             if type(ref) is not PluginRef:
                 raise TypeError(f"AnnotateConfig.verifiers: {ref!r} is not an importable verifier; annotate records "
@@ -187,3 +215,15 @@ class AnnotateConfig:
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def _absolute(path: str | None, local_only: bool) -> str | None:
+    """`path` made absolute; None and the demo set as they are. With `local_only` (a model: a registry
+    name or a Hugging Face repo id are names, not paths), only an existing folder that is not a
+    registry name."""
+    if path is None or path == "demo":
+        return path
+    folder = Path(path).expanduser()
+    if local_only and (path in MODELS or not folder.is_dir()):
+        return path
+    return str(folder.resolve())

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from tokencredit.schemas.records import Sample, TaskRecord
 
-from tokencredit.pipeline.config import SamplingConfig
+from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
 from tokencredit.pipeline.progress import Progress
 from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic, filesystem
 
@@ -162,14 +162,15 @@ def resample(sampler, targets: Sequence[Target], cuts: Sequence[int], sampling: 
 
 
 def verify_texts(targets: Sequence[Target], texts: Sequence[Sequence[str]], records: dict[str, TaskRecord],
-                 refs, timeout_s: float) -> list[list[list[float] | None]]:
+                 refs, timeout_s: float, memory_bytes: int = AnnotateConfig.verifier_memory_bytes
+                 ) -> list[list[list[float] | None]]:
     """Scores per target and resample (None where the verifiers failed on it)."""
     from tokencredit.pipeline.annotate import verify_samples
 
     samples = [Sample(f"{t.key}/{j}", t.group_id, t.task, t.prompt, list(t.prompt_token_ids), text, [], [], "", 0)
                for t, row in zip(targets, texts) for j, text in enumerate(row)]
     scores = [[s.score for s in v.rewards] if v.status == "ok" else None
-              for v in verify_samples(samples, records, refs, timeout_s)]
+              for v in verify_samples(samples, records, refs, timeout_s, memory_bytes)]
     starts = [0]
     for row in texts:
         starts.append(starts[-1] + len(row))
@@ -177,8 +178,8 @@ def verify_texts(targets: Sequence[Target], texts: Sequence[Sequence[str]], reco
 
 
 def repair_shard(targets: Sequence[Target], records: dict[str, TaskRecord], sampler, tokenizer,
-                 sampling: SamplingConfig, config: RepairConfig, refs=(), timeout_s: float = 5.0
-                 ) -> tuple[pa.Table, dict[str, dict[str, int]]]:
+                 sampling: SamplingConfig, config: RepairConfig, refs=(), timeout_s: float = 5.0,
+                 memory_bytes: int = AnnotateConfig.verifier_memory_bytes) -> tuple[pa.Table, dict[str, dict[str, int]]]:
     """Resample, verify and keep the repairs of one shard -> (PAIRS table, per-reward counts)."""
     from tokencredit.verifiers import stored_reward
 
@@ -186,7 +187,7 @@ def repair_shard(targets: Sequence[Target], records: dict[str, TaskRecord], samp
     suffixes = resample(sampler, targets, cuts, sampling, config.n, config.seed, config.batch_size)
     ids = [[list(t.token_ids[:t.cut]) + s for s in row] for t, row in zip(targets, suffixes)]
     texts = [[tokenizer.decode(x, skip_special_tokens=True) for x in row] for row in ids]
-    scores = verify_texts(targets, texts, records, refs, timeout_s)
+    scores = verify_texts(targets, texts, records, refs, timeout_s, memory_bytes)
     rows, counts = [], {}
     for t, row_ids, row_texts, row_scores, row_suffix in zip(targets, ids, texts, scores, suffixes):
         reward, index = stored_reward(t.task, t.reward_names[t.k])
@@ -234,6 +235,7 @@ class RepairStore:
             for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}")):
                 if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):  # a killed write's leftover
                     self.fs.delete_file(info.path)
+        run = run if "://" in run else filesystem(run)[1]  # the same run however a working directory names it
         self.digest = config.digest(run)
         known = _read_json(self.fs, f"{self.root}/config.json")
         if known is not None and known.get("digest") != self.digest:
@@ -297,6 +299,7 @@ class RepairJob:
     sampling: SamplingConfig
     model: str | None
     timeout_s: float
+    memory_bytes: int
 
     def run_shard(self, shard: int, records: dict[str, TaskRecord], refs, models) -> dict:
         store = RepairStore(self.out, self.run, self.config)
@@ -304,7 +307,7 @@ class RepairJob:
         if marker is not None:
             return marker
         table, counts = repair_shard(self.shards[shard], records, models[0], models[1], self.sampling, self.config,
-                                     refs, self.timeout_s)
+                                     refs, self.timeout_s, self.memory_bytes)
         return store.write_shard(shard, table, counts)
 
 
@@ -318,7 +321,8 @@ def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
     RepairStore(out, run, config)
     targets = failed_targets(run, config.limit)
     shards = [targets[i:i + config.shard_size] for i in range(0, len(targets), config.shard_size)]
-    return RepairJob(run, out, config, shards, sampling, settings.get("model"), settings.get("verifier_timeout_s", 5.0))
+    return RepairJob(run, out, config, shards, sampling, settings.get("model"), settings.get("verifier_timeout_s", 5.0),
+                     settings.get("verifier_memory_bytes", AnnotateConfig.verifier_memory_bytes))
 
 
 def load_sampler(model: str | None, device: str = "cpu"):

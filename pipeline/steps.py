@@ -73,7 +73,8 @@ class Pipeline:
     def verify(self, records: Sequence[TaskRecord], samples: Sequence[Sample]) -> list[VerifiedSample]:
         """Each sample's rewards from the built-in and `config.verifiers` verifiers; a verifier that fails
         on a sample marks it `verifier_error: ...` (it keeps its row, without credit)."""
-        return verify_samples(samples, _by_id(records), self.config.verifiers, self.config.verifier_timeout_s)
+        return verify_samples(samples, _by_id(records), self.config.verifiers, self.config.verifier_timeout_s,
+                              self.config.verifier_memory_bytes)
 
     def credit(self, records: Sequence[TaskRecord], verified: Sequence[VerifiedSample]) -> Credited:
         """GDPO, MRTPO and P2T credit (`config.credit`), per shard of prompts as the CLI computes it."""
@@ -95,7 +96,7 @@ class Pipeline:
         if len(shards) != len(credited.shard_stats):
             raise ValueError(f"{len(credited.shard_stats)} shards were credited, the records make {len(shards)}")
         by_id = _by_id(records)
-        writer = open_run(self.config, str(out), len(shards), rejected)
+        writer = open_run(self.config, str(out), records, len(shards), rejected)
         try:
             for s, (shard, stats) in enumerate(zip(shards, credited.shard_stats)):
                 ids = {r.id for r in shard}

@@ -1,5 +1,6 @@
 """Per-record bounds: an over-long prompt is rejected by name before any model loads, the rest of its
-shard is annotated; chat templates render under a time bound; a sandbox refusal is one line."""
+shard is annotated; chat templates render under a time bound; a sandbox refusal is one line; a
+built-in verifier's call is bounded on a thread."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import pytest
 from jinja2.exceptions import TemplateError
 
 from tokencredit.pipeline.annotate import load_prompt_set
-from tokencredit.pipeline.sample.bounds import render_bounded
+from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer
 from tokencredit.schemas.records import InstructionSpec, TaskRecord
@@ -138,3 +139,17 @@ def test_a_user_error_inside_the_prefect_flow_is_one_line_without_traceback(tmp_
     errors = [line for line in result.stderr.splitlines() if line.startswith("tokencredit annotate: error:")]
     assert len(errors) == 1 and "P2T needs a reward model that shares the policy's tokenizer" in errors[0]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+def test_a_bounded_call_past_its_time_is_abandoned_and_an_exit_in_one_is_its_own_failure():
+    call = BoundedCaller(0.5)
+    try:
+        with pytest.raises(CallTimeout, match=r"ran past 0.5 s"):
+            call(threading.Event().wait)  # never set: blocks for good
+        assert call(sum, [1, 2]) == 3  # on a fresh thread
+        with pytest.raises(CallAborted, match=r"^SystemExit\(3\)$"):
+            call(sys.exit, 3)
+        with pytest.raises(ZeroDivisionError):
+            call(divmod, 1, 0)
+    finally:
+        call.close()

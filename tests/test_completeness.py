@@ -59,6 +59,55 @@ def test_an_incomplete_run_is_refused(unfinished, tmp_path, capsys, command):
     assert not (tmp_path / "ckpt" / "final").exists() and not (out / "report.html").exists()
 
 
+
+BAD_MANIFESTS = [("[]", "expected a JSON object, got list"),
+                 ('{"complete": true}', "it says complete but lists no 'shards'"),
+                 ('{"complete": true, "shards": {"0": {"shard": 0, "responses": {"path": 3}}}}',
+                  "shard 0: 'responses' needs a path, a sha256 and a row count"),
+                 ('{"config": []}', "'config' is not an object")]
+
+
+@pytest.mark.parametrize("command", [
+    ["query", "{out}", "SELECT 1"],
+    ["report", "{out}"],
+    ["train", "--data", "{out}", "--out", "{tmp}/ckpt", "--steps", "1"],
+    ["export", "{out}", "--format", "hf"],
+    ["export", "{out}", "--format", "verl"],
+    ["annotate", "--out", "{out}", "--prompts", "demo", "--tasks", "tools", "--runner", "none"],
+])
+def test_a_manifest_of_another_shape_is_one_line_naming_it(tmp_path, capsys, command):
+    out = tmp_path / "run"
+    out.mkdir()
+    for text, problem in BAD_MANIFESTS:
+        (out / "manifest.json").write_text(text)
+        assert main([part.format(out=out, tmp=tmp_path) for part in command]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"tokencredit {command[0]}: error: {out / 'manifest.json'}: {problem}; restore it or annotate " \
+                      "again into a new --out"
+        assert (out / "manifest.json").read_text() == text
+
+
+def test_finishing_checks_checksums_and_a_resume_rewrites_the_changed_shard(tmp_path):
+    """A part file changed between its shard's marker and the end of the run is named before DuckDB reads it."""
+    from tokencredit.pipeline.annotate import finish_run
+
+    writer = RunWriter(str(tmp_path / "run"))
+    writer.start("r", {}, "h", "c", n_shards=2)
+    rows = response_rows()
+    for s in range(2):
+        writer.write_shard(s, shard(rows, s), {})
+    part = tmp_path / "run" / "responses" / "part-00001.parquet"
+    good = part.read_bytes()
+    part.write_bytes(good[: len(good) // 2])  # a cut-short copy, a disk error: no longer Parquet
+    with pytest.raises(RuntimeError, match=r"the files of shards \[1\] differ from their checksums .* resume the run"):
+        finish_run(writer, 2, [])
+    assert not writer.manifest.get("complete")
+    assert writer.resume_check(2) == [1] and not writer.is_complete(1)  # what a resume does first
+    writer.write_shard(1, shard(rows, 1), {})
+    manifest = finish_run(writer, 2, [])
+    assert manifest["complete"] and part.read_bytes() == good
+    assert run_query(tmp_path / "run", "SELECT count(*) FROM responses").fetchall() == [(2 * len(rows),)]
+
 def test_allow_incomplete_reads_the_marked_shards_only(unfinished, tmp_path, capsys):
     out, per_shard = unfinished
     with pytest.raises(IncompleteRunError):

@@ -168,6 +168,45 @@ def test_native_possible_answer_is_read_and_checked():
         verifiers.parse_record(line, 1, Path("."))
 
 
+
+def test_non_finite_possible_answer_is_rejected_under_bfcl_semantics(tmp_path):
+    """NaN or Infinity is rejected as it is in `arguments` (no response can equal it), in BFCL's files too."""
+    tool = {"name": "f", "parameters": {"type": "dict", "properties": {"u": {"type": "float"}}, "required": []}}
+    lines = [{"id": name, "task": "tools", "prompt": "Call f.", "tools": [tool],
+              "reference_calls": [{"name": "f", "arguments": {}, "possible_answer": {"u": [1.5, value]}}]}
+             for name, value in [("fine", 2.5), ("nan", float("nan")), ("inf", float("-inf"))]]
+    records, rejected = load_tasks(write_jsonl(tmp_path / "native.jsonl", lines), semantics="bfcl")
+    assert [r.id for r in records] == ["fine"]
+    assert [(r.record_id, r.field) for r in rejected] == [("nan", "reference_calls[0].possible_answer.u"),
+                                                         ("inf", "reference_calls[0].possible_answer.u")]
+    assert all("NaN or Infinity" in r.reason for r in rejected)
+    question = {"id": "q", "question": [[{"role": "user", "content": "Area?"}]], "function": [BFCL_FUNCTION]}
+    answer = {"id": "q", "ground_truth": [{"calculate_triangle_area": {
+        "base": [10], "height": [5], "dims": [{"w": [1, float("nan")]}, ""]}}]}
+    write_jsonl(tmp_path / "BFCL_v4_simple.json", [question])
+    write_jsonl(tmp_path / "possible_answer" / "BFCL_v4_simple.json", [answer])
+    records, rejected = load_tasks(tmp_path / "BFCL_v4_simple.json", "bfcl")
+    assert records == [] and "NaN or Infinity" in rejected[0].reason
+
+
+def test_an_integer_past_pythons_digit_limit_rejects_its_line_only(tmp_path):
+    """json.loads stops at a 5001-digit integer with no line; the line is rejected naming the field."""
+    line = {"id": "a", "task": "instructions", "prompt": "p",
+            "constraints": [{"kind": "word_count", "args": {"max": 5}}]}
+    long_line = json.dumps({**line, "id": "b"}).replace('"max": 5', '"max": ' + "7" * 5001)
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join([json.dumps(line), long_line, "[-" + "1" * 5001 + "]", json.dumps({**line, "id": "c"})]))
+    records, rejected = load_tasks(path)
+    assert [r.id for r in records] == ["a", "c"]
+    assert [(r.line_no, r.record_id, r.field) for r in rejected] == [(2, "b", "constraints[0].args.max"),
+                                                                     (3, None, "[0]")]
+    assert "an integer of 5001 digits, more than the 4300" in rejected[0].reason
+    as_list = tmp_path / "spider.json"  # a JSON list file: the item is rejected, the others load
+    as_list.write_text("[" + ", ".join([json.dumps(line), long_line, json.dumps({**line, "id": "c"})]) + "]")
+    records, rejected = load_tasks(as_list)
+    assert [r.id for r in records] == ["a", "c"]
+    assert [(r.line_no, r.field) for r in rejected] == [(2, "constraints[0].args.max")]
+
 def test_hf_datasets_folder_and_parquet_of_native_rows(tmp_path):
     import datasets
 

@@ -103,6 +103,23 @@ def test_an_empty_or_blank_response_earns_nothing_in_every_mode(semantics, respo
     assert all(r.observed == "Found: an empty response." for r in results)
 
 
+@pytest.mark.parametrize("semantics", instructions.SEMANTICS)
+def test_a_sentence_count_of_2_mb_is_a_score(semantics):
+    """2 MB of "A. " is 666,666 sentences (20 s of Punkt, past the verifier's timeout): a count checked against a
+    bound finds one sentence past it, at least 1000, so the score is exact and only a larger count is not."""
+    text = "A. " * 666_666
+    for args, want in [({"min": 2, "max": 3}, 0.0), ({"min": 2}, 1.0), ({"max": 5000}, 0.0)]:
+        rec = TaskRecord("long", "instructions", "p", None,
+                         InstructionSpec((Constraint("sentence_count", args),), semantics=semantics))
+        (got,) = instructions.verify(rec, text)
+        assert got.score == want
+        assert got.observed == f"Found: more than {max(999, args.get('max', 0))} sentences."
+        excess = (3 * args["max"], len(text) - 1) if "max" in args else None  # from sentence max + 1 to the end
+        assert got.spans == ((excess,) if excess else ())
+    (short,) = instructions.verify(record(("sentence_count", {"max": 2})), "A. " * 999)
+    assert short.observed == "Found: 999 sentences." and short.spans == ((6, 2996),)
+
+
 def test_feedback_is_the_constraint_sentence_and_observed_what_was_found():
     (result,) = instructions.verify(record(("keyword_include", {"keywords": ["river", "stone"]})), "The river.")
     assert (result.feedback, result.observed) == ("Include the keywords 'river' and 'stone'.",

@@ -131,7 +131,7 @@ def test_a_misbehaving_plugin_fails_only_its_responses_with_a_clear_status(targe
     record = plugin_record()
     samples = [Sample(f"h1/{j}", "h1", "haiku", "p", [1], "a response", [2], [-0.1], "m", 0) for j in range(2)]
     verified = verify_samples(samples, {"h1": record}, [plugins.PluginRef(f"{__name__}:{target}", "haiku")])
-    assert all(v.status.startswith("verifier_error: PluginError") and problem in v.status for v in verified)
+    assert all(v.status.startswith("verifier_error: PluginError") and problem in v.status for v in verified), verified[0].status
 
 
 def hanging(record, response):
@@ -264,7 +264,7 @@ def test_a_run_where_every_response_is_a_verifier_error_exits_2_with_one_line(tm
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("tokencredit annotate: error:")]
     assert code == 2 and "Traceback" not in err and len(errors) == 1  # beside it only progress bars
-    assert "every one of 2 responses is a verifier_error" in errors[0]
+    assert "every one of 2 responses of task 'haiku' in shard 0 is a verifier_error" in errors[0]
 
 
 TRL_REWARDS = '''
@@ -350,6 +350,7 @@ def test_trls_documented_standard_and_conversational_reward_functions_score_in_a
     assert [v.status for v in verified] == ["ok", "ok"]
     assert [[r.score for r in v.rewards] for v in verified] == [[0.0, 1.0, 0.0], [pytest.approx(0.85), 0.0, 1.0]]
     assert [r.name for r in verified[0].rewards] == ["reward_len", "format_reward_func", "asked_reward"]
+    verifiers.verify(plugin_record(), samples[0].response, refs)  # annotate called them in its worker; here, in this process
     length, think, asked = (plugins.load(ref) for ref in refs)
     assert (length.conversational, think.conversational, asked.conversational) == (False, True, True)  # remembered
 

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -10,6 +15,8 @@ import pytest
 from tokencredit.pipeline.dataset import analysis
 from tokencredit.flows.cli import main
 from tokencredit.pipeline.dataset.query import connect, run_query
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
@@ -86,6 +93,61 @@ def test_the_connection_is_locked_after_the_views_exist(run):
     with pytest.raises(duckdb.Error, match="disabled"):
         con.execute(f"SELECT * FROM read_text('{run.parent / 'secret.txt'}')")
 
+
+
+def _spill_folders(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("tokencredit-duckdb-*"))
+
+
+def _spilling_query(run: Path, tmp: Path) -> tuple[subprocess.Popen, Path]:
+    """A `tokencredit query` that spills (a sort past a 64 MB limit), once DuckDB has written into its folder."""
+    sql = "SELECT count(*) FROM (SELECT md5(i::VARCHAR) AS m FROM range(50000000) t(i) ORDER BY m)"
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-m", "tokencredit.flows.cli", "query", str(run), sql,
+                                "--memory-limit", "64MB"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while not (mine := list(tmp.glob(f"tokencredit-duckdb-{process.pid}-*"))) or not any(mine[0].iterdir()):
+            assert process.poll() is None, process.stderr.read().decode()
+            assert time.monotonic() < deadline, "the query never spilled"
+            time.sleep(0.05)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return process, mine[0]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_signalled_query_leaves_no_spill_folder(run, tmp_path, signum):
+    """SIGTERM: the query removes its folder and dies of the signal; SIGKILL: the next query removes it (its
+    process is gone), but not the folder of a live process."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    live = tmp / f"tokencredit-duckdb-{os.getpid()}-live"
+    live.mkdir()
+    process, folder = _spilling_query(run, tmp)
+    process.send_signal(signum)
+    assert process.wait(timeout=60) == -signum
+    if signum == signal.SIGKILL:
+        assert folder.exists()
+        subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "query", str(run), "SELECT 1"], check=True,
+                       env={**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}, capture_output=True)
+    assert _spill_folders(tmp) == [live]
+
+
+def test_a_pivot_without_an_in_list_runs_and_writes_nothing(run):
+    """DuckDB makes it two statements (an ENUM of the values, then the select); COPY or CREATE around it stay out."""
+    before = tree_digest(run.parent)
+    assert run_query(run, "PIVOT responses ON task USING count(*)").columns[-3:] == ["instructions", "sql", "tools"]
+    wide = run_query(run, "/* wide */ pivot (SELECT task FROM responses) ON task USING count(*)")
+    assert wide.fetchall() == [(4, 4, 4)]
+    for sql in [f"COPY (PIVOT responses ON task USING count(*)) TO '{run / 'p.csv'}'",
+                "CREATE TABLE p AS PIVOT responses ON task USING count(*)",
+                "SELECT * FROM (PIVOT responses ON task USING count(*))"]:
+        with pytest.raises(ValueError, match="refused a MULTI statement .a PIVOT without an IN list runs only"):
+            run_query(run, sql)
+    assert tree_digest(run.parent) == before
 
 def test_query_spills_into_a_temporary_folder_of_its_own_removed_after(run, tmp_path):
     """DuckDB's default is `.tmp` in the current folder and 80% of the machine's memory."""

@@ -74,6 +74,23 @@ def test_tokens_do_not_depend_on_the_rest_of_the_batch(sampler):
         assert {k: mixed[k] for k in alone} == alone
 
 
+def test_shard_size_keeps_the_tokens_and_moves_log_probs_by_last_bits_only(sampler):
+    """What README ("The dataset") says may differ between shard sizes: log-probs in their last bits
+    (a batch of other records); on the tiny policy no draw sits that close to a CDF boundary, so the
+    tokens are the same."""
+    settings = config(n=3, max_new_tokens=32, seed=11)
+    whole = {s.response_id: s for s in sampler.sample(RECORDS, settings)}
+    for shard_size in (1, 2):
+        split = {s.response_id: s for start in range(0, len(RECORDS), shard_size)
+                 for s in sampler.sample(RECORDS[start:start + shard_size], settings)}
+        assert {k: s.token_ids for k, s in split.items()} == {k: s.token_ids for k, s in whole.items()}
+        for k, s in split.items():
+            torch.testing.assert_close(torch.tensor(s.sample_logprobs), torch.tensor(whole[k].sample_logprobs),
+                                       rtol=1e-5, atol=1e-5)
+    again = {s.response_id: s.sample_logprobs for s in sampler.sample(RECORDS, settings)}
+    assert again == {k: s.sample_logprobs for k, s in whole.items()}  # the same batches: the same bits
+
+
 def test_greedy_batch_equals_single_and_huggingface_generate(policy, sampler):
     model, tokenizer = policy
     greedy = config(n=1, temperature=0.0, max_new_tokens=20)

@@ -41,3 +41,22 @@ def test_instruction_rewards_are_stored_as_kind_and_index_with_readable_tokens()
     assert " river" in [c["token_text"] for c in tokens]  # decoded text, not the vocabulary entry "Ġriver"
     assert not any("Ġ" in c["token_text"] or "Ċ" in c["token_text"] for c in credits)
     assert tokens[-1]["token_text"] == tokenizer.eos_token and tokens[-1]["char_start"] == tokens[-1]["char_end"]
+
+
+def test_token_parts_of_a_response_of_many_tags():
+    """5000 unclosed tags with text between make 10,000 parts; each token takes the part of its last character
+    (found by binary search: a scan per token was tokens x parts)."""
+    tokenizer = load_tokenizer()
+    record = next(r for r in verifiers.load_tasks("demo")[0] if r.task == "tools")
+    records = {record.id: record}
+    samples = [sample(record, 0, "<tool_call>x" * 5000, tokenizer), sample(record, 1, record.reference_response,
+                                                                             tokenizer)]
+    annotated, _ = assign_credit(verify_samples(samples, records), records, CreditConfig(kinds=("gdpo",)))
+    credits = credits_table(annotated, records, tokenizer).to_pylist()
+    first = [c for c in credits if c["response_id"] == f"{record.id}/0" and c["reward"] == "format"]
+    response = samples[0].response
+    assert len(verifiers.response_parts(record, response)) == 10_000
+    for c in first:
+        want = "special" if c["char_end"] == c["char_start"] else "tags" if response[c["char_end"] - 1] == ">" else "other"
+        assert c["part"] == want, c
+    assert {c["part"] for c in first} == {"tags", "other", "special"}

@@ -5,6 +5,7 @@ import copy
 import itertools
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from tokencredit.schemas.records import RecordError, TaskRecord, ToolCall, ToolSpec
 from tokencredit.verifiers import bfcl_rules, tools
 from tokencredit.verifiers import formats
+from tokencredit.verifiers.spans import check as check_spans
 from tokencredit.verifiers.demo import build_tools
 from tokencredit.verifiers.tasks import load_tasks
 
@@ -359,6 +361,61 @@ def test_garbage_never_raises(response):
     spans = tools.response_parts(rec, response)
     assert [a for a, _, _ in spans] == [0] + [b for _, b, _ in spans[:-1]] if spans else response == ""
     assert sum(b - a for a, b, _ in spans) == len(response)
+
+
+
+_M = 2_000_000  # characters of each adversarial response
+_PARIS_BLOCK = tools.render_calls([ToolCall("get_weather", {"city": "Paris"})])
+ADVERSARIAL = [  # (2 MB response, format's found text, correctness score)
+    ("<tool_call>" * (_M // 11), "no <tool_call>...</tool_call> block", 0.0),  # 87 s in the old regex at 132 KB
+    ("<tool_call>x" * (_M // 12), "no <tool_call>...</tool_call> block", 0.0),
+    ("</tool_call>" * (_M // 12), "no <tool_call>...</tool_call> block", 0.0),
+    (_PARIS_BLOCK + "<tool_call>" * (_M // 11), "an unmatched tag", 1.0),
+    ("<tool_call>" * (_M // 30) + _PARIS_BLOCK + "</tool_call>" * (_M // 30), "an unmatched tag", 0.0),
+    (block("get_weather", {"city": "a" * _M}), "1 well-formed call", 0.0),
+    (block("get_weather", {"city": "Paris", "pad": [1] * (_M // 3)}), "1 well-formed call", 0.5),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": ' + "[" * (_M // 2) + "]" * (_M // 2) + "}}</tool_call>",
+     "block 1 is nested too deeply", 0.0),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": ' + "9" * _M + "}}</tool_call>",
+     "block 1 is not valid JSON (Exceeds the limit (4300 digits) for integer string conversion", 0.0),
+    ("<tool_call>" + "{" * _M, "no <tool_call>...</tool_call> block", 0.0),
+    (_PARIS_BLOCK * (_M // len(_PARIS_BLOCK)), f"{_M // len(_PARIS_BLOCK)} blocks, more than the 1000", 0.0),
+    ("<tool_call>{</tool_call>" * (_M // 24), f"{_M // 24} blocks, more than the 1000", 0.0),
+]
+
+
+@pytest.mark.parametrize("response, found, correct", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
+def test_adversarial_responses_score(response, found, correct):
+    """Any shape of 2 MB verifies (in linear time: bench/bench_verifier_inputs.py times these) with valid spans
+    and parts that cover it."""
+    rec = record(ToolCall("get_weather", {"city": "Paris"}))
+    fmt, correctness = tools.verify(rec, response)
+    assert fmt.observed.startswith(f"Found: {found}") and fmt.score == float(found == "1 well-formed call")
+    assert correctness.score == correct
+    for reward in (fmt, correctness):
+        check_spans(reward.spans, response, reward.name)
+    parts = tools.response_parts(rec, response)
+    assert parts[0][0] == 0 and parts[-1][1] == len(response)
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+
+
+def test_a_call_nested_past_the_limit_is_malformed_not_an_error():
+    """990 levels parse, but comparing or showing them again from deeper in the stack overflowed it."""
+    value = "[" * 990 + "]" * 990
+    response = '<tool_call>{"name": "get_weather", "arguments": {"city": ' + value + "}}</tool_call>"
+    fmt, correctness = tools.verify(record(PARIS), response)
+    assert (fmt.score, correctness.score) == (0.0, 0.0) and fmt.observed == "Found: block 1 is nested too deeply."
+    limit = "[" * (tools._MAX_DEPTH - 2) + "]" * (tools._MAX_DEPTH - 2)  # with the call object and `arguments`
+    assert tools.verify(record(PARIS), response.replace(value, limit))[0].score == 1.0
+
+
+def test_block_scan_finds_what_the_lazy_regex_found():
+    lazy = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+    pieces = ["<tool_call>", "</tool_call>", "<tool_call", "x", "{}", "\n"]
+    rng = random.Random(27)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
+        assert tools._blocks(text) == [m.span() for m in lazy.finditer(text)], text
 
 
 BAD_RECORDS = [

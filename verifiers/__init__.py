@@ -9,6 +9,10 @@
 
     refs = plugins.resolve(["poem=my_rewards:score"])   # plugin verifiers (`tokencredit.verifiers.plugins`)
     scores = verify(record, response_text, refs)        # built-in rewards, then each plugin's
+    # verify's parts, which the annotate stage runs apart (built-ins in its process, plugins in a worker):
+    applying = applying_plugins(record, refs)           # or RecordError: no verifier scores the record
+    scores = checked(record, response_text, builtin_scores(record, response_text)
+                     + plugin_scores(record, response_text, applying))
 
 `verify` never raises on any response string from a built-in verifier; a malformed task record
 raises `tokencredit.schemas.records.RecordError` naming the record id and the field, a misbehaving plugin
@@ -29,10 +33,27 @@ _BY_TASK = {"sql": sql, "instructions": instructions, "tools": tools}
 
 def verify(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef] = ()) -> list[RewardScore]:
     """The record's built-in rewards (if its task has a verifier), then those of each plugin that applies."""
-    applying = _applying(record, plugin_refs)
-    scores = _BY_TASK[record.task].verify(record, response) if record.task in _BY_TASK else []
-    for ref in applying:
-        scores += plugins.score(ref, record, response)
+    applying = applying_plugins(record, plugin_refs)
+    return checked(record, response, builtin_scores(record, response) + plugin_scores(record, response, applying))
+
+
+def builtin_scores(record: TaskRecord, response: str) -> list[RewardScore]:
+    """The built-in verifier's rewards ([] for a plugin task), before `checked`."""
+    return _BY_TASK[record.task].verify(record, response) if record.task in _BY_TASK else []
+
+
+def plugin_scores(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef]) -> list[RewardScore]:
+    """The rewards of each plugin that applies to the record, in order, before `checked`."""
+    scores = []
+    for ref in plugin_refs:
+        if plugins.applies(ref, record):
+            scores += plugins.score(ref, record, response)
+    return scores
+
+
+def checked(record: TaskRecord, response: str, scores: list[RewardScore]) -> list[RewardScore]:
+    """`scores` (built-in, then plugins') if they make a response's rewards: PluginError when there
+    is none, a spans list is invalid, or a name is given twice."""
     if not scores:
         raise plugins.PluginError(f"record {record.id!r}: the verifiers returned no reward")
     for s in scores:  # a built-in check's spans are validated as a plugin's are
@@ -50,7 +71,7 @@ def verify(record: TaskRecord, response: str, plugin_refs: Sequence[PluginRef] =
 def reward_names(record: TaskRecord, plugin_refs: Sequence[PluginRef] = ()) -> list[str]:
     """The names `verify` gives the record's rewards. A plugin must give the same names to every response
     of a record, so its names are those it gives the record's reference response (or an empty one)."""
-    applying = _applying(record, plugin_refs)
+    applying = applying_plugins(record, plugin_refs)
     names = _BY_TASK[record.task].reward_names(record) if record.task in _BY_TASK else []
     probe = record.reference_response or ""
     for ref in applying:
@@ -58,7 +79,8 @@ def reward_names(record: TaskRecord, plugin_refs: Sequence[PluginRef] = ()) -> l
     return names
 
 
-def _applying(record: TaskRecord, plugin_refs: Sequence[PluginRef]) -> list[PluginRef]:
+def applying_plugins(record: TaskRecord, plugin_refs: Sequence[PluginRef]) -> list[PluginRef]:
+    """The plugins that score the record; RecordError when neither they nor a built-in verifier do."""
     applying = [ref for ref in plugin_refs if plugins.applies(ref, record)]
     if record.task not in _BY_TASK and not applying:
         raise RecordError(record.id, "task", f"no verifier for task {record.task!r} (a plugin task needs its "
@@ -80,5 +102,6 @@ def stored_reward(task: str, name: str) -> tuple[str, int | None]:
     return instructions.split_reward_name(name) if task == "instructions" else (name, None)
 
 
-__all__ = ["PluginRef", "Rejected", "load_tasks", "parse_record", "plugins", "verify", "reward_names",
+__all__ = ["PluginRef", "Rejected", "load_tasks", "parse_record", "plugins", "verify", "builtin_scores",
+           "plugin_scores", "checked", "applying_plugins", "reward_names",
            "response_parts", "stored_reward"]

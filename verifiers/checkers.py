@@ -41,9 +41,9 @@ def words(text: str) -> list[str]:
     return re.findall(r"\w+(?:'\w+)*", text)
 
 
-def sentences(text: str) -> list[str]:
-    """Punkt's sentences that hold a word ("Mr. and Mrs. Jones came home." is one)."""
-    return [s for s in _text_tools.sentences(text) if re.search(r"\w", s)]
+def sentences(text: str, limit: int | None = None) -> list[str]:
+    """Punkt's sentences that hold a word ("Mr. and Mrs. Jones came home." is one), the first `limit` when given."""
+    return [text[s:e] for s, e in _text_tools.sentence_spans(text, limit, with_word=True)]
 
 
 def paragraphs(text: str) -> list[str]:
@@ -174,8 +174,9 @@ def _word_count(r: str, min: int | None = None, max: int | None = None) -> tuple
 
 
 def _sentence_count(r: str, min: int | None = None, max: int | None = None) -> tuple[float, str]:
-    n = len(sentences(r))
-    return _within(n, min, max), _plural(n, "sentence")
+    limit = _text_tools.count_limit(min, max)
+    n = len(sentences(r, limit))  # past the limit the score is decided and only the count is not exact
+    return _within(n, min, max), _plural(n, "sentence") if n < limit else f"more than {limit - 1} sentences"
 
 
 def _char_count(r: str, min: int | None = None, max: int | None = None) -> tuple[float, str]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,22 @@ def read_rows(path: str | Path, format: str = "native", columns: dict[str, str] 
 
 # ---------------------------------------------------------------- sources
 
+def source_files(path: str | Path, format: str = "native") -> list[Path]:
+    """The files `read_rows` reads for `path` (a run's identity hashes them); FileNotFoundError as it."""
+    path = Path(path)
+    if format == "bfcl":
+        questions = sorted(path.glob("BFCL_*.json")) if path.is_dir() else [path]
+        answers = [q.parent / "possible_answer" / q.name for q in questions]
+        return questions + [a for a in answers if a.is_file()]
+    if path.is_dir() and any((path / name).exists() for name in ("dataset_info.json", "dataset_dict.json", "state.json")):
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    if path.is_dir():
+        return sorted(path.glob("*.jsonl"))
+    if not path.is_file():
+        raise FileNotFoundError(f"no task file at {path}")
+    return [path]
+
+
 def _source_rows(path: Path) -> Iterator[Row]:
     if path.is_dir() and any((path / name).exists() for name in ("dataset_info.json", "dataset_dict.json", "state.json")):
         yield from _dataset_rows(path)
@@ -109,7 +126,7 @@ def _jsonl_rows(file: Path) -> Iterator[Row]:
             continue
         text = raw.decode("utf-8", errors="replace")
         try:
-            yield Row(str(file), line_no, text, json.loads(raw.decode("utf-8")))
+            yield _row(str(file), line_no, text, raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             yield Row(str(file), line_no, text, error=RecordError(f"line {line_no}", "<line>",
                                                                  f"not UTF-8 ({e.reason} at byte {e.start})"))
@@ -124,11 +141,55 @@ def _jsonl_rows(file: Path) -> Iterator[Row]:
 
 def _json_list_rows(file: Path) -> Iterator[Row]:
     try:
-        items = json.loads(file.read_bytes().decode("utf-8"))
+        text = file.read_bytes().decode("utf-8")
+        items, long_ints = _loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"{file}: not a JSON list ({e})") from None
     for i, item in enumerate(items, start=1):
-        yield Row(str(file), i, json.dumps(item, ensure_ascii=False), item)
+        raw = json.dumps(item, ensure_ascii=False)
+        error = _long_int_error(item, i) if long_ints else None
+        yield Row(str(file), i, raw, None if error else item, error)
+
+
+def _row(path: str, line_no: int, raw: str, text: str) -> Row:
+    obj, long_ints = _loads(text)
+    error = _long_int_error(obj, line_no) if long_ints else None
+    return Row(path, line_no, raw, None if error else obj, error)
+
+
+class _LongInt(str):
+    """The digits of an integer longer than Python converts (`sys.get_int_max_str_digits`), kept as text."""
+
+
+def _loads(text: str) -> tuple[Any, bool]:
+    """(the parsed JSON, whether it holds a `_LongInt`): json.loads stops a whole file at an over-long integer
+    with no line or field, so such a text is parsed again keeping those digits as text."""
+    try:
+        return json.loads(text), False
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # only int() of too many digits raises a plain ValueError in the parser
+        return json.loads(text, parse_int=_int), True
+
+
+def _int(digits: str) -> int | _LongInt:
+    limit = sys.get_int_max_str_digits()
+    return _LongInt(digits) if limit and len(digits.lstrip("-")) > limit else int(digits)
+
+
+def _long_int_error(obj: Any, line_no: int) -> RecordError | None:
+    """The error naming the first field of a row that holds a `_LongInt`, None when it holds none."""
+    stack = [("", obj)]
+    while stack:  # iterative: a value may nest as deeply as the parser allows
+        where, value = stack.pop()
+        if isinstance(value, _LongInt):
+            has_id = isinstance(obj, dict) and isinstance(obj.get("id"), str) and obj["id"]
+            why = f"an integer of {len(value.lstrip('-'))} digits, more than the {sys.get_int_max_str_digits()} Python reads"
+            return RecordError(obj["id"] if has_id else f"line {line_no}", where or "<line>", why)
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in reversed(list(items)):
+            stack.append((f"{where}[{key}]" if isinstance(value, list) else f"{where}.{key}" if where else key, item))
+    return None
 
 
 def _parquet_rows(file: Path) -> Iterator[Row]:

@@ -151,7 +151,8 @@ CHECKS: dict[str, Callable[..., bool]] = {
         len([w for w in text_tools.word_tokens(v) if w.isupper()]), min, max),
     "response_language": lambda v, language: text_tools.language(v) in (None, language),
     "word_count": lambda v, min=None, max=None: _within(len(re.findall(r"\w+", v)), min, max),
-    "sentence_count": lambda v, min=None, max=None: _within(len(text_tools.sentences(v)), min, max),
+    "sentence_count": lambda v, min=None, max=None: _within(
+        len(text_tools.sentence_spans(v, text_tools.count_limit(min, max))), min, max),
     "paragraph_count": _paragraph_count,
     "nth_paragraph_first_word": _nth_paragraph_first_word,
     "placeholders": lambda v, n: len(re.findall(r"\[.*?\]", v)) >= n,

@@ -65,7 +65,11 @@ def _word_count(r: str, min: int | None = None, max: int | None = None) -> list[
 
 
 def _sentence_count(r: str, min: int | None = None, max: int | None = None) -> list[Span]:
-    spans = [(s, e) for s, e in _text.sentence_spans(r) if re.search(r"\w", r[s:e])]
+    """Past the sentences found (`count_limit`), the excess runs to the end of the text."""
+    limit = _text.count_limit(min, max)
+    spans = _text.sentence_spans(r, limit, with_word=True)
+    if len(spans) == limit:
+        spans[-1] = (spans[-1][0], len(r.rstrip()))
     return _past(spans, max)
 
 

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import itertools
+import operator
 
 
 def label_runs(labels: list[str]) -> list[tuple[int, int, str]]:
     """[(start, end, label)] covering the characters, one span per run of equal labels."""
-    spans, pos = [], 0
-    for label, group in itertools.groupby(labels):
-        n = sum(1 for _ in group)
-        spans.append((pos, pos + n, label))
-        pos += n
-    return spans
+    # the label changes found by C-level iteration: a 2 MB response's labels are 2 million items
+    changes = itertools.compress(range(1, len(labels)), map(operator.ne, labels, labels[1:]))
+    cuts = [0, *changes, len(labels)] if labels else []
+    return [(start, end, labels[start]) for start, end in zip(cuts, cuts[1:])]

@@ -300,6 +300,12 @@ def _give_back(worker: _Worker) -> None:
     worker.close()
 
 
+def idle_worker_pids() -> set[int]:
+    """The process ids of the idle workers, kept for the next query."""
+    with _idle_lock:
+        return {worker.proc.pid for worker in _idle}
+
+
 @atexit.register
 def close_workers() -> None:
     """End the idle workers (a busy one ends when this process does: its stdin closes)."""

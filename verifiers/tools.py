@@ -6,6 +6,9 @@ A response is one or more blocks `<tool_call>{"name": "...", "arguments": {...}}
                  object `arguments`, only whitespace outside the blocks                     1 / 0
     correctness  the well-formed calls against the reference calls                       [0, 1]
 
+A block nested more than 100 levels deep is not well-formed; a response of more than `MAX_BLOCKS` (1000)
+blocks scores 0 on both without its blocks being parsed. Parsing is linear in the response's length.
+
 Correctness. With reference calls R (m of them) and the response's well-formed calls P (n):
 
     s(r, p) = [name_r == name_p] * matched(r, p) / (|args_r| + given_defaults(r, p) + extra(r, p))
@@ -63,10 +66,15 @@ from tokencredit.verifiers.spans import Span, merged
 REWARDS = ("format", "correctness")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FORMAT_RULE = 'Write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call> with nothing outside the tags.'
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _TAG = re.compile(r"</?tool_call>")
 _JSON_WS = re.compile(r"[ \t\n\r]*")
 _SHOWN_CHARS = 40  # longest value or stray text quoted in feedback
+# Deepest JSON nesting of a call taken as well-formed: the parser accepts ~1000 levels from a shallow stack, but
+# comparing, showing and locating a value recurse again from deeper in the stack and would overflow it.
+_MAX_DEPTH = 100
+# Most blocks a response may hold: past it both rewards are 0 without parsing the blocks (each costs tens of
+# microseconds: 83,333 of them, 2 MB, took 2 s), and `response_parts` labels the first ones only.
+MAX_BLOCKS = 1000
 _NUMBER = lambda v: type(v) in (int, float)  # noqa: E731 - bool is not a number here
 _TYPES = {  # parameter type -> accepted Python values
     "string": lambda v: isinstance(v, str),
@@ -128,9 +136,24 @@ def _validate_reference(record_id: str, where: str, call: ToolCall, params: dict
                     raise RecordError(record_id, field, f"expected a {prop['type']}, got {v!r}")
                 if "enum" in prop and v not in prop["enum"]:
                     raise RecordError(record_id, field, f"{v!r} is not one of {prop['enum']}")
+    for key, accepted in (call.possible_answer or {}).items():
+        if _has_non_finite(accepted):
+            raise RecordError(record_id, f"{where}.possible_answer.{key}",
+                              f"{accepted!r} holds NaN or Infinity, which no response can equal")
     missing = [k for k in params.get("required", []) if k not in call.arguments]
     if missing:
         raise RecordError(record_id, f"{where}.arguments", f"missing required {', '.join(missing)}")
+
+
+def _depth(value: Any) -> int:
+    """Levels of nested lists and dicts in a loaded JSON value (a scalar is 0), iteratively."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level + 1)
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _has_non_finite(value: Any) -> bool:
@@ -164,17 +187,39 @@ def _validate_tool(record_id: str, where: str, tool: Any) -> None:
 
 # ---------------------------------------------------------------- parsing
 
+def _blocks(response: str) -> list[tuple[int, int]]:
+    """(start, end) of each `<tool_call>...</tool_call>` block, the body being response[start + len(OPEN):end -
+    len(CLOSE)]: an opening tag up to the first closing tag after it, as the lazy regex
+    `<tool_call>(.*?)</tool_call>` finds them, in one pass (that regex rescans the rest of the response from
+    every unclosed tag: 12,000 of them took 87 s)."""
+    blocks, pos = [], 0
+    while (opened := response.find(OPEN, pos)) >= 0:
+        closed = response.find(CLOSE, opened + len(OPEN))
+        if closed < 0:
+            break  # no closing tag after this one, so none after any later opening tag either
+        pos = closed + len(CLOSE)
+        blocks.append((opened, pos))
+    return blocks
+
+
+def _body(response: str, block: tuple[int, int]) -> tuple[str, int]:
+    """(a block's text between its tags, the body's offset in the response)."""
+    return response[block[0] + len(OPEN):block[1] - len(CLOSE)], block[0] + len(OPEN)
+
+
 def parse_calls(response: str) -> tuple[list[ToolCall], str | None]:
     """(the calls of the well-formed blocks, None when the whole response is well-formed else the first problem)."""
     calls, problems = [], []
-    for i, m in enumerate(_BLOCK.finditer(response)):
-        call, why = _parse_block(m.group(1))
+    blocks = _blocks(response)
+    for i, block in enumerate(blocks):
+        call, why = _parse_block(_body(response, block)[0])
         if call is None:
             problems.append(f"block {i + 1} {why}")
         else:
             calls.append(call)
-    outside = _BLOCK.sub("", response).strip()
-    if not _BLOCK.search(response):
+    gaps = zip([0] + [end for _, end in blocks], [start for start, _ in blocks] + [len(response)])
+    outside = "".join(response[a:b] for a, b in gaps).strip()
+    if not blocks:
         problems.insert(0, "no <tool_call>...</tool_call> block")
     elif _TAG.search(outside):
         problems.insert(0, "an unmatched tag")
@@ -192,6 +237,8 @@ def _parse_block(body: str) -> tuple[ToolCall | None, str]:
         return None, "is nested too deeply"
     if not isinstance(obj, dict):
         return None, "is not a JSON object"
+    if _depth(obj) > _MAX_DEPTH:
+        return None, "is nested too deeply"
     if not isinstance(obj.get("name"), str):
         return None, "has no string 'name'"
     if not isinstance(obj.get("arguments"), dict):
@@ -381,10 +428,15 @@ def verify(record: TaskRecord, response: str) -> list[RewardScore]:
     """[format, correctness]; raises only RecordError (bad tools or reference calls)."""
     validate(record)
     refs = list(record.spec.reference_calls)
+    expected = f"Expected call{'s' if len(refs) > 1 else ''}: {'; '.join(signature(r) for r in refs)}."
+    blocks = _blocks(response)
+    if len(blocks) > MAX_BLOCKS:
+        found = f"Found: {len(blocks)} blocks, more than the {MAX_BLOCKS} a response may hold."
+        past = ((blocks[MAX_BLOCKS][0], blocks[-1][1]),)  # the blocks past the limit
+        return [RewardScore("format", 0.0, FORMAT_RULE, found, past), RewardScore("correctness", 0.0, expected, found)]
     calls, problem = parse_calls(response)
     fmt_found = problem or f"{len(calls)} well-formed call{'s' if len(calls) > 1 else ''}"
     score, notes = correctness(refs, calls, record.spec.tools, record.spec.semantics)
-    expected = f"Expected call{'s' if len(refs) > 1 else ''}: {'; '.join(signature(r) for r in refs)}."
     fmt_spans = format_spans(response) if problem is not None else ()
     call_spans = correctness_spans(response, refs, record.spec.tools, record.spec.semantics) if score < 1 else ()
     return [
@@ -397,9 +449,10 @@ def verify(record: TaskRecord, response: str) -> list[RewardScore]:
 def response_parts(record: TaskRecord, response: str) -> list[tuple[int, int, str]]:
     """Contiguous (char_start, char_end, label) spans covering `response`; labels in the module docstring."""
     labels = ["other"] * len(response)
-    for m in _BLOCK.finditer(response):
-        if _parse_block(m.group(1))[0] is not None:
-            members = _member_spans(m.group(1), m.start(1))
+    for block in _blocks(response)[:MAX_BLOCKS]:
+        body, offset = _body(response, block)
+        if _parse_block(body)[0] is not None:
+            members = _member_spans(body, offset)
             for key in ("name", "arguments"):
                 start, end = members[key]
                 labels[start:end] = [key] * (end - start)
@@ -431,16 +484,16 @@ def format_spans(response: str) -> tuple[Span, ...]:
     body of a block with no string name or object arguments, text outside the blocks, and after an
     opening tag never closed what follows its JSON, or the last character (where </tool_call> belongs)."""
     spans, last = [], 0
-    for m in _BLOCK.finditer(response):
-        spans += _outside(response, last, m.start()) + _block_spans(response, m)
-        last = m.end()
+    for block in _blocks(response):
+        spans += _outside(response, last, block[0]) + _block_spans(response, block)
+        last = block[1]
     return merged(spans + _outside(response, last, len(response)))
 
 
-def _block_spans(response: str, m: re.Match) -> list[Span]:
-    body, offset = m.group(1), m.start(1)
+def _block_spans(response: str, block: tuple[int, int]) -> list[Span]:
+    body, offset = _body(response, block)
     if not body.strip():
-        return [(m.start(), m.end())]
+        return [block]
     try:
         json.loads(body)
     except json.JSONDecodeError as error:
@@ -485,10 +538,11 @@ def _located_calls(response: str) -> list[tuple[ToolCall, Span, Span, dict[str, 
     """Each well-formed call (the order of `parse_calls`) with its name's span, its arguments object's span
     and the span of each argument's value."""
     located = []
-    for m in _BLOCK.finditer(response):
-        call = _parse_block(m.group(1))[0]
+    for block in _blocks(response):
+        body, offset = _body(response, block)
+        call = _parse_block(body)[0]
         if call is not None:
-            members = _member_spans(m.group(1), m.start(1))
+            members = _member_spans(body, offset)
             start, end = members["arguments"]
             located.append((call, members["name"], (start, end), _member_spans(response[start:end], start)))
     return located

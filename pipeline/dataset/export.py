@@ -74,7 +74,10 @@ from tokencredit.verifiers import plugins
 from tokencredit.verifiers.plugins import PluginRef
 
 from tokencredit.pipeline.dataset.query import connect
+from tokencredit.pipeline.dataset.writer import RECORD_HASHES
+from tokencredit.pipeline.identity import changed_record
 from tokencredit.pipeline.dataset.training import read_training
+from tokencredit.pipeline.dataset.writer import read_manifest
 
 HF_FEATURES = datasets.Features({
     "prompt": datasets.Value("string"),
@@ -187,15 +190,25 @@ def refs_from_json(text: str | None) -> tuple[PluginRef, ...]:
 
 
 def _manifest_config(out_dir: str | Path) -> dict:
-    path = Path(out_dir) / "manifest.json"
-    return (json.loads(path.read_text()) if path.is_file() else {}).get("config") or {}
+    return (read_manifest(str(out_dir)) or {}).get("config") or {}
+
+
+def _check_unchanged(out_dir: str | Path, records: list[TaskRecord], prompts: str) -> None:
+    """Refuse a record whose content differs from what the run annotated (a run from before record
+    hashes were kept has none to check)."""
+    path = Path(out_dir) / RECORD_HASHES
+    changed = changed_record(json.loads(path.read_text()), records) if path.is_file() else None
+    if changed is not None:
+        raise ValueError(f"run dir {out_dir}: task record {changed!r} in {prompts} differs from the record the run "
+                         f"annotated (edited since?); pass the prompt set the run read, or annotate it again")
 
 
 def run_records(out_dir: str | Path, prompts: str | None = None
                 ) -> tuple[dict[str, TaskRecord], list[verifiers.Rejected], tuple[PluginRef, ...]]:
     """The task records of a run by id, the rejected ones and the run's plugin verifiers (each
     importable with its recorded source, else PluginError): records from `prompts`, else from the
-    prompt set its manifest names, read as the run read them (format, databases, semantics, columns)."""
+    prompt set its manifest names, read as the run read them (format, databases, semantics, columns).
+    A record whose content differs from the one the run annotated is refused (ValueError naming it)."""
     config = _manifest_config(out_dir)
     refs = tuple(PluginRef(**ref) for ref in config.get("verifiers") or ())
     for ref in refs:
@@ -207,6 +220,7 @@ def run_records(out_dir: str | Path, prompts: str | None = None
                 "semantics": config.get("semantics"), "columns": dict(config.get("columns") or ())})
     records, rejected = verifiers.load_tasks(prompts or config["prompts"], plugin_tasks=plugins.tasks_of(refs),
                                              **options)
+    _check_unchanged(out_dir, records, prompts or config["prompts"])
     return {r.id: r for r in records}, rejected, refs
 
 

@@ -4,14 +4,17 @@ The connection is read-only to the run. The views read exactly the part files th
 (never a glob of the folder), file access is limited to the run folder, extensions are neither
 installed nor loaded, and the configuration is locked before any user SQL runs. `run_query` also
 accepts only read statements (DuckDB's statement type SELECT: SELECT, WITH, FROM-first, DESCRIBE,
-SHOW, SUMMARIZE, PIVOT), so COPY, ATTACH, CREATE, INSTALL, SET, PRAGMA and the like never run, not
-even into the run folder.
+SHOW, SUMMARIZE, PIVOT; and a PIVOT without an IN list, which DuckDB runs as two statements), so COPY,
+ATTACH, CREATE, INSTALL, SET, PRAGMA and the like never run, not even into the run folder.
 """
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import duckdb
@@ -57,7 +60,8 @@ def connect(out: str | Path, *, allow_incomplete: bool = False,
     """An in-memory DuckDB connection with the run's views, read-only to the run (module docstring).
 
     DuckDB spills into a temporary folder of this connection's own (its default, `.tmp` in the
-    current folder, would litter wherever the command ran), removed when the process ends;
+    current folder, would litter wherever the command ran), removed when the process ends or gets SIGTERM
+    (`_private_temp_dir`: a killed process's is removed by the next connection);
     `memory_limit` ("4GB"; None: DuckDB's default, 80% of the machine) bounds what it keeps in memory.
     Raises IncompleteRunError (a ValueError) when the run's manifest is not complete, unless
     `allow_incomplete`: then the views read the shards written so far.
@@ -92,10 +96,58 @@ def connect(out: str | Path, *, allow_incomplete: bool = False,
     return con
 
 
+_SPILL_PREFIX = "tokencredit-duckdb-"
+_spill_folders: list[str] = []  # this process's, removed at exit and on SIGTERM
+
+
 def _private_temp_dir() -> str:
-    folder = tempfile.mkdtemp(prefix="tokencredit-duckdb-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    """A new spill folder named with this process's id, `tokencredit-duckdb-<pid>-<random>` in the system's
+    temporary folder. A process killed with SIGKILL cannot remove its own (one query's spill reached 1 GB):
+    each new one first removes those whose process is gone."""
+    _sweep_spill_folders(Path(tempfile.gettempdir()))
+    folder = tempfile.mkdtemp(prefix=f"{_SPILL_PREFIX}{os.getpid()}-")
+    if not _spill_folders:
+        atexit.register(_remove_spill_folders)
+        _remove_on_sigterm()
+    _spill_folders.append(folder)
     return folder
+
+
+def _sweep_spill_folders(parent: Path) -> None:
+    for folder in parent.glob(f"{_SPILL_PREFIX}*-*"):
+        pid = folder.name[len(_SPILL_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove_spill_folders() -> None:
+    for folder in _spill_folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_on_sigterm() -> None:
+    """On SIGTERM remove the spill folders, then die of the signal as before. Only where nothing else
+    handles SIGTERM (the default action skips atexit) and only from the main thread, where Python allows it."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def remove_and_die(signum: int, frame) -> None:
+        _remove_spill_folders()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, remove_and_die)
 
 
 def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
@@ -107,10 +159,26 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     if not statements:
         raise ValueError("the query is empty")
     for statement in statements:
-        if statement.type not in READ_STATEMENTS:
+        if statement.type not in READ_STATEMENTS and not _is_pivot(statement):
             kind = statement.type.name
-            raise ValueError(f"only read statements run here (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE); "
-                             f"refused a {kind} statement: {' '.join(statement.query.split())[:80]}")
+            hint = " (a PIVOT without an IN list runs only as a statement of its own)" if kind == "MULTI" else ""
+            raise ValueError(f"only read statements run here (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, PIVOT); "
+                             f"refused a {kind} statement{hint}: {' '.join(statement.query.split())[:80]}")
+
+
+def _is_pivot(statement) -> bool:
+    """Whether a statement is a PIVOT without an IN list: DuckDB makes it a MULTI statement (it reads the
+    pivoted column's distinct values into an ENUM type of this in-memory session, then selects), as it does
+    a COPY, CREATE or INSERT holding such a PIVOT; the statement's first keyword tells them apart, and a
+    PIVOT's source is a table or a subquery, which cannot write."""
+    if statement.type != duckdb.StatementType.MULTI:
+        return False
+    tokens = duckdb.tokenize(statement.query) + [(len(statement.query), None)]
+    first = next((i for i, (_, kind) in enumerate(tokens) if kind != duckdb.token_type.comment), len(tokens) - 1)
+    if tokens[first][1] != duckdb.token_type.keyword:
+        return False
+    word = statement.query[tokens[first][0]:tokens[first + 1][0]]
+    return word.strip().upper() in ("PIVOT", "PIVOT_WIDER")
 
 
 def run_query(out: str | Path, sql: str, *, allow_incomplete: bool = False,

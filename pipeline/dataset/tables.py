@@ -1,6 +1,7 @@
 """Annotated responses -> the Arrow tables of `schemas` (responses, credits in long form)."""
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -12,14 +13,17 @@ from tokencredit.schemas.records import AnnotatedResponse, TaskRecord
 from tokencredit.pipeline.sample.detokenize import token_spans
 
 
-def _part_of(spans: list[tuple[int, int, str]], start: int, end: int) -> str:
-    """The labelled response part that holds the token's last character."""
-    if end <= start:
-        return "special"
-    for lo, hi, label in spans:
-        if lo <= end - 1 < hi:
-            return label
-    return "other"
+def _parts(spans: list[tuple[int, int, str]], starts: Sequence[int], ends: Sequence[int]) -> list[str]:
+    """Each token's labelled response part: the one holding its last character ("special" for a token of no
+    characters, "other" outside every span). `spans` are sorted and disjoint, so a binary search finds it
+    (a scan per token was tokens x spans: a response of 10^5 tags has 2 x 10^5 spans)."""
+    los = [lo for lo, _, _ in spans]
+    parts = []
+    for start, end in zip(starts, ends):
+        i = bisect.bisect_right(los, end - 1) - 1
+        inside = end > start and i >= 0 and end - 1 < spans[i][1]
+        parts.append(spans[i][2] if inside else "special" if end <= start else "other")
+    return parts
 
 
 def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Table:
@@ -55,7 +59,7 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
             continue
         texts, starts, ends = token_spans(tokenizer, sample.token_ids)
         spans = verifiers.response_parts(records[sample.group_id], sample.response)
-        parts = [_part_of(spans, s, e) for s, e in zip(starts, ends)]
+        parts = _parts(spans, starts, ends)
         T = len(sample.token_ids)
         for k, name in enumerate(credit.reward_names):
             reward, constraint_index = verifiers.stored_reward(sample.task, name)

@@ -3,8 +3,9 @@
     OUT/responses/part-00003.parquet   one file per shard and table
     OUT/credits/part-00003.parquet
     OUT/_shards/shard-00003.json       completion marker: rows, checksums and code version of that shard
-    OUT/manifest.json                  config, code version, seeds, per-shard rows and checksums;
-                                       `complete` is true once every shard is written
+    OUT/manifest.json                  config, input files' checksums, code version, seeds, per-shard
+                                       rows and checksums; `complete` is true once every shard is written
+    OUT/record_hashes.json             a hash of each annotated task record's content
     OUT/.lock                          held by the one process that writes the run
 
 A shard is written table by table to a temporary name and renamed into place; it counts as
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 from tokencredit.schemas import SCHEMA_VERSION, TABLES, with_version
 
 MANIFEST = "manifest.json"
+RECORD_HASHES = "record_hashes.json"  # task record id -> hash of its content (`tokencredit.pipeline.identity`)
 SHARDS = "_shards"
 LOCK = ".lock"
 
@@ -89,6 +91,59 @@ def _read_json(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
                          "Restore it or annotate again into a new --out") from None
 
 
+def read_manifest(out: str) -> dict[str, Any] | None:
+    """The manifest of the run directory `out` (None when it has none), checked as `run_files` checks it."""
+    return _read_manifest(*filesystem(out))
+
+
+def _read_manifest(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
+    """OUT/manifest.json (None when absent); ValueError naming it when it is not the object annotate writes
+    (a `[]` or `{"complete": true}` failed later with a raw AttributeError or KeyError)."""
+    path = f"{root}/{MANIFEST}"
+    manifest = _read_json(fs, path)
+    problem = None if manifest is None else _manifest_problem(manifest)
+    if problem:
+        raise ValueError(f"{path}: {problem}; restore it or annotate again into a new --out")
+    return manifest
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    if not isinstance(manifest, dict):
+        return f"expected a JSON object, got {type(manifest).__name__}"
+    for key in ("config", "seeds", "shards", "stats", "totals"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            return f"'{key}' is not an object"
+    if manifest.get("complete"):
+        if not isinstance(manifest.get("shards"), dict):
+            return "it says complete but lists no 'shards'"
+        for name, entry in manifest["shards"].items():
+            problem = _entry_problem(entry)
+            if problem:
+                return f"shard {name}: {problem}"
+    return None
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """What is wrong with a shard's entry (its marker, or its copy in the manifest), None when nothing."""
+    if not isinstance(entry, dict) or type(entry.get("shard")) is not int:
+        return "expected an object with an integer 'shard'"
+    for name in TABLES:
+        table = entry.get(name)
+        if name in entry and not (isinstance(table, dict) and isinstance(table.get("path"), str)
+                                  and isinstance(table.get("sha256"), str) and type(table.get("rows")) is int):
+            return f"'{name}' needs a path, a sha256 and a row count"
+    return None
+
+
+def _read_marker(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
+    """A shard's completion marker (None when absent); ValueError naming it when it is malformed."""
+    entry = _read_json(fs, path)
+    problem = None if entry is None else _entry_problem(entry)
+    if problem:
+        raise ValueError(f"{path}: {problem}; delete it and resume the run to write the shard again")
+    return entry
+
+
 def _exists(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
@@ -111,14 +166,14 @@ def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
     shards whose completion marker exists (never a half-written or unmarked file).
     """
     fs, root = filesystem(out)
-    manifest = _read_json(fs, f"{root}/{MANIFEST}")
+    manifest = _read_manifest(fs, root)
     if manifest is None:
         raise FileNotFoundError(f"{out} is not a tokencredit run directory (no {MANIFEST})")
     if manifest.get("complete"):
         entries = list(manifest["shards"].values())
     else:
         markers = fs.get_file_info(pafs.FileSelector(f"{root}/{SHARDS}", allow_not_found=True))
-        entries = [_read_json(fs, m.path) for m in markers
+        entries = [_read_marker(fs, m.path) for m in markers
                    if m.base_name.startswith("shard-") and m.base_name.endswith(".json")]
         if not allow_incomplete:
             total = manifest.get("n_shards")
@@ -145,10 +200,7 @@ class RunWriter:
         self.fs, self.root = filesystem(self.out)
         for folder in (*TABLES, SHARDS):
             self.fs.create_dir(f"{self.root}/{folder}", recursive=True)
-        self.manifest = self._read_json(MANIFEST) or {"schema_version": SCHEMA_VERSION}
-
-    def _read_json(self, relpath: str) -> dict[str, Any] | None:
-        return _read_json(self.fs, f"{self.root}/{relpath}")
+        self.manifest = _read_manifest(self.fs, self.root) or {"schema_version": SCHEMA_VERSION}
 
     def write_file(self, relpath: str, payload: bytes) -> None:
         """Write OUT/relpath atomically (temporary name, then rename)."""
@@ -233,26 +285,55 @@ class RunWriter:
     # --- writing -------------------------------------------------------------------------------
 
     def start(self, run_id: str, config: dict[str, Any], config_hash: str, code_version: str,
-              n_shards: int | None = None, seeds: dict[str, Any] | None = None) -> None:
-        """Record the run's identity; refuses to mix two different configs in one directory.
+              n_shards: int | None = None, seeds: dict[str, Any] | None = None,
+              inputs: dict[str, Any] | None = None) -> None:
+        """Record the run's identity: its config and `inputs` (`tokencredit.pipeline.identity.run_inputs`);
+        refuses to mix two configs or two versions of an input in one directory.
 
         `seeds` defaults to {"sampling": config["seed"]}. A complete run stays complete (a re-run
         of it writes nothing) until `resume_check` finds a shard to write again.
         """
-        self.check_config(config_hash)
+        self.check_config(config_hash, inputs)
         previous = self.manifest.get("config_hash")
         self.manifest.update(run_id=run_id, config=config, config_hash=config_hash, code_version=code_version,
                              n_shards=n_shards, seeds=seeds if seeds is not None else {"sampling": config.get("seed")},
                              complete=bool(self.manifest.get("complete")) and previous == config_hash)
+        if inputs is not None:
+            self.manifest["inputs"] = inputs
         self._write_json(MANIFEST, self.manifest)
 
-    def check_config(self, config_hash: str) -> None:
-        """Raise ValueError if the directory already holds a run of another config."""
+    def check_config(self, config_hash: str, inputs: dict[str, Any] | None = None) -> None:
+        """Raise ValueError if the directory already holds a run of another config, or one whose
+        recorded `inputs` differ from these (a run from before inputs were recorded has none)."""
         previous = self.manifest.get("config_hash")
         if previous is not None and previous != config_hash:
             raise ValueError(
                 f"{self.out} already holds run {self.manifest.get('run_id')!r} with another config "
-                f"(hash {previous[:12]} != {config_hash[:12]}); use a new --out or the same config")
+                f"(hash {previous[:12]} != {config_hash[:12]}); use a new --out, the same config, or --restart")
+        recorded = self.manifest.get("inputs")
+        changed = _changed_input(recorded, inputs) if recorded is not None and inputs is not None else None
+        if changed:
+            raise ValueError(f"{self.out} holds run {self.manifest.get('run_id')!r} of other inputs: {changed} since "
+                             f"it started; annotate again with --restart to start a fresh run, or use a new --out")
+
+    def clear(self) -> None:
+        """Delete the run this directory holds. Call it holding the lock. A crash midway leaves the old
+        run incomplete (readers refuse it) and no shard that counts as written without its files: the
+        manifest says incomplete first, then markers go, then part files, then the manifest."""
+        if self.manifest.get("complete"):
+            self.manifest["complete"] = False
+            self._write_json(MANIFEST, self.manifest)
+        for folder in (SHARDS, *TABLES, ""):
+            for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"),
+                                                                allow_not_found=True)):
+                name = info.base_name
+                ours = (name.startswith(("shard-", "part-")) or (name.startswith(".") and name.endswith(".tmp"))
+                        or name in ("rejected.jsonl", RECORD_HASHES))
+                if info.type == pafs.FileType.File and ours:
+                    self.fs.delete_file(info.path)
+        if _exists(self.fs, f"{self.root}/{MANIFEST}"):
+            self.fs.delete_file(f"{self.root}/{MANIFEST}")
+        self.manifest = {"schema_version": SCHEMA_VERSION}
 
     def resume_check(self, n_shards: int) -> list[int]:
         """Before (re)writing shards: delete temporary files, and unmark every shard whose files are
@@ -265,7 +346,7 @@ class RunWriter:
         same bytes, and if this deletes its temporary file that task fails, and the shard is
         written here."""
         self._delete_temporaries()
-        marked = {s: self._read_json(self._marker(s)) for s in range(n_shards)}
+        marked = {s: self._read_marker(s) for s in range(n_shards)}
         redo = [s for s, entry in marked.items() if entry is not None and not self._files_match(entry)]
         if redo and self.manifest.get("complete"):
             self.manifest["complete"] = False
@@ -293,12 +374,15 @@ class RunWriter:
     def _marker(self, shard: int) -> str:
         return f"{SHARDS}/shard-{shard:05d}.json"
 
+    def _read_marker(self, shard: int) -> dict[str, Any] | None:
+        return _read_marker(self.fs, f"{self.root}/{self._marker(shard)}")
+
     def is_complete(self, shard: int) -> bool:
         return _exists(self.fs, f"{self.root}/{self._marker(shard)}")
 
     def shard_entry(self, shard: int) -> dict[str, Any]:
         """The completion marker of a written shard (rows, checksums, stats)."""
-        entry = self._read_json(self._marker(shard))
+        entry = self._read_marker(shard)
         if entry is None:
             raise KeyError(f"{self.out}: shard {shard} is not written")
         return entry
@@ -319,17 +403,28 @@ class RunWriter:
         self._write_json(self._marker(shard), entry)
         return entry
 
-    def finish(self, n_shards: int, extra: dict[str, Any]) -> dict[str, Any]:
-        """Collect the shard markers into the manifest: totals, summed stats, dataset checksum,
-        `complete: true`.
-
-        Raises if a shard in range(n_shards) is missing: the run is not complete. Deletes what
-        writers that died mid-file left (a killed Dask worker's shard was written again elsewhere).
-        """
-        entries = [self._read_json(self._marker(s)) for s in range(n_shards)]
+    def checked_shards(self, n_shards: int) -> list[dict[str, Any]]:
+        """The markers of shards 0..n_shards-1, once every one exists and its files still match its
+        checksums; else RuntimeError naming the shards to write again by resuming (which redoes them)."""
+        entries = [self._read_marker(s) for s in range(n_shards)]
         missing = [s for s, entry in enumerate(entries) if entry is None]
         if missing:
             raise RuntimeError(f"{self.out}: shards {missing} are not written; resume the run")
+        changed = [s for s, entry in enumerate(entries) if not self._files_match(entry)]
+        if changed:
+            raise RuntimeError(f"{self.out}: the files of shards {changed} differ from their checksums (changed "
+                               f"after they were written); resume the run to write them again")
+        return entries
+
+    def finish(self, n_shards: int, extra: dict[str, Any],
+               entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Collect the shard markers into the manifest: totals, summed stats, dataset checksum,
+        `complete: true`. `entries`: what `checked_shards` returned just before (else it is called).
+
+        Raises if a shard in range(n_shards) is missing or changed: the run is not complete. Deletes what
+        writers that died mid-file left (a killed Dask worker's shard was written again elsewhere).
+        """
+        entries = entries if entries is not None else self.checked_shards(n_shards)
         totals = {name: sum(e[name]["rows"] for e in entries) for name in TABLES}
         checksum = hashlib.sha256("".join(e[name]["sha256"] for e in entries for name in TABLES)
                                   .encode()).hexdigest()
@@ -342,6 +437,17 @@ class RunWriter:
         self._write_json(MANIFEST, self.manifest)
         self._delete_temporaries()
         return self.manifest
+
+
+def _changed_input(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """What differs between two `inputs` maps, as 'PATH changed' / 'PATH is new' / 'PATH is gone'."""
+    for path, entry in current.items():
+        if path not in recorded:
+            return f"{path} is a new input"
+        if recorded[path] != entry:
+            return f"{path} changed (sha256 {recorded[path].get('sha256', '?')[:12]} -> {entry['sha256'][:12]})"
+    gone = [path for path in recorded if path not in current]
+    return f"{gone[0]} is no longer an input" if gone else None
 
 
 def _owner_is_gone(owner: dict[str, Any]) -> bool:

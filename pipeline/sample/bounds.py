@@ -1,9 +1,10 @@
-"""Time bounds on code the pipeline runs but did not write: chat templates and verifiers.
+"""Time bounds on chat templates (code the pipeline runs but did not write) and on built-in verifier calls.
 
 The annotate stage renders every prompt before any model loads (`tokencredit.pipeline.annotate.prompt_fits`:
 a record whose prompt plus `max_new_tokens` does not fit the model's context is rejected there);
-this module bounds the template's time while it does. Each verifier call (built-in or plugin)
-runs through a `BoundedCaller`, so one that hangs costs its response, not the run.
+this module bounds the template's time while it does. Each built-in verifier call runs in the
+annotate process through a `BoundedCaller`, so one that hangs costs its response, not the run;
+plugin verifiers run in worker processes (`tokencredit.verifiers.isolation`), bounded in time and memory.
 
     ids = render_bounded(tokenizer, record)   # the sampler's prompt ids, or ValueError / TemplateError
     call = BoundedCaller(5.0); call(fn, *args)  # fn's value, or CallTimeout / CallAborted
@@ -89,7 +90,8 @@ class BoundedCaller:
 
     Python cannot kill a thread: a call past the bound is abandoned where it is (as a daemon thread
     it does not hold the process open at exit) and the next call gets a fresh thread. Code that
-    hangs inside C while holding the GIL would still stall the process; verifiers are Python.
+    hangs inside C while holding the GIL would still stall the process: only the built-in verifiers
+    (this package's code; the model's SQL runs in a sandbox process of its own) are called this way.
     One thread serves every call until then, so a bounded call costs a queue round trip.
     """
 

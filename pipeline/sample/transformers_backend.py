@@ -3,9 +3,12 @@
 The tokens of response (record, j) depend only on (seed, record id, j): each row of a batch draws one
 uniform per decoding step from its own CPU `torch.Generator`, seeded from a SHA-256 of those three
 values, and picks its token by inverting the CDF of its own distribution. So a record sampled alone,
-in another batch, in another shard or in a resumed run gets the same tokens (batch shape changes the
-logits only in the last float bits: the samples of a prompt share one prefill, and finished rows
-leave the decode batch, so what the model sees in a batch depends on its neighbours).
+in another batch, in another shard or in a resumed run gets the same draws. Batch shape changes the
+logits in their last float bits (the samples of a prompt share one prefill, rows are padded to the
+longest prompt, finished rows leave the decode batch, so what the model sees depends on its
+neighbours); where a draw falls within such a change of a boundary of the CDF the token differs, and
+the response goes on from there (README, "The dataset": 4 of 48 SmolLM2 responses between shard
+sizes 12 and 2). The same batches, as a resumed or repeated run of one config has, give the same bytes.
 
 `sample_logprobs[t]` is log-softmax of the RAW logits (no temperature, no top-p) at the chosen token:
 what a later teacher-forced forward of prompt + response reproduces, and what off-policy ratios need.
