@@ -114,9 +114,23 @@ class RewardScore:
     spans: tuple[tuple[int, int], ...] = ()
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One node of a tree-sampled group, as one leaf sees it: the leaf's tokens [start, end) were sampled
+    at this node. `node_id` is unique within the run ("<record id>/t<r>" for root r, "<record id>/t<r>.<l>"
+    for its continuation l, ...); `parent_id` is None for a root (its parent is the prompt)."""
+
+    node_id: str
+    parent_id: str | None
+    start: int  # token offset into the response, inclusive
+    end: int  # exclusive
+
+
 @dataclass
 class Sample:
-    """One sampled response. `token_ids` and `sample_logprobs` have length T (response tokens)."""
+    """One sampled response. `token_ids` and `sample_logprobs` have length T (response tokens).
+    `segments`: where the response is a leaf of a tree-sampled group (`SamplingConfig.tree`), its path
+    from root to leaf, contiguous and covering [0, T); None for flat sampling."""
 
     response_id: str
     group_id: str
@@ -128,6 +142,7 @@ class Sample:
     sample_logprobs: list[float]
     model: str
     seed: int
+    segments: tuple[Segment, ...] | None = None
 
 
 @dataclass
