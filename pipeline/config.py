@@ -32,10 +32,17 @@ class SamplingConfig:
     stop: tuple[str, ...] = ()  # a response ends at the token that completes one of these strings
     seed: int = 0
     batch_size: int = 32  # rows (prompt x sample) per forward
+    # Tree-sampled groups (method.md 3b): (R, L) or (R, L1, L2) branching per level, R * L leaves per prompt
+    # in place of `n` flat samples; None: flat sampling.
+    tree: tuple[int, ...] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
-        checks = {"n": self.n >= 1, "max_new_tokens": self.max_new_tokens >= 1, "temperature": self.temperature >= 0,
+        if self.tree is not None:
+            object.__setattr__(self, "tree", tuple(self.tree))
+        checks = {"n": self.n >= 1,
+                  "tree": self.tree is None or (len(self.tree) in (2, 3) and all(
+                      isinstance(b, int) and b >= 1 for b in self.tree)), "max_new_tokens": self.max_new_tokens >= 1, "temperature": self.temperature >= 0,
                   "top_p": 0 < self.top_p <= 1, "batch_size": self.batch_size >= 1,
                   "stop": all(isinstance(s, str) and s for s in self.stop)}
         bad = [name for name, ok in checks.items() if not ok]
