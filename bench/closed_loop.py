@@ -501,6 +501,8 @@ def crossed_difference(a, b, start, draws: int = 10_000, seed: int = 0) -> dict:
             "gain_ratio": float((a - start).mean() / (b - start).mean()),
             "gain_ratio_ci_low_seeds": float(ratio_low), "gain_ratio_ci_high_seeds": float(ratio_high),
             "per_seed_gain_ratio": [float(x) for x in per_seed_ratio],
+            "per_seed_gain": [float(x) for x in (a - start).mean(axis=1)],
+            "per_seed_baseline_gain": [float(x) for x in (b - start).mean(axis=1)],
             # a ratio's interval means little where the baseline's gain is itself near 0: how often it is not > 0
             "baseline_gain_not_positive_share": float((base_gain <= 0).mean())}
 
