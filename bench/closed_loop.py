@@ -7,7 +7,10 @@
     python bench/closed_loop.py report                                     # json, plot, RESULTS.md
     python bench/closed_loop.py quick                                      # CI: both arms, a few steps, tiny
 
-Design (fixed before running; the README and RESULTS.md follow the numbers whatever they are):
+Design (the README and RESULTS.md follow the numbers whatever they are). The 2026-12-04 CPU run was not
+pre-registered: the midpoint, `mrtpo_both`, the dev screen and the iterated arm's second seed were added after
+held-out results (its rows' `note`); a pre-registered run commits its design file first and passes that commit
+to `report --design-commit`, which every row records (`design_commit`).
 - Policy: SmolLM2-135M-Instruct with LoRA (r 8, every linear layer), the same for every arm.
 - Prompts: `bench/closed_loop_prompts/prompts.jsonl`, instruction requests under 2-4 constraints; kinds and
   the sampling temperature chosen on the pilot's train prompts; held-out prompts (their own topics) are never
@@ -16,18 +19,26 @@ Design (fixed before running; the README and RESULTS.md follow the numbers whate
   then, from the same base policy, the same steps, learning rate, batch order and seed per arm: PG on GDPO's
   advantages, PG on MRTPO's, and rejection sampling (SFT on the responses that pass every reward).
   `--methods` adds MRTPO at beta 1 (`mrtpobeta1`) and MRTPO located by the verifier's spans (`mrtpo_both`);
-  `--midpoint S` also scores step S (S <= 0.7 x steps decides the steps-to-GDPO's-final target).
+  `--midpoint S` also scores step S of the methods run (a method's steps to its baseline's final are read
+  only where the baseline was scored at the same steps: run the midpoint for every method).
 - Iterated arm: rounds of sample -> annotate -> train from the current policy, GDPO against MRTPO; per round
   scored greedily on every k-th held-out prompt, the last round (`--final-eval`) on all of them, both decodings.
 - Hypotheses (`dev`): one change each (beta, learning rate, the verifier's spans), trained once on the pool
   and scored on the last `--dev-prompts` train prompts, which the pool does not use: never on held-out ones.
 - Evaluation, paired: every policy on the same held-out prompts with the same sampling seeds, greedy and
-  sampled; a prompt's reward is the mean of its constraint scores. MRTPO - GDPO with a 95% bootstrap
-  interval over prompts (seed means per prompt), seen and unseen kinds apart; the smallest difference the
-  design detects (80% power, two-sided 5%) is 2.8 x the standard error of the paired mean difference.
+  sampled; a prompt's reward is the mean of its constraint scores. Every method against GDPO and rejection
+  sampling (and a variant against the method it varies: `comparisons`), paired by seed and prompt, with a 95%
+  crossed bootstrap interval: each replicate resamples the trained seeds and the prompts together, since
+  the trained models are a sample too (`ci_low_seeds`, `ci_high_seeds`, `per_seed_diff`; the prompts-only
+  interval over seed means beside it, `ci_low_prompts`, `ci_high_prompts`); unseen kinds apart. The smallest
+  difference the design detects (80% power, two-sided 5%) is 2.8 crossed standard errors (`mde_seeds`); the
+  gain ratio (gain over the start / the baseline's gain) has its crossed interval too. Steps to the
+  baseline's final reward only where both were scored at the same checkpoints.
 
 Every stage writes its result as it finishes under `bench/.closed_loop/` (a pool, checkpoints and one
-JSON file per evaluated policy), and a re-run skips what is there, so a stopped run resumes.
+JSON file per evaluated policy), and a re-run skips what is there, so a stopped run resumes. Without that
+folder, `report` analyses the committed per-prompt rewards (`bench/results/closed_loop_per_prompt.json`) and
+keeps the pool's figures from `closed_loop_details.json`.
 
 Sizes. The 2-core CPU run (bench/RESULTS.md) used a pool of 64 train prompts x 8, 16 steps of batch 8 per
 offline arm (midpoint 11), and iterated rounds of 8 prompts x 4, 4 steps, scored greedily on every 4th
@@ -58,6 +69,8 @@ ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / "bench" / ".closed_loop"
 PROMPTS = ROOT / "bench" / "closed_loop_prompts"
 RESULTS_JSON = ROOT / "bench" / "results" / "closed_loop.json"
+PER_PROMPT_JSON = ROOT / "bench" / "results" / "closed_loop_per_prompt.json"
+DETAILS_JSON = ROOT / "bench" / "results" / "closed_loop_details.json"
 SMOLLM2 = "smollm2-135m-instruct"
 
 
@@ -432,14 +445,10 @@ def prompt_rewards(result: dict, decoding: str) -> dict[str, float]:
     return {k: (v["reward"] + result["sampled"][k]["reward"]) / 2 for k, v in result["greedy"].items()}
 
 
-def seed_mean(results: list[dict], decoding: str) -> dict[str, float]:
-    per = [prompt_rewards(r, decoding) for r in results]
-    return {k: statistics.fmean(p[k] for p in per) for k in per[0]}
-
-
 def paired(a: dict[str, float], b: dict[str, float], ids: list[str], draws: int = 10_000, seed: int = 0) -> dict:
     """Mean of a - b over `ids`, its 95% bootstrap interval over prompts, and the smallest difference the
-    design detects with 80% power at two-sided 5% (2.8 standard errors of the paired mean)."""
+    design detects with 80% power at two-sided 5% (2.8 standard errors of the paired mean). Prompts only:
+    a and b are fixed (one seed, or seed means), so the variation between trained seeds is not in it."""
     import numpy as np
 
     diff = np.array([a[i] - b[i] for i in ids])
@@ -450,28 +459,94 @@ def paired(a: dict[str, float], b: dict[str, float], ids: list[str], draws: int 
             "ci_high": float(np.quantile(means, 0.975)), "mde": float(2.8 * se), "prompts": len(diff)}
 
 
+def crossed_means(cells, draws: int = 10_000, seed: int = 0):
+    """Bootstrap replicates of the mean of seeds x prompts arrays, seeds and prompts resampled together.
+
+    cells: [..., S, P] (every leading array resampled with the same draws, so replicates of a ratio pair
+    up). Each replicate draws P prompts and S seeds with replacement, independently, and averages the
+    S x P drawn cells; returns [..., draws]. The prompts are drawn first, with the generator `paired`
+    uses, so with one seed the replicates are `paired`'s over the same prompts.
+    """
+    import numpy as np
+
+    cells = np.asarray(cells, dtype=float)
+    n_seeds, n_prompts = cells.shape[-2:]
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(0, n_prompts, size=(draws, n_prompts))
+    seeds = rng.integers(0, n_seeds, size=(draws, n_seeds))
+    counts = np.bincount((np.arange(draws)[:, None] * n_prompts + prompts).ravel(),
+                         minlength=draws * n_prompts).reshape(draws, n_prompts)
+    per_seed = cells @ counts.T / n_prompts  # [..., S, draws]: each seed's mean over the drawn prompts
+    return per_seed[..., seeds.T, np.arange(draws)].mean(axis=-2)
+
+
+def crossed_difference(a, b, start, draws: int = 10_000, seed: int = 0) -> dict:
+    """A method against its baseline, both [S, P] (seed s of one trained with seed s's batch order as the
+    other's, the same P held-out prompts), from the base policy's rewards `start` [P]: the mean difference
+    with its 95% crossed interval (`crossed_means`) and the detectable difference from it (2.8 crossed
+    standard errors: 80% power, two-sided 5%), each seed's difference, and the gain ratio (gain over
+    `start` / the baseline's gain) with its crossed interval."""
+    import numpy as np
+
+    a, b, start = np.asarray(a, float), np.asarray(b, float), np.asarray(start, float)
+    diff, gain, base_gain = crossed_means(np.stack([a - b, a - start, b - start]), draws, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = gain / base_gain
+        per_seed_ratio = (a - start).mean(axis=1) / (b - start).mean(axis=1)
+    low, high = np.quantile(diff, [0.025, 0.975])
+    ratio_low, ratio_high = np.quantile(ratios, [0.025, 0.975])
+    return {"diff": float((a - b).mean()), "ci_low_seeds": float(low), "ci_high_seeds": float(high),
+            "mde_seeds": float(2.8 * diff.std()), "per_seed_diff": [float(x) for x in (a - b).mean(axis=1)],
+            "gain": float((a - start).mean()), "baseline_gain": float((b - start).mean()),
+            "gain_ratio": float((a - start).mean() / (b - start).mean()),
+            "gain_ratio_ci_low_seeds": float(ratio_low), "gain_ratio_ci_high_seeds": float(ratio_high),
+            "per_seed_gain_ratio": [float(x) for x in per_seed_ratio],
+            "per_seed_gain": [float(x) for x in (a - start).mean(axis=1)],
+            "per_seed_baseline_gain": [float(x) for x in (b - start).mean(axis=1)],
+            # a ratio's interval means little where the baseline's gain is itself near 0: how often it is not > 0
+            "baseline_gain_not_positive_share": float((base_gain <= 0).mean())}
+
+
 def load_evals() -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted((STATE / "eval").glob("*.json"))}
+    """Every scored policy by label: the run's own files (bench/.closed_loop/eval) where they are, else the
+    committed per-prompt rewards (`closed_loop_per_prompt.json`: rewards only, no pass rates per kind)."""
+    files = sorted((STATE / "eval").glob("*.json"))
+    if files:
+        return {p.stem: json.loads(p.read_text()) for p in files}
+    stored = json.loads(PER_PROMPT_JSON.read_text())
+    return {label: {decoding: {pid: {"reward": r} for pid, r in rewards.items()}
+                    for decoding, rewards in result.items()} for label, result in stored.items()}
 
 
-def curves(evals: dict[str, dict], arm: str, decoding: str) -> dict[str, dict[int, list[dict]]]:
-    """method -> steps -> the evaluations of its seeds, from labels `<arm>-<method>-<seed>-<steps>`."""
-    out: dict[str, dict[int, list[dict]]] = {}
+def curves(evals: dict[str, dict], arm: str, decoding: str) -> dict[str, dict[int, dict[int, dict]]]:
+    """method -> steps -> seed -> evaluation, from labels `<arm>-<method>-<seed>-<steps>`."""
+    out: dict[str, dict[int, dict[int, dict]]] = {}
     for label, result in evals.items():
         parts = label.split("-")
         if parts[0] == arm:
-            out.setdefault(parts[1], {}).setdefault(int(parts[3]), []).append(result)
+            out.setdefault(parts[1], {}).setdefault(int(parts[3]), {})[int(parts[2])] = result
     return out
 
 
-def steps_to_reach(curve: dict[int, list[dict]], target: float, decoding: str) -> int | None:
-    """The first checkpoint whose seed-mean reward reaches `target`, among those scored for every seed."""
+def scored_steps(curve: dict[int, dict[int, dict]]) -> list[int]:
+    """The checkpoints of a method scored for every one of its seeds."""
     seeds = max(len(results) for results in curve.values())
-    for steps in sorted(curve):
-        if (len(curve[steps]) == seeds
-                and statistics.fmean(mean_reward_of(r, decoding) for r in curve[steps]) >= target - 1e-12):
-            return steps
-    return None
+    return sorted(steps for steps, results in curve.items() if len(results) == seeds)
+
+
+def steps_to_reach(curve: dict[int, dict[int, dict]], baseline: dict[int, dict[int, dict]], target: float,
+                   decoding: str) -> tuple[int | None, str | None]:
+    """(the first checkpoint whose seed-mean reward reaches `target`, None) where the method and its baseline
+    were scored at the same checkpoints (more than one), else (None, why not)."""
+    mine, theirs = scored_steps(curve), scored_steps(baseline)
+    if mine != theirs:
+        return None, f"not scored at the same checkpoints: method at steps {mine}, baseline at {theirs}"
+    if len(mine) < 2:
+        return None, f"scored at step {mine[0]} only: the final difference is all there is"
+    for steps in mine:
+        if statistics.fmean(mean_reward_of(r, decoding) for r in curve[steps].values()) >= target - 1e-12:
+            return steps, None
+    return None, f"not reached by step {mine[-1]}"
 
 
 def mean_reward_of(result: dict, decoding: str, ids=None) -> float:
@@ -479,34 +554,105 @@ def mean_reward_of(result: dict, decoding: str, ids=None) -> float:
     return statistics.fmean(v for k, v in rewards.items() if ids is None or k in ids)
 
 
-def arm_rows(evals: dict[str, dict], arm: str, decoding: str, model: str) -> list[dict]:
-    """The closed_loop.json rows of one arm: per method, its final seed-mean reward against GDPO's, on the
-    held-out prompts the arm was evaluated on (an arm evaluated greedily only has greedy rows alone)."""
+# What a row says when no design file was committed before held-out scoring (`--design-commit`).
+UNREGISTERED_NOTE = (
+    "not pre-registered: no design file was committed before held-out scoring. In the 2026-12-04 CPU run the "
+    "offline gdpo, mrtpo and rs (3 seeds) and the iterated arm's first seed were scored first (commit 46041f7); "
+    "MRTPO's midpoint (step 11), mrtpo_both, the dev screen and the iterated arm's second seed with its last "
+    "round on every held-out prompt were added after those held-out results (commits 2e4f169, 6d29738)")
+
+# Every method is compared with each of these present in its arm (a baseline only with those after it), and a
+# variant also with the method it varies: the rows come from the methods scored, with no code per method.
+BASELINES = ("gdpo", "rs")
+PARENTS = {"mrtpo_both": "mrtpo", "mrtpobeta1": "mrtpo", "mc": "gdpo_tree"}
+
+
+def comparisons(methods) -> list[tuple[str, str]]:
+    """(method, baseline) pairs of an arm's methods, each difference once."""
+    pairs = []
+    for method in sorted(methods):
+        for base in (*BASELINES, PARENTS.get(method)):
+            later = method in BASELINES and base in BASELINES and BASELINES.index(method) < BASELINES.index(base)
+            if base in methods and base != method and not later:
+                pairs.append((method, base))
+    return pairs
+
+
+def rewards_matrix(curve_at: dict[int, dict], seeds: list[int], ids: list[str], decoding: str) -> list[list[float]]:
+    rewards = [prompt_rewards(curve_at[s], decoding) for s in seeds]
+    return [[r[i] for i in ids] for r in rewards]
+
+
+def arm_rows(evals: dict[str, dict], arm: str, decoding: str, model: str, experiment: dict) -> list[dict]:
+    """The closed_loop.json rows of one arm: per (method, baseline) of `comparisons`, the final seed-mean
+    rewards and their difference, crossed (seeds and prompts) and prompts-only, on the held-out prompts the
+    arm was scored on (an arm scored greedily only has greedy rows alone). `experiment`: the keys every row
+    carries (sampled tokens, design commit, note)."""
+    import numpy as np
+
     by_method = curves(evals, arm, decoding)
-    greedy_only = any("sampled" not in r for c in by_method.values() for rs in c.values() for r in rs)
-    if "gdpo" not in by_method or (greedy_only and decoding != "greedy"):
+    greedy_only = any("sampled" not in r for c in by_method.values() for at in c.values() for r in at.values())
+    if greedy_only and decoding != "greedy":
         return []
-    final_steps = max(by_method["gdpo"])
-    ids = set(by_method["gdpo"][final_steps][0]["greedy"])
-    start = {k: v for k, v in prompt_rewards(evals["start"], decoding).items() if k in ids}
-    unseen = [k for k in start if k.startswith("unseen-")]
-    gdpo = seed_mean(by_method["gdpo"][final_steps], decoding)
-    gdpo_final = statistics.fmean(gdpo.values())
     rows = []
-    for method, curve in sorted(by_method.items()):
-        if final_steps not in curve:
+    for method, base in comparisons(by_method):
+        final_steps = max(by_method[base])
+        if final_steps not in by_method[method]:
             continue
-        final = seed_mean(curve[final_steps], decoding)
-        vs = paired(final, gdpo, sorted(final))
-        rows.append({"model": model, "arm": arm, "method": method, "decoding": decoding,
-                     "seeds": len(curve[final_steps]), "steps": final_steps, "eval_prompts": len(final),
-                     "start_reward": statistics.fmean(start.values()), "final_reward": statistics.fmean(final.values()),
-                     "diff_vs_gdpo": vs["diff"], "ci_low": vs["ci_low"], "ci_high": vs["ci_high"], "mde": vs["mde"],
-                     "seen_final_reward": statistics.fmean(v for k, v in final.items() if k not in unseen),
-                     "unseen_final_reward": statistics.fmean(final[k] for k in unseen) if unseen else None,
-                     "unseen_diff_vs_gdpo": paired(final, gdpo, unseen)["diff"] if unseen else None,
-                     "steps_to_gdpo_final": steps_to_reach(curve, gdpo_final, decoding)})
+        seeds = sorted(set(by_method[method][final_steps]) & set(by_method[base][final_steps]))
+        ids = sorted(prompt_rewards(by_method[base][final_steps][seeds[0]], decoding))
+        start_all = prompt_rewards(evals["start"], decoding)
+        start = np.array([start_all[i] for i in ids])
+        a = np.array(rewards_matrix(by_method[method][final_steps], seeds, ids, decoding))
+        b = np.array(rewards_matrix(by_method[base][final_steps], seeds, ids, decoding))
+        crossed = crossed_difference(a, b, start)
+        prompts_only = paired(dict(zip(ids, a.mean(axis=0))), dict(zip(ids, b.mean(axis=0))), ids)
+        unseen = [j for j, i in enumerate(ids) if i.startswith("unseen-")]
+        unseen_crossed = crossed_difference(a[:, unseen], b[:, unseen], start[unseen]) if unseen else None
+        steps, why_not = steps_to_reach(by_method[method], by_method[base], float(b.mean()), decoding)
+        rows.append({
+            "model": model, "arm": arm, "method": method, "baseline": base, "decoding": decoding,
+            "seeds": len(seeds), "seed_ids": seeds, "steps": final_steps, "eval_prompts": len(ids),
+            "start_reward": float(start.mean()), "final_reward": float(a.mean()),
+            "baseline_final_reward": float(b.mean()),
+            **crossed,
+            "ci_low_prompts": prompts_only["ci_low"], "ci_high_prompts": prompts_only["ci_high"],
+            "mde_prompts": prompts_only["mde"],
+            "unseen_prompts": len(unseen),
+            "unseen_final_reward": float(a[:, unseen].mean()) if unseen else None,
+            "unseen_diff": unseen_crossed["diff"] if unseen else None,
+            "unseen_ci_low_seeds": unseen_crossed["ci_low_seeds"] if unseen else None,
+            "unseen_ci_high_seeds": unseen_crossed["ci_high_seeds"] if unseen else None,
+            "steps_scored": scored_steps(by_method[method]),
+            "baseline_steps_scored": scored_steps(by_method[base]),
+            "steps_to_baseline_final": steps, "steps_to_baseline_final_null_reason": why_not,
+            **experiment})
     return rows
+
+
+def sampled_tokens(arm: str, settings: dict) -> dict:
+    """Tokens sampled per train prompt for an arm's training data: counted on its pool where the pool is
+    kept (offline: `STATE/pool`), else null with why."""
+    pool = STATE / "pool"
+    if arm == "offline" and complete(pool):
+        from tokencredit.pipeline.dataset.query import connect
+
+        prompts, tokens = connect(str(pool)).sql(
+            "SELECT count(DISTINCT group_id), sum(len(token_ids)) FROM responses").fetchall()[0]
+        return {"sampled_tokens": tokens / prompts, "sampled_tokens_note": f"counted on the pool ({prompts} prompts)"}
+    bound = (f"{settings['n']} responses per train prompt of at most {settings['max_new_tokens']} tokens"
+             if arm == "offline" else "per round, n responses of at most max_new_tokens tokens")
+    return {"sampled_tokens": None,
+            "sampled_tokens_note": f"not measurable: the pools (bench/.closed_loop) were not kept and their "
+                                   f"response lengths were not recorded; {bound}"}
+
+
+def experiment_keys(arm: str, settings: dict) -> dict:
+    """The keys every row of an arm carries: sampled tokens, the design's commit and what it means."""
+    commit = settings.get("design_commit")
+    note = (f"pre-registered: the design file was committed at {commit}, before any held-out scoring" if commit
+            else UNREGISTERED_NOTE)
+    return {**sampled_tokens(arm, settings), "design_commit": commit, "note": note}
 
 
 def diagnose(pool: Path, records_path: Path) -> dict:
@@ -572,124 +718,181 @@ def kind_rates(results: list[dict], ids=None) -> dict[str, float]:
 
 
 def plot(evals: dict[str, dict], path: Path, decoding: str = "both") -> None:
+    """Held-out reward per arm: the base policy at step 0, each method's seed mean (seed min-max bars) at
+    the steps it was scored, and lines only between consecutive scored steps of one method; nothing is
+    drawn where nothing was measured (markers offset sideways a little, for legibility)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     arms = [arm for arm in ("offline", "iterated") if curves(evals, arm, decoding)]
-    fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(arms), figsize=(5.5 * len(arms), 3.6), squeeze=False)
     for ax, arm in zip(axes[0], arms):
-        first = next(iter(next(iter(curves(evals, arm, decoding).values())).values()))[0]
+        by_method = curves(evals, arm, decoding)
+        first = next(iter(next(iter(next(iter(by_method.values())).values())).values()))
         shown = decoding if "sampled" in first else "greedy"  # an arm scored greedily only: its start too
-        start = mean_reward_of(evals["start"], shown, ids=set(first["greedy"]))
-        for method, curve in sorted(curves(evals, arm, decoding).items()):
-            steps = [0, *sorted(curve)]
-            values = [[start]] + [[mean_reward_of(r, shown) for r in curve[s]] for s in steps[1:]]
-            line, = ax.plot(steps, [statistics.fmean(v) for v in values], marker="o", label=method)
-            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.15,
-                            color=line.get_color())
-        ax.set_title(f"{arm} arm, {shown} (seed min-max band)")
-        ax.set_xlabel("training steps")
+        ax.plot([0], [mean_reward_of(evals["start"], shown, ids=set(first["greedy"]))], "ks", label="start")
+        for k, (method, curve) in enumerate(sorted(by_method.items())):
+            steps = sorted(curve)
+            x = [s + 0.25 * (k - (len(by_method) - 1) / 2) for s in steps]
+            values = [[mean_reward_of(r, shown) for r in curve[s].values()] for s in steps]
+            means = [statistics.fmean(v) for v in values]
+            bars = [[m - min(v) for m, v in zip(means, values)], [max(v) - m for m, v in zip(means, values)]]
+            ax.errorbar(x, means, yerr=bars, fmt="o-" if len(steps) > 1 else "o", capsize=3, lw=1,
+                        label=f"{method} ({len(values[-1])} seeds)")
+        ax.set_title(f"{arm} arm, {shown}, {len(first['greedy'])} held-out prompts: measured points only",
+                     fontsize=10)
+        ax.set_xlabel("training steps (scored checkpoints)")
+        ax.set_xticks(sorted({0, *(s for c in by_method.values() for s in c)}))
         ax.grid(alpha=0.3)
-        ax.legend()
-    axes[0][0].set_ylabel("held-out mean reward")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("held-out mean reward (seed min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def final_rows(evals: dict[str, dict], model: str) -> list[dict]:
-    """The iterated arm's rows from its last round scored on every held-out prompt (`iteratedfinal`), with
-    the steps to GDPO's final read off the per-round curve (greedy, every k-th prompt)."""
-    curve = {r["method"]: r["steps_to_gdpo_final"] for r in arm_rows(evals, "iterated", "greedy", model)}
-    rows = [row for decoding in ("both", "greedy", "sampled")
-            for row in arm_rows(evals, "iteratedfinal", decoding, model)]
-    return [{**row, "arm": "iterated", "steps_to_gdpo_final": curve.get(row["method"]),
-             "evaluation": "last round, every held-out prompt"} for row in rows]
+def report_rows(evals: dict[str, dict], settings: dict) -> list[dict]:
+    """Every row of closed_loop.json: the offline arm and the iterated arm's per-round curve (every k-th
+    held-out prompt), then the iterated arm's last round scored on every held-out prompt."""
+    model = settings["model"]
+    rows = []
+    for arm, evaluation in (("offline", None), ("iterated", "per round, every k-th held-out prompt"),
+                            ("iteratedfinal", "last round, every held-out prompt")):
+        for decoding in ("both", "greedy", "sampled"):
+            for row in arm_rows(evals, arm, decoding, model, experiment_keys(arm, settings)):
+                rows.append({**row, "arm": "iterated", "evaluation": evaluation} if evaluation else row)
+    return rows
+
+
+def report_inputs(args) -> tuple[dict[str, dict], dict, dict]:
+    """(evaluations, settings, what the run's state gave the details file): from the run's state where it
+    is, else from the committed results, whose settings, pool figures (diagnosis, pass rates per kind, the
+    pool's statistics) and hypotheses are kept as they were measured."""
+    evals = load_evals()
+    from_state = (STATE / "eval").is_dir() and any((STATE / "eval").glob("*.json"))
+    if from_state or not DETAILS_JSON.is_file():
+        return evals, {**vars(args), "measured_from": "state"}, {}
+    stored = json.loads(DETAILS_JSON.read_text())
+    settings = {**stored["settings"], "design_commit": args.design_commit, "measured_from": "committed results"}
+    return evals, settings, {k: stored[k] for k in ("diagnosis", "pool", "pass_rates", "hypotheses") if k in stored}
 
 
 def cmd_report(args) -> list[dict]:
-    evals = load_evals()
-    rows = [row for arm in ("offline", "iterated") for decoding in ("both", "greedy", "sampled")
-            for row in arm_rows(evals, arm, decoding, args.model)]
-    rows = [{**row, "evaluation": "per round, every k-th held-out prompt"} if row["arm"] == "iterated" else row
-            for row in rows] + final_rows(evals, args.model)
-    hypotheses = dev_rows(evals)
+    evals, settings, kept = report_inputs(args)
+    rows = report_rows(evals, settings)
+    hypotheses = kept.get("hypotheses") or dev_rows(evals)  # stored ones: from unrounded rewards
     for row in hypotheses:
         log(f"dev: {json.dumps(row)}")
     for row in rows:
-        log(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
+        log(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()
+                        if k not in ("note", "sampled_tokens_note")}))
     pool = STATE / "pool"
-    diagnosis = {method: diagnose(STATE / folder, PROMPTS / "prompts.jsonl")
-                 for method, folder in (("mrtpo", "pool"), ("mrtpo_both", "pool-both")) if complete(STATE / folder)}
-    if complete(pool):
-        log(f"pool: {json.dumps(pool_stats(pool))}")
-    log(f"diagnosis: {json.dumps(diagnosis)}")
-    rates = {"start": kind_rates([evals["start"]])}
-    for arm in ("offline", "iterated"):
-        for method, curve in curves(evals, arm, "both").items():
-            rates[f"{arm}-{method}"] = kind_rates(curve[max(curve)])
+    diagnosis = kept.get("diagnosis") or {
+        method: diagnose(STATE / folder, PROMPTS / "prompts.jsonl")
+        for method, folder in (("mrtpo", "pool"), ("mrtpo_both", "pool-both")) if complete(STATE / folder)}
+    pool_figures = kept.get("pool") or (pool_stats(pool) if complete(pool) else {})
+    rates = kept.get("pass_rates") or pass_rates(evals)
+    log(f"pool: {json.dumps(pool_figures)}; diagnosis: {json.dumps(diagnosis)}")
     log(f"pass rates per kind: {json.dumps(rates)}")
     if args.quick:
         return rows
     RESULTS_JSON.write_text(json.dumps(rows, indent=1) + "\n")
-    (ROOT / "bench" / "results" / "closed_loop_per_prompt.json").write_text(json.dumps(
-        {label: {decoding: {k: round(v["reward"], 4) for k, v in result[decoding].items()}
-                 for decoding in ("greedy", "sampled") if decoding in result}
-         for label, result in evals.items()}, sort_keys=True) + "\n")
-    (ROOT / "bench" / "results" / "closed_loop_details.json").write_text(json.dumps(
-        {"diagnosis": diagnosis, "pool": pool_stats(pool) if complete(pool) else {}, "pass_rates": rates,
-         "hypotheses": hypotheses, "settings": vars(args)}, indent=1) + "\n")
+    if settings["measured_from"] == "state":
+        PER_PROMPT_JSON.write_text(json.dumps(
+            {label: {decoding: {k: round(v["reward"], 4) for k, v in result[decoding].items()}
+                     for decoding in ("greedy", "sampled") if decoding in result}
+             for label, result in evals.items()}, sort_keys=True) + "\n")
+    DETAILS_JSON.write_text(json.dumps(
+        {"diagnosis": diagnosis, "pool": pool_figures, "pass_rates": rates, "hypotheses": hypotheses,
+         "settings": settings}, indent=1) + "\n")
     plot(evals, ROOT / "bench" / "closed_loop.png")
-    write_results_md(rows, evals, diagnosis, hypotheses, args)
+    write_results_md(rows, evals, diagnosis, hypotheses, settings)
     return rows
 
 
+def pass_rates(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Pass rate per constraint kind of the start and of each arm's methods at their last step."""
+    rates = {"start": kind_rates([evals["start"]])}
+    for arm in ("offline", "iterated"):
+        for method, curve in curves(evals, arm, "both").items():
+            rates[f"{arm}-{method}"] = kind_rates(list(curve[max(curve)].values()))
+    return rates
+
+
+def interval(row: dict, key: str = "") -> str:
+    return (f"{row[key + 'diff'] if key else row['diff']:+.3f} "
+            f"[{row[key + 'ci_low_seeds']:+.3f}, {row[key + 'ci_high_seeds']:+.3f}]")
+
+
 def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, hypotheses: list[dict],
-                     args) -> None:
+                     settings: dict) -> None:
     from common import upsert_result
 
-    def arm_line(arm: str) -> str:
-        both = ([r for r in rows if r["arm"] == arm and r["decoding"] == "both"]
-                or [r for r in rows if r["arm"] == arm and r["decoding"] == "greedy"])
-        if not both:
-            return f"{arm}: not run"
-        start = both[0]["start_reward"]
-        gdpo_gain = next(r["final_reward"] for r in both if r["method"] == "gdpo") - start
-        parts = [f"{r['method']} {r['final_reward']:.3f} (gain {r['final_reward'] - start:+.3f}; vs GDPO "
-                 f"{r['diff_vs_gdpo']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]; unseen "
-                 f"{r['unseen_final_reward']:.3f})" for r in both]
-        mrtpo = next((r for r in both if r["method"] == "mrtpo"), None)
-        ratio = (mrtpo["final_reward"] - start) / gdpo_gain if mrtpo and gdpo_gain else float("nan")
-        return (f"{arm} ({both[0]['seeds']} seeds, {both[0]['steps']} steps, {both[0]['eval_prompts']} prompts, "
-                f"{both[0]['decoding']}): start {start:.3f}; "
-                + "; ".join(parts) + f"; MRTPO gain / GDPO gain {ratio:.2f}; detectable difference "
-                f"{mrtpo['mde'] if mrtpo else float('nan'):.3f} (MRTPO - GDPO); steps to GDPO's final: "
-                + ", ".join(f"{r['method']} {r['steps_to_gdpo_final']}" for r in both))
+    def arm_rows_shown(arm: str, evaluation: str | None = None) -> list[dict]:
+        mine = [r for r in rows if r["arm"] == arm and (evaluation is None or r.get("evaluation") == evaluation)]
+        return [r for r in mine if r["decoding"] == "both"] or [r for r in mine if r["decoding"] == "greedy"]
+
+    def arm_line(title: str, shown: list[dict]) -> str:
+        if not shown:
+            return f"{title}: not run"
+        first = shown[0]
+        parts = [f"{r['method']} - {r['baseline']} {interval(r)} (prompts only [{r['ci_low_prompts']:+.3f}, "
+                 f"{r['ci_high_prompts']:+.3f}]; per seed {', '.join(f'{x:+.3f}' for x in r['per_seed_diff'])}; "
+                 f"detectable {r['mde_seeds']:.3f}; gain {r['gain']:+.3f} / {r['baseline_gain']:+.3f} = "
+                 f"{r['gain_ratio']:.2f} [{r['gain_ratio_ci_low_seeds']:.2f}, {r['gain_ratio_ci_high_seeds']:.2f}]"
+                 f"; steps to {r['baseline']}'s final: "
+                 f"{r['steps_to_baseline_final'] or r['steps_to_baseline_final_null_reason']})" for r in shown]
+        return (f"{title} ({first['seeds']} seeds, {first['steps']} steps, {first['eval_prompts']} prompts, "
+                f"{first['decoding']}; start {first['start_reward']:.3f}): " + "; ".join(parts))
+
+    offline = arm_rows_shown("offline")
+    final = arm_rows_shown("iterated", "last round, every held-out prompt")
+    per_round = arm_rows_shown("iterated", "per round, every k-th held-out prompt")
     mass = " / ".join(f"{method}: " + "; ".join(
         f"{k} {v['mrtpo_share']:.2f} vs {v['gdpo_share']:.2f} (top-1 {v['mrtpo_top1']:.2f}, {v['pairs']} pairs)"
         for k, v in kinds.items()) for method, kinds in diagnosis.items())
+    mrtpo_gdpo = [r for r in offline + final if (r["method"], r["baseline"]) == ("mrtpo", "gdpo")]
+    above = [f"{'offline' if r in offline else 'iterated'} {interval(r)}" for r in mrtpo_gdpo]
+    ratios = [f"{r['gain_ratio']:.2f} [{r['gain_ratio_ci_low_seeds']:.2f}, {r['gain_ratio_ci_high_seeds']:.2f}]"
+              for r in mrtpo_gdpo]
+    steps = [str(r["steps_to_baseline_final"] or r["steps_to_baseline_final_null_reason"]) for r in mrtpo_gdpo]
+    design = (f"design committed at {settings['design_commit']}" if settings.get("design_commit")
+              else "not pre-registered (midpoint, mrtpo_both, the dev screen and the second iterated seed were "
+                   "added after held-out results)")
     upsert_result(
         "Closed loop, SmolLM2: does token credit train better? (closed_loop.py)",
         "SmolLM2-135M-Instruct with LoRA on the instruction prompts of `bench/closed_loop_prompts/` (kinds and "
         "temperature chosen on the pilot's train prompts: `bench/results/closed_loop_pilot.json`). Held-out mean "
-        "reward (greedy and one sample per prompt, same seeds for every policy); MRTPO - GDPO with a 95% bootstrap "
-        "interval over prompts; the detectable difference is 2.8 standard errors of the paired mean. Rows: "
+        "reward (greedy and one sample per prompt, averaged per prompt; same seeds for every policy). Every "
+        "difference with a 95% crossed bootstrap interval (trained seeds and held-out prompts resampled together), "
+        "the prompts-only interval beside it, each seed's difference, and the detectable difference, 2.8 crossed "
+        "standard errors; gain ratio = gain over the start / the baseline's gain. Rows: "
         "`bench/results/closed_loop.json`; plot: `bench/closed_loop.png`; pass rates per kind and the diagnosis: "
         "`bench/results/closed_loop_details.json`; every policy's reward per held-out prompt: "
         "`bench/results/closed_loop_per_prompt.json`.",
         "full",
-        f"temperature {args.temperature}; max_new_tokens {args.max_new_tokens}; pool {args.train_prompts or 256} "
-        f"train prompts x {args.n}; LoRA r 8, lr {args.lr}, batch {args.batch_size}; held-out "
-        f"{len(evals['start']['greedy'])} prompts",
-        f"{arm_line('offline')} | {arm_line('iterated')} | negative mass of a failed constraint on its violating "
+        f"temperature {settings['temperature']}; max_new_tokens {settings['max_new_tokens']}; pool "
+        f"{settings['train_prompts'] or 256} train prompts x {settings['n']}; LoRA r 8, lr {settings['lr']}, batch "
+        f"{settings['batch_size']}; held-out {len(evals['start']['greedy'])} prompts; {design}; analysed from "
+        f"{settings['measured_from']}",
+        f"{arm_line('offline', offline)} | {arm_line('iterated, last round', final)} | "
+        f"{arm_line('iterated, per round', per_round)} | negative mass of a failed constraint on its violating "
         f"tokens, MRTPO vs GDPO: {mass} | hypotheses on {hypotheses[0]['prompts'] if hypotheses else 0} dev "
-        "(train) prompts, 1 seed, vs MRTPO [95%]: " + "; ".join(
+        "(train) prompts, 1 seed, vs MRTPO [95% over prompts]: " + "; ".join(
             f"{h['variant']} {h['reward']:.3f}" + (" ({:+.3f} [{:+.3f}, {:+.3f}])".format(*h["vs_mrtpo"])
                                                    if "vs_mrtpo" in h else "") for h in hypotheses),
-        "issue 18: MRTPO's gain >= 1.3x GDPO's, 95% interval of MRTPO - GDPO above 0 in one arm, MRTPO at GDPO's "
-        "final in <= 0.7x the steps",
+        "issue 18, seeds and prompts crossed: 95% interval of MRTPO - GDPO above 0 in one arm: "
+        f"{verdict_of(any(r['ci_low_seeds'] > 0 for r in mrtpo_gdpo))} ({'; '.join(above)}); MRTPO's gain >= 1.3x "
+        f"GDPO's: {verdict_of(any(r['gain_ratio_ci_low_seeds'] >= 1.3 for r in mrtpo_gdpo))} ({'; '.join(ratios)}); "
+        f"GDPO's final in <= 0.7x the steps: not measured ({'; '.join(steps)}); detectable difference <= 0.03: "
+        + "; ".join(f"{'offline' if r in offline else 'iterated'} {r['mde_seeds']:.3f} "
+                    f"{verdict_of(r['mde_seeds'] <= 0.03)}" for r in mrtpo_gdpo),
     )
+
+
+def verdict_of(shown: bool) -> str:
+    return "met" if shown else "NOT met"
 
 
 def cmd_quick(args) -> list[dict]:
@@ -710,13 +913,13 @@ def cmd_quick(args) -> list[dict]:
         cmd_dev(args)
         rows = cmd_report(args)
         hypotheses = dev_rows(load_evals())
-    arms = {(r["arm"], r["method"]) for r in rows}
-    expected = ({("offline", m) for m in [*OFFLINE_METHODS, *ADVANTAGES]}
-                | {("iterated", m) for m in ITERATED_METHODS})
-    if arms != expected or len(hypotheses) != 4:
-        raise SystemExit(f"quick run: rows for {sorted(arms)}, expected {sorted(expected)}; "
+    pairs = {(r["arm"], r["method"], r["baseline"]) for r in rows}
+    expected = ({("offline", *pair) for pair in comparisons([*OFFLINE_METHODS, *ADVANTAGES])}
+                | {("iterated", *pair) for pair in comparisons(ITERATED_METHODS)})
+    if pairs != expected or len(hypotheses) != 4:
+        raise SystemExit(f"quick run: rows for {sorted(pairs)}, expected {sorted(expected)}; "
                          f"{len(hypotheses)} dev variants, expected 4")
-    print(f"quick run: {len(rows)} rows, arms and methods {sorted(arms)}; dev variants "
+    print(f"quick run: {len(rows)} rows, (arm, method, baseline) {sorted(pairs)}; dev variants "
           f"{[h['variant'] for h in hypotheses]}")
     return rows
 
@@ -758,6 +961,9 @@ def main() -> None:
     parser.add_argument("--final-eval", action="store_true",
                         help="iterated: score the last round's policies on every held-out prompt, greedy and sampled")
     parser.add_argument("--dev-prompts", type=int, default=64, help="dev: train prompts after the pool's, from the end")
+    parser.add_argument("--design-commit", default=None,
+                        help="report: the commit of the experiment's design file, committed before any held-out "
+                             "scoring (none: not pre-registered)")
     parser.add_argument("--variants", default=",".join(DEV_VARIANTS), help="dev: the variants to screen")
     args = parser.parse_args()
     args.quick = False

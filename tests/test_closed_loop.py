@@ -55,12 +55,121 @@ def test_paired_difference_interval_and_detectable_effect_match_scipy():
     assert same["diff"] == same["ci_low"] == same["ci_high"] == same["mde"] == 0
 
 
+def _seeds_by_prompts(seed_effects, n_prompts=300, noise=0.15, rng_seed=2):
+    """[S, P] paired differences: prompt effects shared by every seed, one offset per seed, cell noise."""
+    rng = np.random.default_rng(rng_seed)
+    prompts = rng.normal(0.02, 0.1, n_prompts)
+    return np.array(seed_effects)[:, None] + prompts[None, :] + rng.normal(0, noise, (len(seed_effects), n_prompts))
+
+
+def test_crossed_bootstrap_with_one_seed_is_the_prompts_only_bootstrap():
+    cells = _seeds_by_prompts([0.01])
+    ids = [f"p{i}" for i in range(cells.shape[1])]
+    prompts_only = closed_loop.paired(dict(zip(ids, cells[0])), dict.fromkeys(ids, 0.0), ids, draws=5_000, seed=3)
+    crossed = closed_loop.crossed_means(cells, draws=5_000, seed=3)
+    assert np.quantile(crossed, 0.025) == pytest.approx(prompts_only["ci_low"], abs=1e-12)
+    assert np.quantile(crossed, 0.975) == pytest.approx(prompts_only["ci_high"], abs=1e-12)
+
+
+def test_crossed_bootstrap_is_deterministic_and_draws_seeds_and_prompts_together():
+    cells = _seeds_by_prompts([0.0, 0.05, -0.03, 0.08])
+    first, again = closed_loop.crossed_means(cells, 2_000, seed=7), closed_loop.crossed_means(cells, 2_000, seed=7)
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, closed_loop.crossed_means(cells, 2_000, seed=8))
+    # every leading array gets the same draws: the replicate of a sum is the sum of the replicates
+    both = closed_loop.crossed_means(np.stack([cells, 2 * cells + 1]), 2_000, seed=7)
+    assert np.allclose(both[0], first) and np.allclose(both[1], 2 * first + 1)
+
+
+def test_crossed_interval_is_wider_when_seeds_disagree_and_its_variance_is_the_exact_one():
+    agreeing = _seeds_by_prompts([0.02, 0.02, 0.02])
+    disagreeing = _seeds_by_prompts([-0.03, 0.02, 0.07])  # the same prompts and noise, seeds apart
+    width = {name: np.ptp(np.quantile(closed_loop.crossed_means(c, 20_000), [0.025, 0.975]))
+             for name, c in (("agree", agreeing), ("disagree", disagreeing))}
+    assert width["disagree"] > 2 * width["agree"]
+    # Resampling S seeds and P prompts independently, the replicates' variance is exactly
+    # mean(seed effect^2)/S + mean(prompt effect^2)/P + mean(interaction^2)/(S P) (two-way decomposition)
+    for cells in (agreeing, disagreeing):
+        n_seeds, n_prompts = cells.shape
+        seed_effect = cells.mean(axis=1) - cells.mean()
+        prompt_effect = cells.mean(axis=0) - cells.mean()
+        interaction = cells - cells.mean() - seed_effect[:, None] - prompt_effect[None, :]
+        exact = ((seed_effect ** 2).mean() / n_seeds + (prompt_effect ** 2).mean() / n_prompts
+                 + (interaction ** 2).mean() / (n_seeds * n_prompts))
+        assert closed_loop.crossed_means(cells, 40_000, seed=1).var() == pytest.approx(exact, rel=0.05)
+
+
+def test_crossed_difference_per_seed_and_gain_ratio():
+    start = np.full(300, 0.4)
+    baseline = 0.45 + _seeds_by_prompts([0.0, 0.01, -0.01], rng_seed=4)
+    method = baseline + _seeds_by_prompts([0.02, 0.0, 0.04], rng_seed=5)
+    out = closed_loop.crossed_difference(method, baseline, start, draws=4_000)
+    assert out["per_seed_diff"] == pytest.approx(list((method - baseline).mean(axis=1)))
+    assert out["diff"] == pytest.approx(np.mean(out["per_seed_diff"]))
+    assert out["ci_low_seeds"] < out["diff"] < out["ci_high_seeds"]
+    assert out["gain_ratio"] == pytest.approx((method - start).mean() / (baseline - start).mean())
+    assert out["gain_ratio_ci_low_seeds"] < out["gain_ratio"] < out["gain_ratio_ci_high_seeds"]
+    replicates = closed_loop.crossed_means(method - baseline, 4_000)
+    assert out["mde_seeds"] == pytest.approx(2.8 * replicates.std())
+
+
+def test_every_method_is_compared_with_gdpo_rs_and_the_method_it_varies_once():
+    assert closed_loop.comparisons(["gdpo", "mrtpo", "rs", "mrtpo_both"]) == [
+        ("mrtpo", "gdpo"), ("mrtpo", "rs"), ("mrtpo_both", "gdpo"), ("mrtpo_both", "rs"),
+        ("mrtpo_both", "mrtpo"), ("rs", "gdpo")]
+    assert set(closed_loop.comparisons(["gdpo", "gdpo_tree", "mc", "rs"])) == {
+        ("gdpo_tree", "gdpo"), ("gdpo_tree", "rs"), ("mc", "gdpo"), ("mc", "rs"), ("mc", "gdpo_tree"), ("rs", "gdpo")}
+    assert closed_loop.comparisons(["gdpo", "mrtpo"]) == [("mrtpo", "gdpo")]
+
+
+def _evals(scored: dict[str, list[int]], seeds=(0, 1, 2), n_prompts=40, arm="offline"):
+    """Evaluations as closed_loop.py stores them: a start and, per method, seeds x scored steps."""
+    rng = np.random.default_rng(0)
+    ids = [f"p{i}" for i in range(n_prompts - 8)] + [f"unseen-{i}" for i in range(8)]
+
+    def result(level):
+        return {d: {i: {"reward": float(np.clip(level + rng.normal(0, 0.1), 0, 1))} for i in ids}
+                for d in ("greedy", "sampled")}
+
+    evals = {"start": result(0.4)}
+    for k, (method, steps) in enumerate(scored.items()):
+        for seed in seeds:
+            for step in steps:
+                evals[f"{arm}-{method}-{seed}-{step}"] = result(0.4 + 0.01 * k + 0.002 * step)
+    return evals
+
+
+def test_rows_say_steps_to_the_baselines_final_only_where_both_were_scored_at_the_same_checkpoints():
+    settings = {"n": 8, "max_new_tokens": 96, "design_commit": None}
+    keys = closed_loop.experiment_keys("offline", settings)
+    rows = closed_loop.arm_rows(_evals({"gdpo": [16], "mrtpo": [8, 16], "rs": [16]}), "offline", "both",
+                                "m", keys)
+    by_pair = {(r["method"], r["baseline"]): r for r in rows}
+    assert set(by_pair) == {("mrtpo", "gdpo"), ("mrtpo", "rs"), ("rs", "gdpo")}
+    assert by_pair["mrtpo", "gdpo"]["steps_to_baseline_final"] is None
+    assert "same checkpoints" in by_pair["mrtpo", "gdpo"]["steps_to_baseline_final_null_reason"]
+    assert by_pair["rs", "gdpo"]["steps_to_baseline_final_null_reason"].startswith("scored at step 16 only")
+
+    def curve(rewards_by_step):  # two seeds, one prompt, greedy only
+        return {step: {seed: {"greedy": {"p": {"reward": r + 0.01 * seed}}} for seed in (0, 1)}
+                for step, r in rewards_by_step.items()}
+
+    method, baseline = curve({8: 0.50, 16: 0.60}), curve({8: 0.30, 16: 0.505})
+    assert closed_loop.steps_to_reach(method, baseline, 0.505, "greedy") == (8, None)
+    assert closed_loop.steps_to_reach(method, baseline, 0.7, "greedy") == (None, "not reached by step 16")
+    for row in rows:
+        assert len(row["per_seed_diff"]) == row["seeds"] == 3 and row["eval_prompts"] == 40
+        assert row["ci_low_seeds"] <= row["diff"] <= row["ci_high_seeds"]
+        assert row["unseen_prompts"] == 8 and row["design_commit"] is None and "pre-registered" in row["note"]
+        assert row["sampled_tokens"] is None and row["sampled_tokens_note"]
+
+
 @pytest.mark.slow
 def test_quick_mode_runs_both_arms_and_keeps_nothing(tmp_path):
     before = sorted(p.name for p in (ROOT / "bench" / "results").iterdir())
     done = subprocess.run([sys.executable, "bench/closed_loop.py", "quick"], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "quick run: 23 rows" in done.stdout and "dev variants" in done.stdout
-    assert "('iterated', 'mrtpo')" in done.stdout and "('offline', 'rs')" in done.stdout
+    assert "quick run: 31 rows" in done.stdout and "dev variants" in done.stdout
+    assert "('iterated', 'mrtpo', 'gdpo')" in done.stdout and "('offline', 'rs', 'gdpo')" in done.stdout
     assert sorted(p.name for p in (ROOT / "bench" / "results").iterdir()) == before
