@@ -72,7 +72,7 @@ def tree_tensors(samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor]
                                  f"share a node only as the same prefix of one group, and a leaf is one response")
             index.setdefault(seg.node_id, len(index))
         paths.append(s.segments)
-    D = max(len(p) for p in paths)
+    D = max((len(p) for p in paths), default=1)
     node = torch.full((len(samples), D), -1, dtype=torch.long)
     bounds = torch.empty((len(samples), D + 1), dtype=torch.long)
     for i, path in enumerate(paths):
