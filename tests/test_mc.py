@@ -4,6 +4,7 @@ back through the real Parquet writer, the DuckDB views, an export and a training
 from __future__ import annotations
 
 import csv
+import dataclasses
 import random
 import re
 from collections import defaultdict
@@ -101,10 +102,10 @@ def loop_mc(samples, rewards, mask, options: GdpoOptions = PRESETS["method"]) ->
             std = float(np.std(list(r.values()), ddof=options.ddof))
             if std <= options.zero_std:
                 continue
-            below = lambda node_id: [r[j] for j in valid if node_id in {g.node_id for g in samples[j].segments}]
             base = float(np.mean(list(r.values())))
             for d, seg in enumerate(s.segments):
-                value = r[i] if d == len(s.segments) - 1 else float(np.mean(below(seg.node_id)))
+                below = [r[j] for j in valid if seg.node_id in {g.node_id for g in samples[j].segments}]
+                value = r[i] if d == len(s.segments) - 1 else float(np.mean(below))
                 adv[k, seg.start:seg.end] = (value - base) / (std + options.eps)
                 if seg.end > seg.start:
                     base = value
@@ -327,8 +328,7 @@ def test_assign_credit_gives_each_segment_its_change_in_value(tokenizer):
     for a, b in zip(annotated, both):
         assert b.credit.mc == a.credit.mc and b.credit.mc_sum == a.credit.mc_sum
         assert set(b.credit.relevance_source) <= {"verifier", "uniform"}  # MRTPO's own, as documented
-    flat = [type(v)(sample=type(v.sample)(**{**v.sample.__dict__, "segments": None}), rewards=v.rewards)
-            for v in verified]
+    flat = [dataclasses.replace(v, sample=dataclasses.replace(v.sample, segments=None)) for v in verified]
     with pytest.raises(ValueError, match=rf"{re.escape(NEEDS_TREE)}: response 'rain/t0.0'"):
         assign_credit(flat, records, CreditConfig(kinds=("gdpo", "mc")), progress=False)
 
