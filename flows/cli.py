@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("train", "train a policy from a run's training view")
     p.add_argument("--data", required=True, help="run directory written by annotate")
-    p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t or a mix like mrtpo:0.5,gdpo:0.5")
+    p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
     p.add_argument("--objective", choices=["pg", "sft", "rs"], default="pg",
                    help="policy gradient, weighted SFT, or rejection sampling (SFT on responses passing every reward)")
     p.add_argument("--model", default=None, help="registry name or local policy folder (default: the model the "
@@ -422,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", "export a run for other trainers")
     p.add_argument("out", help="run directory")
     p.add_argument("--format", choices=["hf", "verl"], default="hf", help="datasets folder or verl Parquet")
-    p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t or a mix like mrtpo:0.5,gdpo:0.5")
+    p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
     p.add_argument("--dest", default=None, help="destination (default OUT/export-FORMAT)")
     p.add_argument("--prompts", default=None,
                    help="verl: the task JSONL file or folder of the run (default: the one its manifest names)")

@@ -97,7 +97,8 @@ RELEVANCES = ("js", "logprob_drop", "logprob_abs", "logprob_signed")
 DEFAULT_FLOORS = {"js": 0.0022, "logprob_drop": 0.0218, "logprob_abs": 0.0522, "logprob_signed": 0.0212}
 
 
-CREDIT_KINDS = ("gdpo", "mrtpo", "p2t")
+# mc: Monte-Carlo values of tree-sampled groups (method.md 3b; needs SamplingConfig.tree)
+CREDIT_KINDS = ("gdpo", "mrtpo", "p2t", "mc")
 # Where MRTPO's relevance comes from (method.md section 2): the leave-one-out replay, the verifier's spans
 # (1 on the tokens that overlap one), or the spans where a penalized reward has them and the replay elsewhere
 LOCATES = ("replay", "verifier", "both")

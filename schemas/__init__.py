@@ -11,8 +11,9 @@ from importlib.resources import files
 import pyarrow as pa
 
 # 2.0: GDPO's batch step moved to the views; 2.1: instruction rewards as kind + constraint_index;
-# 2.2: credits.relevance_source (verifier spans, replay or uniform)
-SCHEMA_VERSION = "2.2"
+# 2.2: credits.relevance_source (verifier spans, replay or uniform); 2.3: Monte-Carlo credit (credits.mc,
+# responses.mc_sum)
+SCHEMA_VERSION = "2.3"
 
 RESPONSES = pa.schema(
     [
@@ -35,6 +36,7 @@ RESPONSES = pa.schema(
         # before GDPO's batch step (the views apply c and m over the whole run): S[i] = sum_k w_k A[i,k]
         pa.field("gdpo_sum", pa.float32()),
         pa.field("mrtpo_sum", pa.list_(pa.float32())),  # [T] sum_k w_k A[i,k,t]
+        pa.field("mc_sum", pa.list_(pa.float32())),  # [T] sum_k w_k A_mc[i,k,t] (method.md 3b); NULL without mc
         pa.field("p2t_raw", pa.list_(pa.float32())),
         pa.field("p2t_reward", pa.list_(pa.float32())),
         pa.field("p2t_alpha", pa.float32()),  # A_p2t[i,t] = A_gdpo[i] + p2t_alpha * p2t_reward[t]
@@ -61,10 +63,15 @@ CREDITS = pa.schema(
         pa.field("js", pa.float32()),  # JS distance, when stored beside another relevance
         pa.field("floored", pa.bool_()),  # d under the noise floor: uniform weights for this (response, reward)
         # where this (response, reward)'s relevance d came from: 'verifier' (1 on the tokens overlapping the
-        # verifier's spans), 'replay', 'uniform' (neither); NULL when MRTPO did not run (manifest: credit.locate)
+        # verifier's spans), 'replay', 'uniform' (neither) (manifest: credit.locate); 'rollout' in a run with mc
+        # and without MRTPO (its token credit, `mc`, came from the tree's rollouts); NULL without either. In a
+        # run with both it is MRTPO's: it describes d, weight and advantage; `mc` always comes from rollouts.
         pa.field("relevance_source", pa.string()),
         pa.field("weight", pa.float32()),
         pa.field("advantage", pa.float32()),
+        # Monte-Carlo A_mc[i,k,t] of a tree-sampled group (method.md 3b), before weights and the batch step;
+        # NULL when mc did not run
+        pa.field("mc", pa.float32()),
         pa.field("beta", pa.float32()),
     ]
 )

@@ -164,8 +164,12 @@ class TokenCredit:
     beta: float
     js: list[list[float] | None] | None = None  # [K][T] JS distance when stored beside another relevance
     floored: list[bool] | None = None  # [K] relevance under the noise floor: uniform weights
-    relevance_source: list[str] | None = None  # [K] 'verifier' | 'replay' | 'uniform'; None without MRTPO
+    # [K] where MRTPO's relevance came from: 'verifier' | 'replay' | 'uniform'; 'rollout' when only mc ran;
+    # None without either
+    relevance_source: list[str] | None = None
     mrtpo_sum: list[float] | None = None  # [T] sum_k w_k A[i,k,t], before GDPO's batch step
+    mc: list[list[float]] | None = None  # [K][T] Monte-Carlo A_mc[i,k,t] (method.md 3b); None without mc
+    mc_sum: list[float] | None = None  # [T] sum_k w_k A_mc[i,k,t], before GDPO's batch step
     p2t_raw: list[float] | None = None  # [T] gradient x input
     p2t_reward: list[float] | None = None  # [T] token reward of the chosen form
     p2t_alpha: float | None = None  # A_p2t[i,t] = A_gdpo[i] + p2t_alpha * p2t_reward[t]

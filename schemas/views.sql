@@ -3,7 +3,8 @@
 -- responses: the stored rows plus GDPO's batch step over the whole run (method.md section 1),
 -- never over a shard: gdpo_scale c and gdpo_shift m come from every credited response's gdpo_sum
 -- S[i] ({batch} step, ddof {batch_ddof}, eps {batch_eps}, the run's GdpoOptions), and
--- adv_gdpo = c (S - m), adv_mrtpo[t] = c (mrtpo_sum[t] - m), adv_p2t[t] = adv_gdpo + p2t_alpha p2t_reward[t].
+-- adv_gdpo = c (S - m), adv_mrtpo[t] = c (mrtpo_sum[t] - m), adv_mc[t] = c (mc_sum[t] - m),
+-- adv_p2t[t] = adv_gdpo + p2t_alpha p2t_reward[t].
 -- 'std' weighs each response 1 and divides by std + eps; 'whiten' (verl) weighs it by its tokens
 -- and divides by sqrt(var + eps); 'none' keeps S.
 CREATE OR REPLACE VIEW responses AS
@@ -31,6 +32,7 @@ CREATE OR REPLACE VIEW responses AS
            run.shift AS gdpo_shift,
            (run.scale * (gdpo_sum - run.shift))::FLOAT AS adv_gdpo,
            list_transform(mrtpo_sum, lambda s: (run.scale * (s - run.shift))::FLOAT) AS adv_mrtpo,
+           list_transform(mc_sum, lambda s: (run.scale * (s - run.shift))::FLOAT) AS adv_mc,
            list_transform(p2t_reward,
                           lambda r: (run.scale * (gdpo_sum - run.shift) + p2t_alpha * r)::FLOAT) AS adv_p2t
     FROM stored, run;
@@ -40,9 +42,9 @@ CREATE OR REPLACE VIEW credits AS
 
 -- What a trainer reads: one row per response, one float list per advantage kind, each
 -- aligned with token_ids. adv_gdpo is the response advantage broadcast to every token;
--- adv_mrtpo / adv_p2t are NULL where that credit was not computed. sft_weight is the
--- positive part of the best available token advantage (MRTPO, else GDPO), so token-weighted
--- SFT imitates only the tokens that earned credit.
+-- adv_mrtpo / adv_p2t / adv_mc are NULL where that credit was not computed. sft_weight is the
+-- positive part of the best available token advantage (MRTPO, else Monte-Carlo, else GDPO), so
+-- token-weighted SFT imitates only the tokens that earned credit.
 CREATE OR REPLACE VIEW training AS
     SELECT
         response_id,
@@ -56,7 +58,8 @@ CREATE OR REPLACE VIEW training AS
         list_transform(token_ids, lambda t: adv_gdpo) AS adv_gdpo,
         adv_mrtpo,
         adv_p2t,
-        list_transform(coalesce(adv_mrtpo, list_transform(token_ids, lambda t: adv_gdpo)),
+        adv_mc,
+        list_transform(coalesce(adv_mrtpo, adv_mc, list_transform(token_ids, lambda t: adv_gdpo)),
                        lambda a: greatest(a, 0.0)::FLOAT) AS sft_weight,
         coalesce(list_min(rewards) >= 1.0, false) AS passed_all
     FROM responses

@@ -60,7 +60,7 @@ def sum_rewards(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
     return reduce(torch.add, x.unbind(dim), x.new_zeros(shape))
 
 
-def _check(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> None:
+def check_rewards(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> None:
     if rewards.dim() != 2 or mask.shape != rewards.shape or mask.dtype != torch.bool:
         raise ValueError(f"rewards {tuple(rewards.shape)} and mask {tuple(mask.shape)} ({mask.dtype}) "
                          f"must both be [N, K], mask bool")
@@ -92,7 +92,7 @@ def _group_stats(values: torch.Tensor, valid: torch.Tensor, group: torch.Tensor,
 
 def grpo(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """GRPO: s[i] = sum_k r[i,k] over valid k, then (s - mean_g s) / (std_g s + eps) -> [N]."""
-    _check(rewards, mask, group)
+    check_rewards(rewards, mask, group)
     s = torch.where(mask, rewards.double(), 0.0).sum(1)
     valid = torch.ones_like(s, dtype=torch.bool)
     mean, std, _ = _group_stats(s, valid, group)
@@ -101,7 +101,7 @@ def grpo(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> torc
 
 def group_has_variance(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """[N, K] bool: True where mask[i,k] and response i's group has std > EPS in reward k."""
-    _check(rewards, mask, group)
+    check_rewards(rewards, mask, group)
     _, std, _ = _group_stats(rewards, mask, group)
     return mask & (std > EPS)
 
@@ -128,7 +128,7 @@ def condition_on(rewards: torch.Tensor, mask: torch.Tensor, primary: int | torch
     return torch.where(secondary & ~reached[:, None], torch.zeros_like(rewards), rewards)
 
 
-def _reward_weights(weights: torch.Tensor | None, rewards: torch.Tensor) -> torch.Tensor:
+def reward_weights(weights: torch.Tensor | None, rewards: torch.Tensor) -> torch.Tensor:
     if weights is None:
         return torch.ones_like(rewards)
     weights = torch.as_tensor(weights, dtype=rewards.dtype)
@@ -160,6 +160,23 @@ def batch_statistics(summed: torch.Tensor, valid: torch.Tensor, options: GdpoOpt
     return torch.rsqrt(var + options.batch_eps), shift
 
 
+def group_step(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor,
+               options: GdpoOptions = PRESETS["method"]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GDPO's group step as (centre, spread, varied), each [N, K]: A[i,k] = (r[i,k] - centre) / spread where
+    varied, else 0. centre, spread float64: the group's mean and std + eps; with `single="raw"` a group's lone
+    score gets 0 and 1 + eps (verl's mean 0, std 1). varied: the pairs normalized at all (MRTPO replays them).
+    The `mc` credit takes its statistics from here, so that it telescopes to GDPO's A[i,k] exactly."""
+    mean, std, count = _group_stats(rewards, mask, group, options.ddof)
+    varied = mask & (count > 1) & (std > options.zero_std)
+    centre, spread = mean, std + options.eps
+    if options.single == "raw":
+        single = mask & (count == 1)
+        centre = torch.where(single, 0.0, centre)
+        spread = torch.where(single, 1.0 + options.eps, spread)
+        varied = varied | single
+    return centre, spread, varied
+
+
 def gdpo(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor, options: GdpoOptions = PRESETS["method"],
          *, weights: torch.Tensor | None = None, lengths: torch.Tensor | None = None) -> GdpoResult:
     """GDPO: per-reward group normalization, weighted sum over rewards, batch normalization.
@@ -167,17 +184,10 @@ def gdpo(rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor, options
     weights: w_k as [K] or [N, K] (None: all 1); lengths: [N] token counts (for `batch="whiten"`).
     A response without any reward is left out of the batch step and gets a total of 0.
     """
-    _check(rewards, mask, group)
-    mean, std, count = _group_stats(rewards, mask, group, options.ddof)
-    r = rewards.double()
-    varied = mask & (count > 1) & (std > options.zero_std)
-    adv = torch.where(varied, (r - mean) / (std + options.eps), 0.0)
-    if options.single == "raw":
-        single = mask & (count == 1)
-        adv = torch.where(single, r / (1.0 + options.eps), adv)
-        varied = varied | single
-    reward_adv = adv.to(rewards.dtype)
-    summed = sum_rewards(torch.where(mask, _reward_weights(weights, rewards) * reward_adv, 0.0))
+    check_rewards(rewards, mask, group)
+    centre, spread, varied = group_step(rewards, mask, group, options)
+    reward_adv = torch.where(varied, (rewards.double() - centre) / spread, 0.0).to(rewards.dtype)
+    summed = sum_rewards(torch.where(mask, reward_weights(weights, rewards) * reward_adv, 0.0))
     scored = mask.any(1)
     scale, shift = batch_statistics(summed, scored, options, lengths)
     scale, shift = scale.to(rewards.dtype), shift.to(rewards.dtype)

@@ -1,7 +1,8 @@
-"""The credit stage: verified samples of one batch -> GRPO/GDPO, MRTPO and P2T credit.
+"""The credit stage: verified samples of one batch -> GRPO/GDPO, MRTPO, P2T and Monte-Carlo (mc) credit.
 
 Everything here stops before GDPO's batch step (method.md section 1): a response's values depend
-only on its prompt group (group normalization, replay of its own feedback), never on which other
+only on its prompt group (group normalization, replay of its own feedback, the values of its own
+tree), never on which other
 groups share its shard, so a run's dataset does not depend on how it was split into shards. The
 batch scale c and shift m are taken over the whole run by the dataset's views
 (schemas/views.sql), or over a training batch by a trainer that wants that instead.
@@ -18,6 +19,7 @@ from tokencredit.schemas.records import AnnotatedResponse, TaskRecord, TokenCred
 
 from tokencredit.pipeline.credit.advantages import condition_on, gdpo, grpo, sum_rewards
 from tokencredit.pipeline.config import CREDIT_KINDS, CreditConfig  # noqa: F401 - CREDIT_KINDS re-exported
+from tokencredit.pipeline.credit.mc import mc_advantages, tree_tensors
 from tokencredit.pipeline.credit.mrtpo import mrtpo_advantages
 from tokencredit.pipeline.credit.p2t import P2TStats, attribute, token_rewards
 from tokencredit.pipeline.progress import Progress
@@ -66,10 +68,16 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
     """Credit every `ok` response of one batch; returns annotated responses (input order) and stats.
     `progress`: show the replay's and P2T's progress (pipeline.progress).
 
-    The values stop before GDPO's batch step: `gdpo_sum` S[i] and `credit.mrtpo_sum`; a consumer
-    applies c * (x - m) with c, m over the run (the views) or over its own batch (`batch_statistics`).
+    The values stop before GDPO's batch step: `gdpo_sum` S[i], `credit.mrtpo_sum` and `credit.mc_sum`; a
+    consumer applies c * (x - m) with c, m over the run (the views) or over its own batch (`batch_statistics`).
+    `mc` needs every response to be a leaf of a tree-sampled group (`Sample.segments`): ValueError otherwise,
+    before any replay.
     """
     ok = [v for v in verified if v.status == "ok"]
+    if "mc" in config.kinds:  # a failed leaf is still part of its tree: check every path
+        node, bounds = tree_tensors([v.sample for v in verified])
+        keep = torch.tensor([v.status == "ok" for v in verified])
+        node, bounds = node[keep], bounds[keep]
     annotated = {id(v): AnnotatedResponse(verified=v, adv_grpo=None, gdpo_sum=None) for v in verified}
     stats = {"responses": len(verified), "verifier_failures": len(verified) - len(ok)}
     if not ok:
@@ -102,6 +110,8 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
                                              config.max_second_moment)
     mrtpo_sum = sum_rewards(reward_weight[:, :, None] * token_adv, dim=1)  # [N, T], S[i] on every token at beta 0
 
+    mc = (mc_advantages(conditioned, mask, group, node, bounds, config.gdpo, weights=reward_weight)
+          if "mc" in config.kinds else None)
     p2t = _p2t(ok, config, reward_model, progress) if "p2t" in config.kinds else None
     if p2t is not None:
         stats.update(p2t_responses=p2t[1].responses, p2t_near_flat=p2t[1].near_flat)
@@ -118,11 +128,13 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
             distance=[distance[i, k, :n].tolist() if relevant[k] else None for k in range(K)],
             js=[js[i, k, :n].tolist() if sources[k] == "replay" and js is not None else None for k in range(K)],
             floored=[bool(floored[i, k]) for k in range(K)],
-            relevance_source=sources if source is not None else None,
+            relevance_source=sources if source is not None else ["rollout"] * K if mc is not None else None,
             weight=weights[i, :K, :n].tolist(),
             advantage=token_adv[i, :K, :n].tolist(),
             beta=beta,
             mrtpo_sum=mrtpo_sum[i, :n].tolist() if "mrtpo" in config.kinds else None,
+            mc=mc.token_adv[i, :K, :n].tolist() if mc is not None else None,
+            mc_sum=mc.summed[i, :n].tolist() if mc is not None else None,
             **(p2t[0][i] if p2t is not None else {}),
         )
     return [annotated[id(v)] for v in verified], stats

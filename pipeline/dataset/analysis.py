@@ -284,7 +284,8 @@ def _credits_table(columns: dict[str, list[np.ndarray]], ids: list[str], rewards
         "reward": _strings(flat["reward"], rewards),
         "constraint_index": pa.array(flat["constraint_index"], pa.int32(), mask=flat["constraint_index"] < 0),
         "distance": pa.array(flat["distance"], mask=np.isnan(flat["distance"])),
-        "js": pa.nulls(len(flat["weight"]), pa.float32()), "floored": np.zeros(len(flat["weight"]), dtype=bool),
+        "js": pa.nulls(len(flat["weight"]), pa.float32()), "mc": pa.nulls(len(flat["weight"]), pa.float32()),
+        "floored": np.zeros(len(flat["weight"]), dtype=bool),
         "relevance_source": _strings(np.isnan(flat["distance"]).astype(np.int32), ["replay", "uniform"]),
         "beta": np.full(len(flat["weight"]), beta)}).select(CREDITS.names)
 

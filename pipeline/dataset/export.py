@@ -2,7 +2,7 @@
 
 Both read the DuckDB `training` view (responses with status 'ok', ordered by response_id, GDPO's
 batch step over the whole run) and choose the advantage by name, as the trainer does: "gdpo",
-"mrtpo", "p2t" or a mix such as "mrtpo:0.5,gdpo:0.5" (coefficient-weighted sum per token). Every
+"mrtpo", "p2t", "mc" or a mix such as "mrtpo:0.5,gdpo:0.5" (coefficient-weighted sum per token). Every
 per-token list has one value per response token, aligned with the token ids.
 
 Both use the dataset's own column names (README, "One vocabulary"): a response's text is `response`,

@@ -42,6 +42,7 @@ def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Ta
             "reward_advs": credit.reward_adv if credit else None,
             "adv_grpo": item.adv_grpo, "gdpo_sum": item.gdpo_sum,
             "mrtpo_sum": credit.mrtpo_sum if credit else None,
+            "mc_sum": credit.mc_sum if credit else None,
             "p2t_raw": credit.p2t_raw if credit else None,
             "p2t_reward": credit.p2t_reward if credit else None,
             "p2t_alpha": credit.p2t_alpha if credit else None,
@@ -82,5 +83,6 @@ def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, Tas
             columns["relevance_source"] += [credit.relevance_source[k] if credit.relevance_source else None] * T
             columns["weight"] += credit.weight[k]
             columns["advantage"] += credit.advantage[k]
+            columns["mc"] += credit.mc[k] if credit.mc is not None else [None] * T
             columns["beta"] += [credit.beta] * T
     return pa.Table.from_pydict(columns, schema=CREDITS)

@@ -1,6 +1,6 @@
 """The run's `training` view read as rows, with the advantage a trainer asked for by name.
 
-An advantage is a kind of the view ("gdpo", "mrtpo", "p2t") or a mix such as "mrtpo:0.5,gdpo:0.5",
+An advantage is a kind of the view ("gdpo", "mrtpo", "p2t", "mc") or a mix such as "mrtpo:0.5,gdpo:0.5",
 the coefficient-weighted sum per token; every per-token list aligns with `token_ids`.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from tokencredit.pipeline.dataset.query import connect
 
-ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t")
+ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t", "mc")
 
 
 def parse_advantage(spec: str) -> dict[str, float]:
@@ -57,7 +57,7 @@ def read_training(data: str | Path, advantage: str | None, allow_incomplete: boo
                                  f"{missing} of {len(rows)} responses, e.g. response {row['response_id']!r}; "
                                  f"that credit was not computed for this run: choose another kind")
             check_aligned(row, data, f"adv_{kind}")
-        check_aligned(row, data, "sft_weight")  # after the kinds: it derives from adv_mrtpo
+        check_aligned(row, data, "sft_weight")  # after the kinds: it derives from adv_mrtpo or adv_mc
         if mix:
             per_kind = [np.asarray(row[f"adv_{k}"], dtype=np.float64) * c for k, c in mix.items()]
             row["advantages"] = np.sum(per_kind, axis=0).tolist()

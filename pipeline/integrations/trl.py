@@ -42,6 +42,7 @@ from tokencredit.verifiers.trl_rewards import assistant_text, trl_verifier
 from tokencredit.pipeline.credit.advantages import batch_statistics, preset
 from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
 from tokencredit.pipeline.train.losses import token_weighted_sft_loss
+from tokencredit.pipeline.credit.mc import NEEDS_TREE
 from tokencredit.pipeline.credit.mrtpo import smoothstep_beta
 from tokencredit.pipeline.credit.p2t import p2t_advantages
 from tokencredit.pipeline.sample.rows import render_prompt
@@ -185,6 +186,9 @@ class MRTPOTrainer(GRPOTrainer):
         self.verifier = VerifierRewards({r.id: r for r in records}, plugin_refs(verifiers))
         self.credit, self.mix, self.warmup_steps = credit, parse_advantage(advantage), warmup_steps
         self.credit_reward_model = reward_model
+        if "mc" in credit.kinds:
+            raise ValueError(f"MRTPOTrainer: {NEEDS_TREE}, and TRL samples flat groups; train on an annotated tree "
+                             f"run's `mc` offline instead (tokencredit train --advantage mc, sft_dataset, export)")
         missing = [k for k in self.mix if k not in credit.kinds]
         if missing:
             raise ValueError(f"MRTPOTrainer: advantage {advantage!r} needs credit kinds {missing} "

@@ -17,7 +17,7 @@ Trainer, for a plain loop.
 
 The advantages are the dataset's: GDPO's batch step taken over the whole run (schemas/views.sql).
 A trainer that prefers to normalize over its own batch, as TRL and verl do, reads `gdpo_sum` and
-`mrtpo_sum` from the `responses` view and applies `advantages.batch_statistics` per batch.
+`mrtpo_sum` (or `mc_sum`) from the `responses` view and applies `advantages.batch_statistics` per batch.
 
 The output directory holds
 
@@ -70,7 +70,7 @@ RESUME_KEYS = ("data", "advantage", "objective", "model", "batch_size", "lr", "c
 class TrainConfig:
     data: str  # run directory written by annotate
     out: str  # checkpoint folder
-    advantage: str | None = "mrtpo"  # gdpo | mrtpo | p2t | "mrtpo:0.5,gdpo:0.5"; None: sft_weight (sft only)
+    advantage: str | None = "mrtpo"  # gdpo | mrtpo | p2t | mc | "mrtpo:0.5,gdpo:0.5"; None: sft_weight (sft only)
     objective: str = "pg"  # pg | sft | rs (rejection sampling: SFT on the responses that pass every reward)
     model: str | None = None  # registry name or local policy folder; None = the model the run was sampled with
     steps: int = 50
