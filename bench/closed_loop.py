@@ -66,12 +66,26 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STATE = ROOT / "bench" / ".closed_loop"
 PROMPTS = ROOT / "bench" / "closed_loop_prompts"
-RESULTS_JSON = ROOT / "bench" / "results" / "closed_loop.json"
-PER_PROMPT_JSON = ROOT / "bench" / "results" / "closed_loop_per_prompt.json"
-DETAILS_JSON = ROOT / "bench" / "results" / "closed_loop_details.json"
 SMOLLM2 = "smollm2-135m-instruct"
+# Each experiment keeps its own state and results: issue 25's (tree-sampled groups and the mc credit,
+# pre-registered in bench/closed_loop_design.md) under the plain names, issue 18's (MRTPO against GDPO, not
+# pre-registered) under `_issue18`.
+EXPERIMENTS = ("issue25", "issue18")
+
+
+def use_experiment(name: str) -> None:
+    """Point STATE and the result files at one experiment's."""
+    global STATE, RESULTS_JSON, PER_PROMPT_JSON, DETAILS_JSON, PLOT
+    suffix = "" if name == "issue25" else f"_{name}"
+    STATE = ROOT / "bench" / f".closed_loop{suffix.replace('_', '-')}"
+    RESULTS_JSON = ROOT / "bench" / "results" / f"closed_loop{suffix}.json"
+    PER_PROMPT_JSON = ROOT / "bench" / "results" / f"closed_loop{suffix}_per_prompt.json"
+    DETAILS_JSON = ROOT / "bench" / "results" / f"closed_loop{suffix}_details.json"
+    PLOT = ROOT / "bench" / f"closed_loop{suffix}.png"
+
+
+use_experiment("issue25")
 
 
 def log(message: str) -> None:
@@ -175,9 +189,11 @@ def cmd_pilot(args) -> None:
 
 
 def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, prompts: int | None, n: int,
-                  seed: int, locate: str = "replay") -> float:
-    """Sample `n` responses per train prompt with `model` and annotate them with gdpo,mrtpo; seconds taken
-    (0 when the run is already complete: run_annotation resumes shard by shard)."""
+                  seed: int, locate: str = "replay", kinds: tuple[str, ...] = ("gdpo", "mrtpo"),
+                  tree: tuple[int, ...] | None = None) -> float:
+    """Sample `n` responses per train prompt with `model` (or a tree of `tree` branching: its leaves) and
+    annotate them with the credit `kinds`; seconds taken (0 when the run is already complete: run_annotation
+    resumes shard by shard)."""
     import torch
 
     from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
@@ -190,12 +206,18 @@ def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, pro
                             device=args.device,
                             cpu_threads=torch.get_num_threads(),
                             sampling=SamplingConfig(n=n, max_new_tokens=args.max_new_tokens,
-                                                    temperature=args.temperature, seed=seed, batch_size=64),
+                                                    temperature=args.temperature, seed=seed, batch_size=64,
+                                                    tree=tree, **branch_option(tree, args)),
                             # the replay alone, as the recorded run (before --locate existed) credited
-                            credit=CreditConfig(kinds=("gdpo", "mrtpo"), locate=locate))
+                            credit=CreditConfig(kinds=kinds, locate=locate))
     start = time.perf_counter()
     run_annotation(config, str(out), progress=True)
     return time.perf_counter() - start
+
+
+def branch_option(tree, args) -> dict:
+    """The tree's branch point where one was chosen on the command line (else the sampler's default)."""
+    return {"branch": args.branch} if tree is not None and args.branch else {}
 
 
 def complete(run: Path) -> bool:
@@ -248,11 +270,18 @@ def evaluate_policy(label: str, load, records, args) -> dict:
 
 OFFLINE_METHODS = ("gdpo", "mrtpo", "rs")
 ITERATED_METHODS = ("gdpo", "mrtpo")
+# Issue 25's arms: GDPO's uniform credit and the Monte-Carlo credit on tree-sampled groups (one tree pool, the
+# same train prompts), beside the flat pool's GDPO, MRTPO and rejection sampling.
+TREE_METHODS = ("gdpo_tree", "mc")
 # Methods beyond the advantage columns: MRTPO at beta 1 from the beta-0.5 pool (the token advantage is linear in
 # beta, A(b) = A_gdpo + (b / 0.5) (A_mrtpo(0.5) - A_gdpo), so no new replay is needed), and MRTPO located by
 # the verifier's spans where it has them (`--locate both`, its own pool: the same responses, credited anew).
-ADVANTAGES = {"mrtpobeta1": "mrtpo:2,gdpo:-1", "mrtpo_both": "mrtpo"}
-POOLS = {"mrtpo_both": ("pool-both", "both")}  # method -> (pool folder, locate); others: ("pool", "replay")
+ADVANTAGES = {"mrtpobeta1": "mrtpo:2,gdpo:-1", "mrtpo_both": "mrtpo", "gdpo_tree": "gdpo", "mc": "mc"}
+# method -> (pool folder, locate, credit kinds, tree?); others: the flat pool credited with gdpo,mrtpo (replay)
+POOLS = {"mrtpo_both": ("pool-both", "both", ("gdpo", "mrtpo"), False),
+         "gdpo_tree": ("pool-tree", "replay", ("gdpo", "mc"), True),
+         "mc": ("pool-tree", "replay", ("gdpo", "mc"), True)}
+FLAT_POOL = ("pool", "replay", ("gdpo", "mrtpo"), False)
 # The hypotheses, one change each against MRTPO (or GDPO, for the learning rate), screened on train prompts
 # outside the pool (`dev`): name -> (method, learning-rate factor).
 DEV_VARIANTS = {"gdpo": ("gdpo", 1.0), "mrtpo": ("mrtpo", 1.0), "mrtpobeta1": ("mrtpobeta1", 1.0),
@@ -261,10 +290,11 @@ DEV_VARIANTS = {"gdpo": ("gdpo", 1.0), "mrtpo": ("mrtpo", 1.0), "mrtpobeta1": ("
 
 def method_pool(method: str, args) -> Path:
     """The annotated pool a method trains on (sampled with the same seed: the same responses)."""
-    folder, locate = POOLS.get(method, ("pool", "replay"))
+    folder, locate, kinds, tree = POOLS.get(method, FLAT_POOL)
     pool = STATE / folder
     seconds = annotate_pool(pool, PROMPTS / "prompts.jsonl", args.model, args, prompts=args.train_prompts or None,
-                            n=args.n, seed=args.pool_seed, locate=locate)
+                            n=args.n, seed=args.pool_seed, locate=locate, kinds=kinds,
+                            tree=args.tree if tree else None)
     if seconds:
         log(f"{folder}: {seconds:.0f} s")
     return pool
@@ -393,10 +423,11 @@ def cmd_iterated(args) -> None:
     prompts = PROMPTS / "prompts.jsonl"
     held_out = load_records(prompts, "test")[: args.eval_prompts or None][:: args.round_eval_stride]
     evaluate_policy("start", lambda: load_policy(args.model, device=args.device), held_out, args)
+    methods = args.iterated_methods.split(",")
     for seed in [int(x) for x in args.seeds.split(",")]:
-        current = {method: latest_policy(method, seed) for method in ITERATED_METHODS}
+        current = {method: latest_policy(method, seed) for method in methods}
         for round_ in range(1, args.rounds + 1):
-            for method in ITERATED_METHODS:
+            for method in methods:
                 done, policy = current[method]
                 if round_ > done:
                     policy = iterate_round(method, seed, round_, policy or args.model, prompts, args)
@@ -421,10 +452,17 @@ def latest_policy(method: str, seed: int) -> tuple[int, str | None]:
 
 def iterate_round(method: str, seed: int, round_: int, policy: str | None, prompts: Path, args) -> str:
     """One round from `policy`: annotate this round's train prompts, train, merge; the merged policy's folder."""
+    from tokencredit.pipeline.models.loading import load_policy
+
     work = STATE / "iterated" / f"{method}-{seed}"
     data, ckpt = work / f"data-{round_}", work / f"ckpt-{round_}"
+    kinds = ("gdpo", "mrtpo") if method.startswith("mrtpo") else ("gdpo", "mc") if method in TREE_METHODS else ("gdpo",)
     seconds = annotate_pool(data, round_prompts(prompts, round_, args.round_prompts), policy, args, prompts=None,
-                            n=args.n, seed=10_000 * seed + round_)
+                            n=args.n, seed=10_000 * seed + round_, kinds=kinds,
+                            tree=args.tree if method in TREE_METHODS else None)
+    if method == "rs" and not passing(data):  # nothing accepted: rejection sampling leaves the policy as is
+        log(f"iterated rs seed {seed} round {round_}: no response passes every reward; the policy stays")
+        return save_policy(load_policy(policy, device=args.device), work / f"policy-{round_}")
     seconds += train_arm(method, data, policy, ckpt, seed, args.round_steps, args)
     merged = save_policy(lora_policy(policy, ckpt / "final", args.device), work / f"policy-{round_}")
     log(f"iterated {method} seed {seed} round {round_}: {seconds:.0f} s")
@@ -806,8 +844,11 @@ def cmd_report(args) -> list[dict]:
     DETAILS_JSON.write_text(json.dumps(
         {"diagnosis": diagnosis, "pool": pool_figures, "pass_rates": rates, "hypotheses": hypotheses,
          "settings": settings}, indent=1) + "\n")
-    plot(evals, ROOT / "bench" / "closed_loop.png")
-    write_results_md(rows, evals, diagnosis, hypotheses, settings)
+    plot(evals, PLOT)
+    if args.experiment == "issue18":
+        write_results_md(rows, evals, diagnosis, hypotheses, settings)
+    else:
+        write_results_md_issue25(rows, evals, settings)
     return rows
 
 
@@ -823,6 +864,53 @@ def pass_rates(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
 def interval(row: dict, key: str = "") -> str:
     return (f"{row[key + 'diff'] if key else row['diff']:+.3f} "
             f"[{row[key + 'ci_low_seeds']:+.3f}, {row[key + 'ci_high_seeds']:+.3f}]")
+
+
+# Issue 25's targets (bench/closed_loop_design.md): mc against flat GDPO and against rejection sampling, offline.
+PRIMARY = (("mc", "gdpo"), ("mc", "rs"))
+DESIGN_SEEDS = {"offline": 5, "iterated": 3}  # the design's seeds per arm: a row with fewer is incomplete
+
+
+def write_results_md_issue25(rows: list[dict], evals: dict[str, dict], settings: dict) -> None:
+    """RESULTS.md's section of issue 25's experiment: every comparison row, then the primary targets' verdicts
+    (a target missing its rows, or with fewer seeds than the design's, is 'not measured')."""
+    from common import upsert_result
+
+    shown = [r for r in rows if r["decoding"] == "greedy"]
+    design_seeds = DESIGN_SEEDS
+
+    def line(r: dict) -> str:
+        where = r["arm"] + (" last round" if r.get("evaluation", "").startswith("last") else
+                            " per round" if r.get("evaluation") else "")
+        return (f"{where}: {r['method']} - {r['baseline']} {interval(r)} (per seed "
+                f"{', '.join(f'{x:+.3f}' for x in r['per_seed_diff'])}; detectable {r['mde_seeds']:.3f}; "
+                f"{r['seeds']} of {design_seeds['offline' if r['arm'] == 'offline' else 'iterated']} seeds; "
+                f"sampled tokens per train prompt {r['sampled_tokens'] or 'n/a'})")
+
+    def verdict(method: str, base: str) -> str:
+        found = [r for r in shown if r["arm"] == "offline" and (r["method"], r["baseline"]) == (method, base)]
+        if not found or found[0]["seeds"] < design_seeds["offline"]:
+            return f"{method} - {base} above 0 with detectable <= 0.03: not measured (" + (
+                f"{found[0]['seeds']} of {design_seeds['offline']} seeds)" if found else "no rows)")
+        r = found[0]
+        return (f"{method} - {base} {interval(r)} above 0: {verdict_of(r['ci_low_seeds'] > 0)}; detectable "
+                f"{r['mde_seeds']:.3f} <= 0.03: {verdict_of(r['mde_seeds'] <= 0.03)}")
+
+    upsert_result(
+        "Closed loop, SmolLM2: Monte-Carlo credit from tree-sampled groups (closed_loop.py, issue 25)",
+        "The pre-registered experiment of `bench/closed_loop_design.md` (its commit is in every row's "
+        "`design_commit`). Held-out mean reward, greedy; every difference with a 95% crossed bootstrap interval "
+        "(trained seeds and held-out prompts resampled together), each seed's difference and the detectable "
+        f"difference (2.8 crossed standard errors). Rows: `bench/results/{RESULTS_JSON.name}`; plot: "
+        f"`bench/{PLOT.name}`; per held-out prompt: `bench/results/{PER_PROMPT_JSON.name}`.",
+        "full",
+        f"temperature {settings['temperature']}; max_new_tokens {settings['max_new_tokens']}; pools "
+        f"{settings['train_prompts'] or 256} train prompts x {settings['n']} flat, tree {settings['tree']}; LoRA r 8, "
+        f"lr {settings['lr']}, batch {settings['batch_size']}, {settings['steps']} steps; held-out "
+        f"{len(evals['start']['greedy']) if 'start' in evals else 0} prompts; design {settings.get('design_commit')}",
+        " | ".join(line(r) for r in shown) or "no policy scored yet",
+        "issue 25: " + "; ".join(verdict(m, b) for m, b in PRIMARY),
+    )
 
 
 def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, hypotheses: list[dict],
@@ -868,9 +956,9 @@ def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, 
         "difference with a 95% crossed bootstrap interval (trained seeds and held-out prompts resampled together), "
         "the prompts-only interval beside it, each seed's difference, and the detectable difference, 2.8 crossed "
         "standard errors; gain ratio = gain over the start / the baseline's gain. Rows: "
-        "`bench/results/closed_loop.json`; plot: `bench/closed_loop.png`; pass rates per kind and the diagnosis: "
-        "`bench/results/closed_loop_details.json`; every policy's reward per held-out prompt: "
-        "`bench/results/closed_loop_per_prompt.json`.",
+        f"`bench/results/{RESULTS_JSON.name}`; plot: `bench/{PLOT.name}`; pass rates per kind and the diagnosis: "
+        f"`bench/results/{DETAILS_JSON.name}`; every policy's reward per held-out prompt: "
+        f"`bench/results/{PER_PROMPT_JSON.name}`.",
         "full",
         f"temperature {settings['temperature']}; max_new_tokens {settings['max_new_tokens']}; pool "
         f"{settings['train_prompts'] or 256} train prompts x {settings['n']}; LoRA r 8, lr {settings['lr']}, batch "
@@ -905,7 +993,7 @@ def cmd_quick(args) -> list[dict]:
         args.model, args.quick, args.seeds, args.max_new_tokens = None, True, "0", 16
         args.train_prompts, args.n, args.eval_prompts, args.steps, args.eval_every = 4, 2, 4, 2, 1
         args.rounds, args.round_prompts, args.round_steps, args.batch_size = 2, 2, 1, 4
-        args.methods, args.midpoint = ",".join([*OFFLINE_METHODS, *ADVANTAGES]), 1
+        args.methods, args.midpoint, args.tree = ",".join([*OFFLINE_METHODS, *ADVANTAGES]), 1, (2, 2)
         cmd_offline(args)
         args.greedy_only, args.round_eval_stride, args.final_eval = True, 2, True  # as the CPU run
         cmd_iterated(args)
@@ -965,8 +1053,16 @@ def main() -> None:
                         help="report: the commit of the experiment's design file, committed before any held-out "
                              "scoring (none: not pre-registered)")
     parser.add_argument("--variants", default=",".join(DEV_VARIANTS), help="dev: the variants to screen")
+    parser.add_argument("--iterated-methods", default=",".join(ITERATED_METHODS),
+                        help=f"iterated arms (any of gdpo, mrtpo, rs, {', '.join(TREE_METHODS)})")
+    parser.add_argument("--tree", type=lambda text: tuple(int(x) for x in text.split(",")), default=(4, 2),
+                        help="the tree pools' branching R,L (gdpo_tree and mc)")
+    parser.add_argument("--branch", default=None, help="the tree pools' branch point (default: the sampler's)")
+    parser.add_argument("--experiment", choices=EXPERIMENTS, default=EXPERIMENTS[0],
+                        help="whose state and result files (issue 18's: the earlier MRTPO experiment)")
     args = parser.parse_args()
     args.quick = False
+    use_experiment(args.experiment)
     STATE.mkdir(parents=True, exist_ok=True)
     {"pilot": cmd_pilot, "offline": cmd_offline, "iterated": cmd_iterated, "dev": cmd_dev, "report": cmd_report,
      "quick": cmd_quick}[args.command](args)
