@@ -25,11 +25,12 @@ ABLATIONS = ("drop", "null")
 
 
 FLAT_N = 4  # responses per prompt of flat sampling unless `n` says otherwise
-BRANCH_KINDS = ("sentence", "fraction", "entropy")
-# Where a tree's inner node ends (sample/tree.py): measured on SmolLM2-135M-Instruct's demo samples
-# (bench/bench_tree.py --branch-stats, README "Tree-sampled groups"): a quarter of the budget lands before
-# most failures are decided (issue 25: the pass rate falls most within the first quarter) and always branches,
-# where the first sentence end is missing from a third of SQL and tool-call roots (they never branch).
+# Where a tree's inner node ends (sample/tree.py). Measured with SmolLM2-135M-Instruct on demo prompts, 4 x 4
+# trees (bench/bench_tree.py --quick: 4 prompts, 32 tokens; bench/results/tree.json `branch_stats`):
+# fraction:0.25 branched every root, at 27% of the leaf, and every set of siblings differed; sentence branched
+# 75% of roots, late (70% of the leaf: SQL and tool calls have no early sentence end); entropy:0.1 branched 88%
+# at 38%. An early, always-taken branch point is also where issue 25 finds failures decided (the pass rate
+# falls most within the first quarter of the response).
 DEFAULT_BRANCH = "fraction:0.25"
 
 
@@ -58,7 +59,9 @@ class SamplingConfig:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()  # a response ends at the token that completes one of these strings
     seed: int = 0
-    batch_size: int = 32  # rows (prompt x sample) per forward
+    # rows (prompt x sample) per forward; None: the backend's choice from the model's size and free memory
+    # (transformers_backend.auto_batch: AUTO_BATCH rows unless memory is short)
+    batch_size: int | None = None
     # Tree-sampled groups (method.md 3b): (R, L) or (R, L1, L2) branching per level, R * L leaves per prompt
     # in place of `n` flat samples; None: flat sampling.
     tree: tuple[int, ...] | None = None
@@ -81,11 +84,11 @@ class SamplingConfig:
                              f"{leaves} leaves; leave n out (the tree sets it)")
         checks = {"n": isinstance(self.n, int) and self.n >= 1, "max_new_tokens": self.max_new_tokens >= 1,
                   "temperature": self.temperature >= 0, "top_p": 0 < self.top_p <= 1,
-                  "batch_size": self.batch_size >= 1, "stop": all(isinstance(s, str) and s for s in self.stop)}
+                  "batch_size": self.batch_size is None or self.batch_size >= 1, "stop": all(isinstance(s, str) and s for s in self.stop)}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"SamplingConfig: invalid {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
-        kind, value = parse_branch(self.branch)
+        kind, _ = parse_branch(self.branch)
         if self.tree is not None and kind == "fraction":
             inner = len(self.tree) - 1  # nodes along a leaf's path that end at a branch point
             if inner * self.branch_tokens >= self.max_new_tokens:
@@ -265,6 +268,8 @@ class AnnotateConfig:
         if not isinstance(self.verifier_memory_bytes, int) or self.verifier_memory_bytes < MIN_VERIFIER_MEMORY:
             raise ValueError(f"AnnotateConfig.verifier_memory_bytes must be an int of at least {MIN_VERIFIER_MEMORY} "
                              f"(the worker's interpreter and imports), got {self.verifier_memory_bytes!r}")
+        if self.sampling.tree is not None and self.backend != "transformers":
+            raise ValueError(f"--tree needs --backend transformers (the {self.backend} backend samples flat groups only)")
         if "mc" in self.credit.kinds and self.sampling.tree is None:
             raise ValueError("credit mc needs tree-sampled groups: its values are means over the leaves below each "
                              "node; add --tree R,L (SamplingConfig.tree)")

@@ -1,12 +1,14 @@
-"""What every sampling backend shares: a row's seed, its rendered prompt, the checks on its records and
-the `Sample` it becomes. Response j of a record is one row."""
+"""What every sampling backend shares: a row's seed, its rendered prompt, the checks on its records, the
+`Sample` it becomes, and (`Row`) its state while it is decoded. Response j of a record is one row."""
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from tokencredit.schemas.records import RecordError, Sample, TaskRecord
 
+from tokencredit.pipeline.sample.detokenize import StopChecker
 from tokencredit.pipeline.sample.prompts import sampling_prompt
 
 
@@ -45,6 +47,18 @@ def check_records(records: Sequence[TaskRecord]) -> None:
 
 def build_sample(record: TaskRecord, j: int, prompt: tuple[str, list[int]], token_ids: list[int],
                  logprobs: list[float], tokenizer, name: str, seed: int, segments=None) -> Sample:
-    return Sample(segments=segments, response_id=f"{record.id}/{j}", group_id=record.id, task=record.task, prompt=prompt[0],
+    return Sample(response_id=f"{record.id}/{j}", group_id=record.id, task=record.task, prompt=prompt[0],
                   prompt_token_ids=list(prompt[1]), response=tokenizer.decode(token_ids, skip_special_tokens=True),
-                  token_ids=token_ids, sample_logprobs=logprobs, model=name, seed=seed)
+                  token_ids=token_ids, sample_logprobs=logprobs, model=name, seed=seed, segments=segments)
+
+
+@dataclass
+class Row:
+    """One response being decoded: its own generator (its draws), stop checker, and the tokens so far.
+    The row ends at eos, at a stop string, or once it holds `limit` tokens."""
+
+    generator: torch.Generator  # noqa: F821 - annotation only: rows.py loads no torch
+    stop: StopChecker
+    limit: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)

@@ -16,7 +16,6 @@ what a later teacher-forced forward of prompt + response reproduces, and what of
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -27,7 +26,40 @@ from tokencredit.pipeline.config import SamplingConfig
 from tokencredit.pipeline.sample.detokenize import StopChecker
 from tokencredit.pipeline.models.loading import cache_keyword
 from tokencredit.pipeline.progress import Progress
-from tokencredit.pipeline.sample.rows import build_sample, check_records, render_prompt, row_seed
+from tokencredit.pipeline.sample.rows import Row, build_sample, check_records, render_prompt, row_seed
+
+# The sampler's rows per forward when SamplingConfig.batch_size is None. Seconds per SmolLM2-135M token of flat
+# sampling on the shared 2-core CPU (bench/bench_tree.py --quick): batch 16 0.0218, 32 0.0138, 64 0.0103,
+# 128 0.0108, 256 0.0110 (the issue measured 32 at 1.32x 128's time): past 64 the time is flat, and 128
+# keeps the margin where prompts are short; larger batches only hold more memory.
+AUTO_BATCH = 128
+AUTO_MEMORY_SHARE = 0.25  # of the free memory that the KV caches and logits of one batch may take
+
+
+def auto_batch(model, context_tokens: int) -> int:
+    """Rows per forward for `model` with responses of up to `context_tokens` (prompt + response): AUTO_BATCH,
+    or the largest power of two whose KV cache and logits fit AUTO_MEMORY_SHARE of the free memory (the
+    device's, else the machine's available RAM) when that is fewer."""
+    config = model.config
+    layers = config.num_hidden_layers
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    width = next(model.parameters()).element_size()
+    per_row = 2 * layers * heads * head_dim * width * context_tokens + 4 * 4 * config.vocab_size
+    rows = int(AUTO_MEMORY_SHARE * free_memory(model.device) // per_row)
+    return max(1, min(AUTO_BATCH, 1 << max(0, rows.bit_length() - 1)))
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on `device`: CUDA's own count, else MemAvailable of /proc/meminfo (or 8 GiB where unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return 8 << 30
+
 
 # Tokens whose order is sorted first when sampling; the rest of the vocabulary is sorted only for the rows
 # whose draw falls beyond them (see `choose_tokens`).
@@ -120,18 +152,6 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     return ids - {None}
 
 
-@dataclass
-class Row:
-    """One response being decoded: its own generator (its draws), stop checker, and the tokens so far.
-    The row ends at eos, at a stop string, or once it holds `limit` tokens."""
-
-    generator: torch.Generator
-    stop: StopChecker
-    limit: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-
-
 # Called before each decoding step with the active rows and their logits [B, V]: the rows that take each one's
 # place in the batch ([row] to go on; several to branch there, each drawing the next token from the same
 # logits and cache; [] to end it), or None when no row changes this step.
@@ -159,10 +179,10 @@ class TransformersSampler:
             return sample_trees(self, records, config)
         prompts = {r.id: render_prompt(self.tokenizer, r.prompt) for r in records}
         rows = [(r, j) for r in records for j in range(config.n)]
-        samples = []
+        samples, size = [], self.batch_rows(config, max(len(p[1]) for p in prompts.values()))
         with Progress("sampling", total=len(rows), unit="response", enabled=self.progress) as bar:
-            for start in range(0, len(rows), config.batch_size):
-                batch = rows[start: start + config.batch_size]
+            for start in range(0, len(rows), size):
+                batch = rows[start: start + size]
                 tokens, logprobs = self.generate([prompts[r.id][1] for r, _ in batch],
                                                  [row_seed(config.seed, r.id, j) for r, j in batch], config)
                 samples += [build_sample(r, j, prompts[r.id], t, lp, self.tokenizer, self.name, config.seed)
@@ -182,6 +202,10 @@ class TransformersSampler:
         rows = [self.row(seed, config.max_new_tokens, StopChecker(self.tokenizer, config.stop)) for seed in seeds]
         self.decode(prompts, rows, config)
         return [row.tokens for row in rows], [row.logprobs for row in rows]
+
+    def batch_rows(self, config: SamplingConfig, prompt_tokens: int) -> int:
+        """`config.batch_size`, or `auto_batch`'s choice for prompts of up to `prompt_tokens`."""
+        return config.batch_size or auto_batch(self.model, prompt_tokens + config.max_new_tokens)
 
     @staticmethod
     def row(seed: int, limit: int, stop: StopChecker) -> Row:

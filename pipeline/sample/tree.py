@@ -46,8 +46,7 @@ from tokencredit.schemas.records import Sample, Segment, TaskRecord
 from tokencredit.pipeline.config import SamplingConfig, parse_branch
 from tokencredit.pipeline.progress import Progress
 from tokencredit.pipeline.sample.detokenize import StopChecker
-from tokencredit.pipeline.sample.rows import build_sample, node_seed, render_prompt
-from tokencredit.pipeline.sample.transformers_backend import Row, TransformersSampler
+from tokencredit.pipeline.sample.rows import Row, build_sample, node_seed, render_prompt
 
 ENTROPY_MIN_TOKENS = 4  # `entropy:Q` branches no earlier than this many tokens into a node
 SENTENCE_ENDS = (".", "!", "?")
@@ -81,10 +80,13 @@ def leaf_index(path: Sequence[int], tree: Sequence[int]) -> int:
     return j
 
 
+# `sampler` below is a transformers_backend.TransformersSampler (which imports this module to sample trees)
+
+
 class BranchRule:
     """Decides, before a token is drawn, whether a row's node ends there (module docstring)."""
 
-    def __init__(self, sampler: TransformersSampler, config: SamplingConfig):
+    def __init__(self, sampler, config: SamplingConfig):
         self.kind, self.value = parse_branch(config.branch)
         self.tokens = config.branch_tokens if self.kind == "fraction" else None
         self.temperature = config.temperature or 1.0
@@ -158,12 +160,12 @@ def segments(record_id: str, path: Sequence[int], starts: Sequence[int], length:
                          starts[d], ends[d]) for d in range(len(path)))
 
 
-def sample_trees(sampler: TransformersSampler, records: Sequence[TaskRecord], config: SamplingConfig) -> list[Sample]:
+def sample_trees(sampler, records: Sequence[TaskRecord], config: SamplingConfig) -> list[Sample]:
     """`config.tree`'s leaves per record (record order, then leaf index j), each a `Sample` with `segments`.
-    A batch holds as many whole trees as fit `config.batch_size` leaves (one at least)."""
+    A batch holds as many whole trees as fit the sampler's batch of leaves (`batch_rows`; one at least)."""
     prompts = {r.id: render_prompt(sampler.tokenizer, r.prompt) for r in records}
     leaves, roots = config.leaves_per_tree, config.tree[0]
-    per_batch = max(1, config.batch_size // leaves)
+    per_batch = max(1, sampler.batch_rows(config, max(len(p[1]) for p in prompts.values())) // leaves)
     split = TreeSplit(BranchRule(sampler, config), config)
     samples = []
     with Progress("sampling", total=len(records) * leaves, unit="response", enabled=sampler.progress) as bar:
@@ -184,7 +186,7 @@ def sample_trees(sampler: TransformersSampler, records: Sequence[TaskRecord], co
     return samples
 
 
-def continue_prefixes(sampler: TransformersSampler, prompts: Sequence[Sequence[int]],
+def continue_prefixes(sampler, prompts: Sequence[Sequence[int]],
                       prefixes: Sequence[Sequence[int]], seeds: Sequence[Sequence[int]],
                       config: SamplingConfig) -> list[list[tuple[list[int], list[float]]]]:
     """Continue response prefix i (`prefixes[i]`, after prompt ids `prompts[i]`) once per seed of `seeds[i]`.
@@ -193,7 +195,7 @@ def continue_prefixes(sampler: TransformersSampler, prompts: Sequence[Sequence[i
     prefix that fills the budget gets empty continuations); a stop string counts over the whole response,
     prefix included. Temperature, top-p, stop and max_new_tokens are `config`'s; draws are the seed's, as
     flat sampling's with the prefix appended to the prompt. Each prefix is prefilled once per batch of at
-    most `config.batch_size` continuations (a prefix's continuations stay in one batch) and its cache
+    most the sampler's batch (`batch_rows`) of continuations (a prefix's continuations stay in one batch) and its cache
     copied to its continuations.
     """
     if not len(prompts) == len(prefixes) == len(seeds):
@@ -201,7 +203,8 @@ def continue_prefixes(sampler: TransformersSampler, prompts: Sequence[Sequence[i
                          "seed lists; give one of each per prefix")
     out: list[list[tuple[list[int], list[float]]]] = [[([], []) for _ in s] for s in seeds]
     todo = [i for i in range(len(prefixes)) if seeds[i] and len(prefixes[i]) < config.max_new_tokens]
-    for batch in _batches(todo, [len(seeds[i]) for i in todo], config.batch_size):
+    longest = max((len(prompts[i]) + len(prefixes[i]) for i in todo), default=0)
+    for batch in _batches(todo, [len(seeds[i]) for i in todo], sampler.batch_rows(config, longest)):
         stop = {i: StopChecker(sampler.tokenizer, config.stop).fork(prefixes[i]) for i in batch}
         rows = [(i, k, sampler.row(seed, config.max_new_tokens - len(prefixes[i]), stop[i].fork()))
                 for i in batch for k, seed in enumerate(seeds[i])]
