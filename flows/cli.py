@@ -24,7 +24,8 @@ import os
 import sys
 
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
-                                         RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig, parse_bytes)
+                                         RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig, parse_branch,
+                                         parse_bytes)
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
@@ -38,6 +39,22 @@ def _kinds(text: str) -> tuple[str, ...]:
     if bad:
         raise argparse.ArgumentTypeError(f"unknown credit kind(s) {bad}; choose from {','.join(CREDIT_KINDS)}")
     return kinds if "gdpo" in kinds else ("gdpo", *kinds)
+
+
+def _tree(text: str) -> tuple[int, ...]:
+    parts = text.split(",")
+    if len(parts) not in (2, 3) or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected R,L or R,L1,L2 (roots per prompt, continuations of each), "
+                                         f"integers >= 1, got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def _branch(text: str) -> str:
+    try:
+        parse_branch(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _format(text: str) -> str:
@@ -96,7 +113,12 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reward-model", default=None, help="local reward-model folder for P2T "
                                                         "(default: the shipped tiny reward model)")
     p.add_argument("--device", default=d.device, help="torch device")
-    p.add_argument("--n", type=int, default=s.n, help="responses per prompt")
+    p.add_argument("--n", type=int, default=None, help=f"responses per prompt (default {s.n}; with --tree its leaves)")
+    p.add_argument("--tree", type=_tree, default=None, metavar="R,L",
+                   help="tree-sampled groups: R roots per prompt, each continued L times from a branch point "
+                   "(R*L responses; R,L1,L2 branches once more)")
+    p.add_argument("--branch", type=_branch, default=s.branch, help="where a tree branches: sentence, fraction:F "
+                   "(of --max-new-tokens) or entropy:Q (a token in the top Q of its node's entropies)")
     p.add_argument("--max-new-tokens", type=int, default=s.max_new_tokens, help="longest response, in tokens")
     p.add_argument("--temperature", type=float, default=s.temperature, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=s.top_p, help="nucleus sampling mass")
@@ -143,7 +165,7 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
         model=args.model,
         reward_model=args.reward_model, device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_p=args.top_p, seed=args.seed),
+                                top_p=args.top_p, seed=args.seed, tree=args.tree, branch=args.branch),
         credit=CreditConfig(kinds=args.credit, beta=args.beta, relevance=args.relevance, locate=args.locate,
                             ablation=args.ablation,
                             feedback_style=args.feedback_style, relevance_floor=args.relevance_floor,

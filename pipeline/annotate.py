@@ -29,7 +29,7 @@ from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallT
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 from tokencredit.pipeline.sample import make_sampler
-from tokencredit.pipeline.dataset.tables import credits_table, responses_table
+from tokencredit.pipeline.dataset.tables import credits_table, nodes_table, responses_table
 from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter
 from tokencredit.pipeline.identity import record_hashes, run_inputs
 
@@ -247,7 +247,8 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
 def shard_tables(annotated: Sequence[AnnotatedResponse], records: dict[str, TaskRecord], shard: int,
                  tokenizer) -> dict[str, pa.Table]:
     """The Parquet tables of one shard's annotated responses, by table name."""
-    return {"responses": responses_table(annotated, shard), "credits": credits_table(annotated, records, tokenizer)}
+    return {"responses": responses_table(annotated, shard), "credits": credits_table(annotated, records, tokenizer),
+            "nodes": nodes_table(annotated, shard)}
 
 
 def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,31 +24,87 @@ FEEDBACK_STYLES = ("expected", "expected+observed", "auto")
 ABLATIONS = ("drop", "null")
 
 
+FLAT_N = 4  # responses per prompt of flat sampling unless `n` says otherwise
+# Where a tree's inner node ends (sample/tree.py). Measured with SmolLM2-135M-Instruct on demo prompts, 4 x 4
+# trees (bench/bench_tree.py --quick: 4 prompts, 32 tokens; bench/results/tree.json `branch_stats`):
+# fraction:0.25 branched every root, at 27% of the leaf, and every set of siblings differed; sentence branched
+# 75% of roots, late (70% of the leaf: SQL and tool calls have no early sentence end); entropy:0.1 branched 88%
+# at 38%. An early, always-taken branch point is also where issue 25 finds failures decided (the pass rate
+# falls most within the first quarter of the response).
+DEFAULT_BRANCH = "fraction:0.25"
+
+
+def parse_branch(text: str) -> tuple[str, float | None]:
+    """'sentence' -> ('sentence', None); 'fraction:0.25' -> ('fraction', 0.25); 'entropy:0.1' -> ('entropy', 0.1).
+    ValueError naming the option for anything else (fraction in [0, 1), entropy's quantile in (0, 1])."""
+    kind, _, value = text.partition(":")
+    try:
+        number = float(value) if value else None
+    except ValueError:
+        number = float("nan")
+    ok = {"sentence": number is None and not value, "fraction": number is not None and 0 <= number < 1,
+          "entropy": number is not None and 0 < number <= 1}.get(kind, False)
+    if not ok:
+        raise ValueError(f"branch {text!r}: expected sentence, fraction:F with 0 <= F < 1 (F of max_new_tokens) "
+                         f"or entropy:Q with 0 < Q <= 1 (a token whose entropy is in the top Q of its node's)")
+    return kind, number
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
-    n: int = 4  # responses per prompt
+    # responses per prompt; None: FLAT_N, or with `tree` its leaves (an explicit n must equal them)
+    n: int | None = None
     max_new_tokens: int = 96
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     stop: tuple[str, ...] = ()  # a response ends at the token that completes one of these strings
     seed: int = 0
-    batch_size: int = 32  # rows (prompt x sample) per forward
+    # rows (prompt x sample) per forward; None: the backend's choice from the model's size and free memory
+    # (transformers_backend.auto_batch: AUTO_BATCH rows unless memory is short)
+    batch_size: int | None = None
     # Tree-sampled groups (method.md 3b): (R, L) or (R, L1, L2) branching per level, R * L leaves per prompt
     # in place of `n` flat samples; None: flat sampling.
     tree: tuple[int, ...] | None = None
+    branch: str = DEFAULT_BRANCH  # where a tree's inner node ends (`parse_branch`); unused without `tree`
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))
         if self.tree is not None:
             object.__setattr__(self, "tree", tuple(self.tree))
-        checks = {"n": self.n >= 1,
-                  "tree": self.tree is None or (len(self.tree) in (2, 3) and all(
-                      isinstance(b, int) and b >= 1 for b in self.tree)), "max_new_tokens": self.max_new_tokens >= 1, "temperature": self.temperature >= 0,
-                  "top_p": 0 < self.top_p <= 1, "batch_size": self.batch_size >= 1,
-                  "stop": all(isinstance(s, str) and s for s in self.stop)}
+        tree_ok = self.tree is None or (len(self.tree) in (2, 3) and all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in self.tree))
+        if not tree_ok:
+            raise ValueError(f"SamplingConfig: invalid tree={self.tree!r}: expected (R, L) or (R, L1, L2) "
+                             f"of integers >= 1 (R roots per prompt, L continuations of each)")
+        leaves = self.leaves_per_tree
+        if self.n is None:
+            object.__setattr__(self, "n", leaves or FLAT_N)
+        elif leaves is not None and self.n != leaves:
+            raise ValueError(f"SamplingConfig: n={self.n} conflicts with tree={self.tree!r}, whose groups have "
+                             f"{leaves} leaves; leave n out (the tree sets it)")
+        checks = {"n": isinstance(self.n, int) and self.n >= 1, "max_new_tokens": self.max_new_tokens >= 1,
+                  "temperature": self.temperature >= 0, "top_p": 0 < self.top_p <= 1,
+                  "batch_size": self.batch_size is None or self.batch_size >= 1, "stop": all(isinstance(s, str) and s for s in self.stop)}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"SamplingConfig: invalid {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
+        kind, _ = parse_branch(self.branch)
+        if self.tree is not None and kind == "fraction":
+            inner = len(self.tree) - 1  # nodes along a leaf's path that end at a branch point
+            if inner * self.branch_tokens >= self.max_new_tokens:
+                raise ValueError(f"SamplingConfig: branch {self.branch!r} puts the last branch point at token "
+                                 f"{inner * self.branch_tokens}, not before max_new_tokens={self.max_new_tokens}; "
+                                 f"use a smaller fraction")
+
+    @property
+    def leaves_per_tree(self) -> int | None:
+        """R * L (* L2): the responses of one prompt's tree; None for flat sampling."""
+        return None if self.tree is None else math.prod(self.tree)
+
+    @property
+    def branch_tokens(self) -> int:
+        """With `fraction:F`: the tokens of each inner node, int(F * max_new_tokens)."""
+        return int(parse_branch(self.branch)[1] * self.max_new_tokens)
 
 
 EPS = 1e-6
@@ -212,6 +269,11 @@ class AnnotateConfig:
         if not isinstance(self.verifier_memory_bytes, int) or self.verifier_memory_bytes < MIN_VERIFIER_MEMORY:
             raise ValueError(f"AnnotateConfig.verifier_memory_bytes must be an int of at least {MIN_VERIFIER_MEMORY} "
                              f"(the worker's interpreter and imports), got {self.verifier_memory_bytes!r}")
+        if self.sampling.tree is not None and self.backend != "transformers":
+            raise ValueError(f"--tree needs --backend transformers (the {self.backend} backend samples flat groups only)")
+        if "mc" in self.credit.kinds and self.sampling.tree is None:
+            raise ValueError("credit mc needs tree-sampled groups: its values are means over the leaves below each "
+                             "node; add --tree R,L (SamplingConfig.tree)")
         for ref in self.verifiers:  # the run's identity records each by its importable target and source hash
             if type(ref) is not PluginRef:
                 raise TypeError(f"AnnotateConfig.verifiers: {ref!r} is not an importable verifier; annotate records "

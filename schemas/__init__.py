@@ -1,8 +1,9 @@
 """Arrow schemas of the tokencredit dataset and the DuckDB views over a run directory.
 
-A run directory holds `responses/part-*.parquet`, `credits/part-*.parquet` and
-`manifest.json`; `views.sql` (with `{responses}` and `{credits}` replaced by table expressions
-over the manifest's part files) creates the `responses`, `credits` and `training` views.
+A run directory holds `responses/part-*.parquet`, `credits/part-*.parquet`, `nodes/part-*.parquet`
+(the nodes of tree-sampled groups; empty for flat sampling) and `manifest.json`; `views.sql` (with
+`{responses}`, `{credits}` and `{nodes}` replaced by table expressions over the manifest's part files)
+creates the `responses`, `credits`, `training`, `nodes` and `leaf_segments` views.
 """
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ from importlib.resources import files
 import pyarrow as pa
 
 # 2.0: GDPO's batch step moved to the views; 2.1: instruction rewards as kind + constraint_index;
-# 2.2: credits.relevance_source (verifier spans, replay or uniform); 2.3: Monte-Carlo credit (credits.mc,
-# responses.mc_sum)
+# 2.2: credits.relevance_source (verifier spans, replay or uniform); 2.3: tree-sampled groups
+# (responses.segments and the nodes table) and their Monte-Carlo credit (credits.mc, responses.mc_sum)
 SCHEMA_VERSION = "2.3"
+
+# One node of a leaf's path in a tree-sampled group (records.Segment): the leaf's tokens [start, end)
+SEGMENT = pa.struct([pa.field("node_id", pa.string()), pa.field("parent_id", pa.string()),
+                     pa.field("start", pa.int32()), pa.field("end", pa.int32())])
 
 RESPONSES = pa.schema(
     [
@@ -43,6 +48,23 @@ RESPONSES = pa.schema(
         pa.field("status", pa.string()),
         pa.field("model", pa.string()),
         pa.field("seed", pa.int64()),
+        pa.field("segments", pa.list_(SEGMENT)),  # root -> leaf, covering [0, T); NULL for flat sampling
+    ]
+)
+
+# One row per node of a tree-sampled group (per shard: a group lies in one shard)
+NODES = pa.schema(
+    [
+        pa.field("node_id", pa.string(), nullable=False),  # "<record id>/t<r>", "<record id>/t<r>.<l>", ...
+        pa.field("parent_id", pa.string()),  # NULL for a root (its parent is the prompt)
+        pa.field("group_id", pa.string(), nullable=False),
+        pa.field("shard", pa.int32(), nullable=False),
+        pa.field("depth", pa.int32(), nullable=False),  # 0 for a root
+        # the node's tokens [start, end) within each of its leaves' responses (the same in each)
+        pa.field("start", pa.int32(), nullable=False),
+        pa.field("end", pa.int32(), nullable=False),
+        pa.field("prefix_tokens", pa.int32(), nullable=False),  # what the node was sampled after: prompt + start
+        pa.field("leaves", pa.int32(), nullable=False),  # leaves below it (a leaf: 1)
     ]
 )
 
@@ -76,7 +98,7 @@ CREDITS = pa.schema(
     ]
 )
 
-TABLES = {"responses": RESPONSES, "credits": CREDITS}
+TABLES = {"responses": RESPONSES, "credits": CREDITS, "nodes": NODES}
 
 
 def with_version(schema: pa.Schema, table: str) -> pa.Schema:

@@ -1,4 +1,4 @@
--- Views over one tokencredit run directory. The responses and credits placeholders are replaced
+-- Views over one tokencredit run directory. The responses, credits and nodes placeholders are replaced
 -- by table expressions over exactly the part files its manifest lists (pipeline/dataset/query.py).
 -- responses: the stored rows plus GDPO's batch step over the whole run (method.md section 1),
 -- never over a shard: gdpo_scale c and gdpo_shift m come from every credited response's gdpo_sum
@@ -64,3 +64,26 @@ CREATE OR REPLACE VIEW training AS
         coalesce(list_min(rewards) >= 1.0, false) AS passed_all
     FROM responses
     WHERE status = 'ok';
+
+-- The nodes of tree-sampled groups (empty for flat sampling): one row per node, with its token range
+-- within its leaves, what it was sampled after and how many leaves lie below it.
+CREATE OR REPLACE VIEW nodes AS
+    SELECT * FROM {nodes};
+
+-- One row per (leaf, node on its path): a tree-sampled response's segments joined to their nodes, with
+-- the segment's tokens; join on response_id to responses or credits (position BETWEEN start AND end - 1).
+CREATE OR REPLACE VIEW leaf_segments AS
+    WITH unnested AS (
+        SELECT response_id, group_id, token_ids, unnest(segments) AS seg FROM responses WHERE segments IS NOT NULL
+    )
+    SELECT u.response_id,
+           u.group_id,
+           n.depth,
+           u.seg.node_id AS node_id,
+           u.seg.parent_id AS parent_id,
+           u.seg.start AS "start",
+           u.seg."end" AS "end",
+           u.token_ids[u.seg.start + 1 : u.seg."end"] AS token_ids,
+           n.prefix_tokens,
+           n.leaves
+    FROM unnested u JOIN nodes n ON n.node_id = u.seg.node_id;

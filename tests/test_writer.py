@@ -11,7 +11,7 @@ import pytest
 
 from tokencredit.pipeline.dataset.query import run_query
 from tokencredit.pipeline.dataset.writer import RunWriter
-from tokencredit.schemas import CREDITS, RESPONSES, SCHEMA_VERSION, TABLES, views_sql
+from tokencredit.schemas import CREDITS, NODES, RESPONSES, SCHEMA_VERSION, TABLES, views_sql
 
 
 def shard_tables(shard: int, responses: int = 3, tokens: int = 4) -> dict[str, pa.Table]:
@@ -26,7 +26,7 @@ def shard_tables(shard: int, responses: int = 3, tokens: int = 4) -> dict[str, p
         "response_id": rid, "task": "sql", "position": t, "token_id": t, "token_text": "x", "char_start": t,
         "char_end": t + 1, "part": "query", "reward": "format", "reward_adv": 0.5, "distance": 0.1 * t,
         "weight": 1.0, "advantage": 0.5, "beta": 0.5} for rid in ids for t in range(tokens)], schema=CREDITS)
-    return {"responses": resp, "credits": cred}
+    return {"responses": resp, "credits": cred, "nodes": NODES.empty_table()}  # flat samples: no tree nodes
 
 
 def test_shards_are_marked_complete_and_the_manifest_adds_up(tmp_path):
@@ -38,7 +38,7 @@ def test_shards_are_marked_complete_and_the_manifest_adds_up(tmp_path):
     assert all(writer.is_complete(s) for s in range(3))
     manifest = writer.finish(3, {"rejected": 0})
     on_disk = json.loads((tmp_path / "manifest.json").read_text())
-    assert on_disk["totals"] == manifest["totals"] == {"responses": 9, "credits": 36}
+    assert on_disk["totals"] == manifest["totals"] == {"responses": 9, "credits": 36, "nodes": 0}
     assert on_disk["stats"] == {"replays_done": 6} and on_disk["seeds"] == {"sampling": 3}
     assert len(on_disk["dataset_checksum"]) == 64
     assert not list(tmp_path.rglob("*.tmp")), "temporary files must be renamed into place"

@@ -1,13 +1,14 @@
-"""Annotated responses -> the Arrow tables of `schemas` (responses, credits in long form)."""
+"""Annotated responses -> the Arrow tables of `schemas` (responses, credits in long form, tree nodes)."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
 
 import pyarrow as pa
 
 from tokencredit import verifiers
-from tokencredit.schemas import CREDITS, RESPONSES
+from tokencredit.schemas import CREDITS, NODES, RESPONSES
 from tokencredit.schemas.records import AnnotatedResponse, TaskRecord
 
 from tokencredit.pipeline.sample.detokenize import token_spans
@@ -47,8 +48,28 @@ def responses_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Ta
             "p2t_reward": credit.p2t_reward if credit else None,
             "p2t_alpha": credit.p2t_alpha if credit else None,
             "status": item.verified.status, "model": sample.model, "seed": sample.seed,
+            "segments": None if sample.segments is None else [dataclasses.asdict(g) for g in sample.segments],
         })
     return pa.Table.from_pylist(rows, schema=RESPONSES)
+
+
+def nodes_table(annotated: Sequence[AnnotatedResponse], shard: int) -> pa.Table:
+    """One row per node of the shard's tree-sampled groups (none for flat samples), from the leaves' segments.
+    ValueError when two leaves disagree on where a node they share lies (not one tree)."""
+    nodes: dict[str, dict] = {}
+    for item in annotated:
+        sample = item.verified.sample
+        for depth, segment in enumerate(sample.segments or ()):
+            node = nodes.setdefault(segment.node_id, {
+                "node_id": segment.node_id, "parent_id": segment.parent_id, "group_id": sample.group_id,
+                "shard": shard, "depth": depth, "start": segment.start, "end": segment.end,
+                "prefix_tokens": len(sample.prompt_token_ids) + segment.start, "leaves": 0})
+            if (node["parent_id"], node["start"], node["end"], node["depth"]) != \
+                    (segment.parent_id, segment.start, segment.end, depth):
+                raise ValueError(f"response {sample.response_id!r}: node {segment.node_id!r} lies at {segment} "
+                                 f"but at tokens [{node['start']}, {node['end']}) in another leaf of its group")
+            node["leaves"] += 1
+    return pa.Table.from_pylist(list(nodes.values()), schema=NODES)
 
 
 def credits_table(annotated: Sequence[AnnotatedResponse], records: dict[str, TaskRecord], tokenizer) -> pa.Table:

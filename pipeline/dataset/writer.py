@@ -2,6 +2,7 @@
 
     OUT/responses/part-00003.parquet   one file per shard and table
     OUT/credits/part-00003.parquet
+    OUT/nodes/part-00003.parquet       the nodes of its tree-sampled groups (empty for flat sampling)
     OUT/_shards/shard-00003.json       completion marker: rows, checksums and code version of that shard
     OUT/manifest.json                  config, input files' checksums, code version, seeds, per-shard
                                        rows and checksums; `complete` is true once every shard is written
@@ -425,8 +426,9 @@ class RunWriter:
         writers that died mid-file left (a killed Dask worker's shard was written again elsewhere).
         """
         entries = entries if entries is not None else self.checked_shards(n_shards)
-        totals = {name: sum(e[name]["rows"] for e in entries) for name in TABLES}
-        checksum = hashlib.sha256("".join(e[name]["sha256"] for e in entries for name in TABLES)
+        # a shard of a table it does not write (a run of an older schema has no nodes) counts 0 rows
+        totals = {name: sum(e[name]["rows"] for e in entries if name in e) for name in TABLES}
+        checksum = hashlib.sha256("".join(e[name]["sha256"] for e in entries for name in TABLES if name in e)
                                   .encode()).hexdigest()
         stats: dict[str, float] = {}
         for entry in entries:

@@ -47,6 +47,13 @@ class StopChecker:
         self.tokenizer, self.stop, self.token_ids, self.start = tokenizer, tuple(stop), [], 0
         self.tail_chars = max(map(len, self.stop), default=0) + CONTEXT_CHARS
 
+    def fork(self, token_ids: Sequence[int] = ()) -> "StopChecker":
+        """A checker for this response's continuation: it holds this one's tokens, then `token_ids` (a
+        response prefix a continuation goes on from; a stop string it completes is not reported)."""
+        other = StopChecker(self.tokenizer, self.stop)
+        other.token_ids, other.start = [*self.token_ids, *token_ids], self.start  # the window moves on the next add
+        return other
+
     def add(self, token_id: int) -> bool:
         """Append a token; True when the response now contains a stop string."""
         self.token_ids.append(token_id)

@@ -15,7 +15,7 @@ what a later teacher-forced forward of prompt + response reproduces, and what of
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -26,7 +26,40 @@ from tokencredit.pipeline.config import SamplingConfig
 from tokencredit.pipeline.sample.detokenize import StopChecker
 from tokencredit.pipeline.models.loading import cache_keyword
 from tokencredit.pipeline.progress import Progress
-from tokencredit.pipeline.sample.rows import build_sample, check_records, render_prompt, row_seed
+from tokencredit.pipeline.sample.rows import Row, build_sample, check_records, render_prompt, row_seed
+
+# The sampler's rows per forward when SamplingConfig.batch_size is None. Seconds per SmolLM2-135M token of flat
+# sampling on the shared 2-core CPU (bench/bench_tree.py --quick): batch 16 0.0218, 32 0.0138, 64 0.0103,
+# 128 0.0108, 256 0.0110 (the issue measured 32 at 1.32x 128's time): past 64 the time is flat, and 128
+# keeps the margin where prompts are short; larger batches only hold more memory.
+AUTO_BATCH = 128
+AUTO_MEMORY_SHARE = 0.25  # of the free memory that the KV caches and logits of one batch may take
+
+
+def auto_batch(model, context_tokens: int) -> int:
+    """Rows per forward for `model` with responses of up to `context_tokens` (prompt + response): AUTO_BATCH,
+    or the largest power of two whose KV cache and logits fit AUTO_MEMORY_SHARE of the free memory (the
+    device's, else the machine's available RAM) when that is fewer."""
+    config = model.config
+    layers = config.num_hidden_layers
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    width = next(model.parameters()).element_size()
+    per_row = 2 * layers * heads * head_dim * width * context_tokens + 4 * 4 * config.vocab_size
+    rows = int(AUTO_MEMORY_SHARE * free_memory(model.device) // per_row)
+    return max(1, min(AUTO_BATCH, 1 << max(0, rows.bit_length() - 1)))
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on `device`: CUDA's own count, else MemAvailable of /proc/meminfo (or 8 GiB where unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return 8 << 30
+
 
 # Tokens whose order is sorted first when sampling; the rest of the vocabulary is sorted only for the rows
 # whose draw falls beyond them (see `choose_tokens`).
@@ -119,23 +152,37 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     return ids - {None}
 
 
+# Called before each decoding step with the active rows and their logits [B, V]: the rows that take each one's
+# place in the batch ([row] to go on; several to branch there, each drawing the next token from the same
+# logits and cache; [] to end it), or None when no row changes this step.
+Split = Callable[[list[Row], torch.Tensor], "list[list[Row]] | None"]
+
+
 class TransformersSampler:
-    """Batched sampling with a Hugging Face causal LM: left padding, a KV cache, one token per step."""
+    """Batched sampling with a Hugging Face causal LM: left padding, a KV cache, one token per step.
+
+    `prefilled_tokens` counts the prompt tokens fed to the model at once (each distinct prompt of a batch
+    once), `decoded_tokens` the tokens fed one step at a time: what sharing a prefix saves shows in both."""
 
     def __init__(self, model, tokenizer, name: str, *, progress: bool = True):
         self.model, self.tokenizer, self.name, self.progress = model, tokenizer, name, progress
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids, default=0)
         self.cache_arg = cache_keyword(model)
+        self.prefilled_tokens = self.decoded_tokens = 0
 
     def sample(self, records: Sequence[TaskRecord], config: SamplingConfig) -> list[Sample]:
         check_records(records)
+        if config.tree is not None:
+            from tokencredit.pipeline.sample.tree import sample_trees
+
+            return sample_trees(self, records, config)
         prompts = {r.id: render_prompt(self.tokenizer, r.prompt) for r in records}
         rows = [(r, j) for r in records for j in range(config.n)]
-        samples = []
+        samples, size = [], self.batch_rows(config, max(len(p[1]) for p in prompts.values()))
         with Progress("sampling", total=len(rows), unit="response", enabled=self.progress) as bar:
-            for start in range(0, len(rows), config.batch_size):
-                batch = rows[start: start + config.batch_size]
+            for start in range(0, len(rows), size):
+                batch = rows[start: start + size]
                 tokens, logprobs = self.generate([prompts[r.id][1] for r, _ in batch],
                                                  [row_seed(config.seed, r.id, j) for r, j in batch], config)
                 samples += [build_sample(r, j, prompts[r.id], t, lp, self.tokenizer, self.name, config.seed)
@@ -143,7 +190,6 @@ class TransformersSampler:
                 bar.update(len(batch), tokens=sum(map(len, tokens)))
         return samples
 
-    @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int],
                  config: SamplingConfig) -> tuple[list[list[int]], list[list[float]]]:
         """One batch: prompt ids per row and a seed per row -> (response ids, raw log-probs) per row.
@@ -153,29 +199,59 @@ class TransformersSampler:
         ends leaves the decode batch. Both change the batch the model sees, so a row's logits can move
         in the last float bits against decoding it alone, never its draws (its own generator).
         """
+        rows = [self.row(seed, config.max_new_tokens, StopChecker(self.tokenizer, config.stop)) for seed in seeds]
+        self.decode(prompts, rows, config)
+        return [row.tokens for row in rows], [row.logprobs for row in rows]
+
+    def batch_rows(self, config: SamplingConfig, prompt_tokens: int) -> int:
+        """`config.batch_size`, or `auto_batch`'s choice for prompts of up to `prompt_tokens`."""
+        return config.batch_size or auto_batch(self.model, prompt_tokens + config.max_new_tokens)
+
+    @staticmethod
+    def row(seed: int, limit: int, stop: StopChecker) -> Row:
+        return Row(torch.Generator().manual_seed(seed), stop, limit)  # CPU: same draws on any device
+
+    @torch.inference_mode()
+    def decode(self, prompts: Sequence[Sequence[int]], rows: list[Row], config: SamplingConfig,
+               split: Split | None = None) -> list[Row]:
+        """Decode `rows` (row i after `prompts[i]`) until each ends; -> every row that ended, in the order they
+        ended (with `split`, rows that branched are replaced by theirs). Temperature and top-p: `config`'s.
+
+        Each distinct prompt is prefilled once and its KV cache copied to its rows; a split copies a row's
+        cache to the rows that replace it (`DynamicCache.batch_select_indices` with repeated indices)."""
         device = self.model.device
         distinct = {tuple(p): i for i, p in enumerate(dict.fromkeys(map(tuple, prompts)))}
         ids, mask, positions = (t.to(device) for t in left_pad(list(distinct), self.pad_id))
+        self.prefilled_tokens += sum(map(len, distinct))
         cache = DynamicCache(config=self.model.config)
         logits = self._last_logits(ids, mask, positions, cache)
-        rows = torch.tensor([distinct[tuple(p)] for p in prompts], device=device)  # each row's prompt
-        cache.batch_select_indices(rows)
-        logits, mask, positions = logits[rows], mask[rows], positions[rows]
-        generators = [torch.Generator().manual_seed(s) for s in seeds]  # CPU: same draws on any device
-        stops = [StopChecker(self.tokenizer, config.stop) for _ in prompts]
-        tokens, logprobs = [[] for _ in prompts], [[] for _ in prompts]
-        active = list(range(len(prompts)))  # the row of each position in the decode batch
-        for step in range(config.max_new_tokens):
-            uniforms = torch.cat([torch.rand(1, generator=generators[b]) for b in active]).to(device)
+        index = torch.tensor([distinct[tuple(p)] for p in prompts], device=device)  # each row's prompt
+        active, ended = list(rows), []
+        while True:
+            replaced = split(active, logits) if split is not None else None
+            if replaced is not None:
+                kept = torch.tensor([i for i, kids in enumerate(replaced) for _ in kids], dtype=torch.long,
+                                    device=device)
+                index = kept if index is None else index[kept]
+                active = [kid for kids in replaced for kid in kids]
+                if not active:
+                    break
+            if index is not None:  # the rows' caches, from the rows they continue
+                cache.batch_select_indices(index)
+                logits, mask, positions = logits[index], mask[index], positions[index]
+                index = None
+            uniforms = torch.cat([torch.rand(1, generator=row.generator) for row in active]).to(device)
             chosen = choose_tokens(logits, uniforms, config.temperature, config.top_p)
             chosen_logprobs = torch.log_softmax(logits, -1).gather(-1, chosen[:, None]).squeeze(-1)
             going = []
-            for i, (b, token, logprob) in enumerate(zip(active, chosen.tolist(), chosen_logprobs.tolist())):
-                tokens[b].append(token)
-                logprobs[b].append(logprob)
-                if not (token in self.eos_ids or stops[b].add(token)):
+            for i, (row, token, logprob) in enumerate(zip(active, chosen.tolist(), chosen_logprobs.tolist())):
+                row.tokens.append(token)
+                row.logprobs.append(logprob)
+                if token in self.eos_ids or row.stop.add(token) or len(row.tokens) >= row.limit:
+                    ended.append(row)
+                else:
                     going.append(i)
-            if not going or step + 1 == config.max_new_tokens:
+            if not going:
                 break
             if len(going) < len(active):
                 keep = torch.tensor(going, device=device)
@@ -184,8 +260,9 @@ class TransformersSampler:
                 active = [active[i] for i in going]
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], -1)
             positions = positions[:, -1:] + 1
+            self.decoded_tokens += len(active)
             logits = self._last_logits(chosen[:, None], mask, positions, cache)
-        return tokens, logprobs
+        return ended
 
     def _last_logits(self, ids, mask, positions, cache) -> torch.Tensor:
         """Feed ids [B, S]; -> float32 logits [B, V] of the last position. `cache` grows in place."""
