@@ -205,7 +205,7 @@ def annotate_pool(out: Path, records_path: Path, model: str | None, args, *, pro
     config = AnnotateConfig(prompts=str(records_path), split="train", limit=prompts, model=model, shard_size=16,
                             device=args.device,
                             cpu_threads=torch.get_num_threads(),
-                            sampling=SamplingConfig(n=n, max_new_tokens=args.max_new_tokens,
+                            sampling=SamplingConfig(n=None if tree else n, max_new_tokens=args.max_new_tokens,
                                                     temperature=args.temperature, seed=seed, batch_size=64,
                                                     tree=tree, **branch_option(tree, args)),
                             # the replay alone, as the recorded run (before --locate existed) credited
@@ -435,9 +435,9 @@ def cmd_iterated(args) -> None:
                 if round_ >= done:  # the rounds before the latest kept policy were evaluated when they ran
                     evaluate_policy(f"iterated-{method}-{seed}-{round_ * args.round_steps}",
                                     lambda: load_policy(policy, device=args.device), held_out, args)
-        if args.final_eval:  # the last round's policies on every held-out prompt, greedy and sampled
+        if args.final_eval:  # the last round's policies on every held-out prompt (issue 18: greedy and sampled)
             every_prompt = load_records(prompts, "test")[: args.eval_prompts or None]
-            both = argparse.Namespace(**{**vars(args), "greedy_only": False})
+            both = argparse.Namespace(**{**vars(args), "greedy_only": args.experiment != "issue18" and args.greedy_only})
             for method, (_, policy) in current.items():
                 evaluate_policy(f"iteratedfinal-{method}-{seed}-{args.rounds * args.round_steps}",
                                 lambda: load_policy(policy, device=args.device), every_prompt, both)
@@ -668,16 +668,13 @@ def arm_rows(evals: dict[str, dict], arm: str, decoding: str, model: str, experi
     return rows
 
 
-def sampled_tokens(arm: str, settings: dict) -> dict:
-    """Tokens sampled per train prompt for an arm's training data: counted on its pool where the pool is
-    kept (offline: `STATE/pool`), else null with why."""
-    pool = STATE / "pool"
+def sampled_tokens(arm: str, settings: dict, method: str = "gdpo") -> dict:
+    """Tokens sampled per train prompt for a method's training data: counted on its pool where the pool is
+    kept (offline: `STATE/pool`, or the tree pool), else null with why."""
+    pool = STATE / POOLS.get(method, FLAT_POOL)[0]
     if arm == "offline" and complete(pool):
-        from tokencredit.pipeline.dataset.query import connect
-
-        prompts, tokens = connect(str(pool)).sql(
-            "SELECT count(DISTINCT group_id), sum(len(token_ids)) FROM responses").fetchall()[0]
-        return {"sampled_tokens": tokens / prompts, "sampled_tokens_note": f"counted on the pool ({prompts} prompts)"}
+        prompts, tokens = pool_tokens(pool)
+        return {"sampled_tokens": tokens, "sampled_tokens_note": f"counted on the pool ({prompts} prompts)"}
     bound = (f"{settings['n']} responses per train prompt of at most {settings['max_new_tokens']} tokens"
              if arm == "offline" else "per round, n responses of at most max_new_tokens tokens")
     return {"sampled_tokens": None,
@@ -726,6 +723,57 @@ def diagnose(pool: Path, records_path: Path) -> dict:
         stats["mrtpo_top1"].append(float(inside[max(range(len(mass)), key=mass.__getitem__)]))
     return {kind: {"pairs": len(v["gdpo_share"]), **{k: round(statistics.fmean(x), 3) for k, x in v.items()}}
             for kind, v in sorted(out.items())}
+
+
+def mc_landing(pool: Path, records_path: Path) -> dict:
+    """Where `mc` puts a failed constraint's penalty on a tree pool (issue 25 item 6): over the failed (leaf,
+    constraint) pairs with negative mc mass, the share of that mass on the root segment and on the leaf's own
+    segment, split by where the verifier's span starts (in the root segment, in the leaf segment, or no span);
+    per split the pair count and the mean share of the tokens the root segment holds (the share a uniform
+    credit would put there)."""
+    from tokencredit.pipeline.dataset.query import connect
+    from tokencredit.verifiers.instruction_spans import spans_for
+
+    by_id = {r.id: r for r in load_records(records_path)}
+    db = connect(str(pool))
+    roots = dict(db.sql("SELECT response_id, \"end\" FROM leaf_segments WHERE depth = 0").fetchall())
+    rows = db.sql(
+        "SELECT c.response_id, r.group_id, r.response, c.constraint_index, c.position, c.char_start, c.mc "
+        "FROM credits c JOIN responses r USING (response_id) WHERE c.mc IS NOT NULL AND r.rewards[c.constraint_index + 1] < 1 "
+        "ORDER BY c.response_id, c.constraint_index, c.position").fetchall()
+    pairs: dict[tuple, list] = {}
+    for row in rows:
+        pairs.setdefault((row[0], row[3]), []).append(row)
+    out: dict[str, dict[str, list[float]]] = {}
+    for (response_id, index), tokens in pairs.items():
+        mass = [-min(t[6], 0.0) for t in tokens]
+        if sum(mass) <= 0:
+            continue
+        branch = roots.get(response_id, 0)
+        constraint = by_id[tokens[0][1]].spec.constraints[index]
+        spans = spans_for(constraint.kind, tokens[0][2], constraint.args)
+        first = next((t[4] for t in tokens if spans and any(t[5] < ce and t[5] >= cs for cs, ce in spans)), None)
+        where = "no span" if first is None else "span in root" if first < branch else "span in leaf"
+        stats = out.setdefault(where, {"root_share": [], "root_tokens_share": []})
+        stats["root_share"].append(sum(m for t, m in zip(tokens, mass) if t[4] < branch) / sum(mass))
+        stats["root_tokens_share"].append(min(branch, len(tokens)) / len(tokens))
+    return {where: {"pairs": len(v["root_share"]), **{k: round(statistics.fmean(x), 3) for k, x in v.items()}}
+            for where, v in sorted(out.items())}
+
+
+def pool_tokens(pool: Path) -> tuple[int, float]:
+    """(prompts, tokens sampled per prompt) of a pool: a flat pool's response tokens; a tree pool's node tokens,
+    each shared root counted once."""
+    from tokencredit.pipeline.dataset.query import connect
+
+    db = connect(str(pool))
+    prompts = db.sql("SELECT count(DISTINCT group_id) FROM responses").fetchall()[0][0]
+    if db.sql("SELECT count(*) FROM nodes").fetchall()[0][0]:
+        tokens = db.sql("SELECT sum(\"end\" - start) FROM (SELECT DISTINCT node_id, start, \"end\" "
+                        "FROM leaf_segments)").fetchall()[0][0]
+    else:
+        tokens = db.sql("SELECT sum(len(token_ids)) FROM responses").fetchall()[0][0]
+    return prompts, tokens / prompts
 
 
 def pool_stats(pool: Path) -> dict:
@@ -799,6 +847,8 @@ def report_rows(evals: dict[str, dict], settings: dict) -> list[dict]:
                             ("iteratedfinal", "last round, every held-out prompt")):
         for decoding in ("both", "greedy", "sampled"):
             for row in arm_rows(evals, arm, decoding, model, experiment_keys(arm, settings)):
+                row = {**row, **sampled_tokens(arm, settings, row["method"]),
+                       "baseline_sampled_tokens": sampled_tokens(arm, settings, row["baseline"])["sampled_tokens"]}
                 rows.append({**row, "arm": "iterated", "evaluation": evaluation} if evaluation else row)
     return rows
 
@@ -830,6 +880,8 @@ def cmd_report(args) -> list[dict]:
         method: diagnose(STATE / folder, PROMPTS / "prompts.jsonl")
         for method, folder in (("mrtpo", "pool"), ("mrtpo_both", "pool-both")) if complete(STATE / folder)}
     pool_figures = kept.get("pool") or (pool_stats(pool) if complete(pool) else {})
+    if complete(STATE / "pool-tree"):
+        pool_figures = {**pool_figures, "mc_landing": mc_landing(STATE / "pool-tree", PROMPTS / "prompts.jsonl")}
     rates = kept.get("pass_rates") or pass_rates(evals)
     log(f"pool: {json.dumps(pool_figures)}; diagnosis: {json.dumps(diagnosis)}")
     log(f"pass rates per kind: {json.dumps(rates)}")
@@ -996,6 +1048,7 @@ def cmd_quick(args) -> list[dict]:
         args.methods, args.midpoint, args.tree = ",".join([*OFFLINE_METHODS, *ADVANTAGES]), 1, (2, 2)
         cmd_offline(args)
         args.greedy_only, args.round_eval_stride, args.final_eval = True, 2, True  # as the CPU run
+        args.iterated_methods = "gdpo,mrtpo,mc,rs"
         cmd_iterated(args)
         args.dev_prompts, args.variants = 2, "gdpo,mrtpo,mrtpobeta1,mrtpo_both"
         cmd_dev(args)
@@ -1003,7 +1056,7 @@ def cmd_quick(args) -> list[dict]:
         hypotheses = dev_rows(load_evals())
     pairs = {(r["arm"], r["method"], r["baseline"]) for r in rows}
     expected = ({("offline", *pair) for pair in comparisons([*OFFLINE_METHODS, *ADVANTAGES])}
-                | {("iterated", *pair) for pair in comparisons(ITERATED_METHODS)})
+                | {("iterated", *pair) for pair in comparisons(args.iterated_methods.split(","))})
     if pairs != expected or len(hypotheses) != 4:
         raise SystemExit(f"quick run: rows for {sorted(pairs)}, expected {sorted(expected)}; "
                          f"{len(hypotheses)} dev variants, expected 4")

@@ -170,6 +170,9 @@ def test_quick_mode_runs_both_arms_and_keeps_nothing(tmp_path):
     done = subprocess.run([sys.executable, "bench/closed_loop.py", "quick"], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "quick run: 31 rows" in done.stdout and "dev variants" in done.stdout
+    assert "quick run: 52 rows" in done.stdout and "dev variants" in done.stdout
     assert "('iterated', 'mrtpo', 'gdpo')" in done.stdout and "('offline', 'rs', 'gdpo')" in done.stdout
+    # issue 25's arms: the tree pool's GDPO and mc, and mc's iterated arm against GDPO and rejection sampling
+    assert "('offline', 'mc', 'gdpo_tree')" in done.stdout and "('iterated', 'mc', 'rs')" in done.stdout
+    assert '"mc_landing"' in done.stdout
     assert sorted(p.name for p in (ROOT / "bench" / "results").iterdir()) == before
