@@ -264,7 +264,7 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
 
     config = RewardModelConfig(base=args.base, heldout=args.heldout, seed=args.seed, steps=args.steps,
                                batch_size=args.batch_size)
-    report = train_reward_model(args.run, args.out, config, device=args.device)
+    report = train_reward_model(args.run, args.out, config, device=args.device, allow_incomplete=args.allow_incomplete)
     print(f"wrote {args.out} (use it as --reward-model {args.out}): {report['pairs_train']} train pairs, "
           f"{report['pairs_heldout']} held-out pairs in {len(report['groups_heldout'])} held-out prompts")
     for row in report["families"]:
@@ -447,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--batch-size", type=int, default=8, help="responses per backbone forward")
     q.add_argument("--seed", type=int, default=0, help="held-out split and initialization seed")
     q.add_argument("--device", default="cpu", help="torch device")
+    _allow_incomplete(q)
     q.set_defaults(func=cmd_rm_train)
 
     p = command("export", "export a run for other trainers")

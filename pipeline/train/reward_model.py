@@ -76,12 +76,13 @@ class Pairs:
                 if (self.responses[c].group_id in self.heldout) == heldout]
 
 
-def read_responses(run: str) -> list[Response]:
-    """The run's verified responses with their task prompts (`status = 'ok'`, rewards present)."""
+def read_responses(run: str, allow_incomplete: bool = False) -> list[Response]:
+    """The run's verified responses with their task prompts (`status = 'ok'`, rewards present); of the shards
+    written so far when `allow_incomplete` (each shard holds whole groups)."""
     from tokencredit.pipeline.dataset.export import run_records
     from tokencredit.pipeline.dataset.query import connect
 
-    rows = connect(run).execute(
+    rows = connect(run, allow_incomplete=allow_incomplete).execute(
         "select response_id, group_id, response, reward_names, rewards from responses "
         "where status = 'ok' and len(rewards) > 0 order by response_id").fetchall()
     records = run_records(run)[0]
@@ -110,9 +111,9 @@ def heldout_groups(groups: Sequence[str], fraction: float, seed: int) -> set[str
     return set(ranked[:count])
 
 
-def make_pairs(run: str, config: RewardModelConfig) -> Pairs:
+def make_pairs(run: str, config: RewardModelConfig, allow_incomplete: bool = False) -> Pairs:
     """The run's preference pairs, split by group; ValueError (naming the run) when either side is too small."""
-    responses = read_responses(run)
+    responses = read_responses(run, allow_incomplete)
     chosen, rejected = mean_reward_pairs(responses)
     groups = sorted({responses[c].group_id for c in chosen})
     if len(groups) < 2:
@@ -133,20 +134,26 @@ def load_base(base: str, device: str = "cpu"):
     """(sequence classifier with one output on the base's backbone, its tokenizer): safetensors only, no
     remote code (`models.loading`); the score head is new (the causal LM has none)."""
     from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
     from tokencredit.pipeline.models.loading import load_tokenizer, resolve_model_path
 
     folder = resolve_model_path(base, Path(base))
     tokenizer = load_tokenizer(folder)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        folder, local_files_only=True, use_safetensors=True, trust_remote_code=False, num_labels=1,
-        dtype=torch.float32)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the new head is "missing from the checkpoint" by design
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            folder, local_files_only=True, use_safetensors=True, trust_remote_code=False, num_labels=1,
+            dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     model.config.pad_token_id = tokenizer.pad_token_id
     return model.to(device).eval(), tokenizer
 
 
 def response_features(model, tokenizer, responses: Sequence[Response], batch_size: int,
-                      on_progress: Callable[[int], None] | None = None) -> Tensor:
+                      on_progress: Callable[[int, int], None] | None = None) -> Tensor:
     """[N, h] float32: the backbone's last hidden state at each response's pooled (last non-pad) token."""
     from tokencredit.pipeline.credit.p2t import _pool_index, encode_for_reward_model
 
@@ -167,7 +174,7 @@ def response_features(model, tokenizer, responses: Sequence[Response], batch_siz
         pool = _pool_index(ids, mask, pad)
         features.append(hidden[torch.arange(len(batch), device=device), pool].float().cpu())
         if on_progress is not None:
-            on_progress(len(batch))
+            on_progress(len(batch), sum(map(len, batch)))
     return torch.cat(features)
 
 
@@ -267,23 +274,25 @@ def check_out(out: str | Path) -> None:
 
 
 def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = RewardModelConfig(),
-                       device: str = "cpu", progress: bool = True) -> dict:
+                       device: str = "cpu", progress: bool = True, allow_incomplete: bool = False) -> dict:
     """Pairs from `run` -> features of the frozen base -> head -> held-out accuracy -> the folder `out`.
     Returns the report (also in OUT/rm_train.json). Bad input raises ValueError before the base loads."""
     from tokencredit.pipeline.progress import Progress
 
     check_out(out)
-    pairs = make_pairs(run, config)
+    pairs = make_pairs(run, config, allow_incomplete)
     train, heldout = pairs.split(False), pairs.split(True)
     model, tokenizer = load_base(config.base, device)
     with Progress("rm features", total=len(pairs.responses), unit="response", enabled=progress) as bar:
-        features = response_features(model, tokenizer, pairs.responses, config.batch_size, bar.update)
+        features = response_features(model, tokenizer, pairs.responses, config.batch_size,
+                                      lambda n, tokens: bar.update(n, tokens))
     weights = fit_head(features, train, config)
     scores = features @ weights
+    trained = family_pairs(pairs.responses, {r.group_id for r in pairs.responses} - pairs.heldout)
     families = []
     for name, found in family_pairs(pairs.responses, pairs.heldout).items():
         low, high = bootstrap_interval(scores, found, pairs.responses, config.bootstrap, config.seed)
-        families.append({"family": name, "pairs_heldout": len(found),
+        families.append({"family": name, "pairs_train": len(trained.get(name, ())), "pairs_heldout": len(found),
                          "pairwise_accuracy": pairwise_accuracy(scores, found), "ci_low": low, "ci_high": high})
     report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout),
               "groups_heldout": sorted(pairs.heldout), "train_accuracy": pairwise_accuracy(scores, train),
