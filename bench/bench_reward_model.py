@@ -91,8 +91,9 @@ def main() -> None:
         f"{args.model} run of {args.prompts.split('/')[-1]} instructions (split {args.split}, {args.limit} prompts), "
         f"n {args.n}, temperature {args.temperature}, max_new_tokens {args.max_new_tokens}; base {args.base}; "
         f"{report['pairs_train']} train / {report['pairs_heldout']} held-out pairs "
-        f"({len(report['groups_heldout'])} held-out prompts); annotate {seconds / 60:.1f} min, rm train "
-        f"{train_seconds / 60:.1f} min",
+        f"({len(report['groups_heldout'])} held-out prompts); "
+        + (f"annotate {seconds / 60:.1f} min, " if args.run is None else f"run {args.run} annotated beforehand, ")
+        + f"rm train {train_seconds / 60:.1f} min",
         f"mean reward order: {mean['pairwise_accuracy']:.3f} [{mean['ci_low']:.3f}, {mean['ci_high']:.3f}] "
         f"(train {report['train_accuracy']:.3f})" + "".join(
             f"; {r['family']} {r['pairwise_accuracy']:.2f} ({r['pairs_heldout']})" for r in kinds),

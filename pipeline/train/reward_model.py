@@ -7,7 +7,7 @@ The split is by GROUP (prompt): a held-out fraction of the prompts, never pairs 
 
 Model: the base causal LM's backbone, frozen, with a linear score head on the last response token (HF's
 `*ForSequenceClassification` pooling, which P2T reads), fit with the Bradley-Terry loss
--log sigmoid(r_chosen - r_rejected). A frozen backbone gives each response one feature vector, so the
+-log sigmoid(r_chosen - r_rejected) and an L2 penalty chosen by cross-validation over the train prompts. A frozen backbone gives each response one feature vector, so the
 backbone runs once per response and the head trains in seconds; TRL's RewardTrainer (which runs the
 backbone every step of every epoch) does not fit a CPU budget and adds nothing on a frozen backbone.
 The input layout is P2T's (`p2t.encode_for_reward_model`): the prompt rendered for the base's tokenizer,
@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 MIN_PAIRS = 8  # fewer train or held-out pairs make the accuracy noise
+L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # the head's L2 strengths tried by cross-validation on the train groups
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,6 @@ class RewardModelConfig:
     seed: int = 0
     steps: int = 500  # full-batch optimizer steps on the cached features
     lr: float = 0.05
-    weight_decay: float = 1e-3
     batch_size: int = 8  # responses per backbone forward
     bootstrap: int = 1000  # resamples of the held-out groups for the accuracy's interval
 
@@ -178,8 +178,9 @@ def response_features(model, tokenizer, responses: Sequence[Response], batch_siz
     return torch.cat(features)
 
 
-def fit_head(features: Tensor, pairs: Sequence[tuple[int, int]], config: RewardModelConfig) -> Tensor:
-    """Weights w [h] of score(x) = <w, x> minimizing the Bradley-Terry loss over (chosen, rejected) pairs.
+def fit_head(features: Tensor, pairs: Sequence[tuple[int, int]], config: RewardModelConfig, l2: float) -> Tensor:
+    """Weights w [h] of score(x) = <w, x> minimizing the Bradley-Terry loss over (chosen, rejected) pairs
+    plus l2 * |w|^2 on standardized features.
 
     The features are standardized while fitting and w is mapped back to raw features: a score's offset
     cancels in every pair, so <w / sd, x> ranks as the standardized head does.
@@ -190,13 +191,33 @@ def fit_head(features: Tensor, pairs: Sequence[tuple[int, int]], config: RewardM
     rejected = torch.tensor([r for _, r in pairs])
     generator = torch.Generator().manual_seed(config.seed)
     w = (0.01 * torch.randn(x.shape[1], generator=generator)).requires_grad_(True)
-    optimizer = torch.optim.Adam([w], lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.Adam([w], lr=config.lr)
     for _ in range(config.steps):
         optimizer.zero_grad()
         margin = (x[chosen] - x[rejected]) @ w
-        torch.nn.functional.softplus(-margin).mean().backward()  # -log sigmoid(margin)
+        (torch.nn.functional.softplus(-margin).mean() + l2 * w.square().sum()).backward()  # -log sigmoid(margin)
         optimizer.step()
-    return (w.detach() / sd)
+    return w.detach() / sd
+
+
+def choose_l2(features: Tensor, pairs: Sequence[tuple[int, int]], responses: Sequence[Response],
+              config: RewardModelConfig, folds: int = 4) -> float:
+    """The L2 strength of L2_GRID with the best pairwise accuracy over `folds` folds of the TRAIN groups
+    (a frozen backbone's features outnumber a few hundred pairs: unpenalized, the head fits them all)."""
+    groups = sorted({responses[c].group_id for c, _ in pairs})
+    fold_of = {g: i % folds for i, g in enumerate(sorted(groups, key=lambda g: hashlib.sha256(
+        f"{config.seed}\x01{g}".encode()).digest()))}
+
+    def cv_accuracy(l2: float) -> float:
+        right = 0.0
+        for fold in range(folds):
+            fit = [p for p in pairs if fold_of[responses[p[0]].group_id] != fold]
+            held = [p for p in pairs if fold_of[responses[p[0]].group_id] == fold]
+            if fit and held:
+                right += pairwise_accuracy(features @ fit_head(features, fit, config, l2), held) * len(held)
+        return right
+
+    return max(L2_GRID, key=cv_accuracy)
 
 
 def pairwise_accuracy(scores: Tensor, pairs: Sequence[tuple[int, int]]) -> float:
@@ -286,7 +307,8 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
     with Progress("rm features", total=len(pairs.responses), unit="response", enabled=progress) as bar:
         features = response_features(model, tokenizer, pairs.responses, config.batch_size,
                                       lambda n, tokens: bar.update(n, tokens))
-    weights = fit_head(features, train, config)
+    l2 = choose_l2(features, train, pairs.responses, config)
+    weights = fit_head(features, train, config, l2)
     scores = features @ weights
     trained = family_pairs(pairs.responses, {r.group_id for r in pairs.responses} - pairs.heldout)
     families = []
@@ -294,7 +316,7 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
         low, high = bootstrap_interval(scores, found, pairs.responses, config.bootstrap, config.seed)
         families.append({"family": name, "pairs_train": len(trained.get(name, ())), "pairs_heldout": len(found),
                          "pairwise_accuracy": pairwise_accuracy(scores, found), "ci_low": low, "ci_high": high})
-    report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout),
+    report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout), "l2": l2,
               "groups_heldout": sorted(pairs.heldout), "train_accuracy": pairwise_accuracy(scores, train),
               "families": families}
     save_reward_model(model, tokenizer, weights, out, report)
