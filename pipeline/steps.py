@@ -83,7 +83,8 @@ class Pipeline:
         for shard in self._shards(records):
             ids = {r.id for r in shard}
             annotated, stats = assign_credit([v for v in verified if v.sample.group_id in ids], by_id,
-                                             self.config.credit, m.policy, m.tokenizer, m.reward_model)
+                                             self.config.credit, m.policy, m.tokenizer, m.reward_model,
+                                             reward_tokenizer=m.reward_tokenizer)
             responses += annotated
             shard_stats.append(stats)
         return Credited(responses, shard_stats)

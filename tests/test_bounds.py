@@ -124,20 +124,20 @@ def test_a_bad_template_stops_the_run_with_one_line(tmp_path, template, message)
 
 @pytest.mark.slow
 def test_a_user_error_inside_the_prefect_flow_is_one_line_without_traceback(tmp_path):
-    """A reward model whose tokenizer is not the policy's is found where the shard loads its models,
-    inside a Prefect task: the error is still one line, with no traceback from Prefect's log."""
+    """A reward model of two labels is found where the shard loads its models, inside a Prefect task:
+    the error is still one line, with no traceback from Prefect's log."""
     from tokencredit.pipeline.models.loading import DEFAULT_REWARD_MODEL
 
     rm = tmp_path / "reward-model"
     shutil.copytree(DEFAULT_REWARD_MODEL, rm)
-    tokenizer = json.loads((rm / "tokenizer.json").read_text())
-    tokenizer["model"]["vocab"]["zzqzz"] = len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"])
-    (rm / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = json.loads((rm / "config.json").read_text())
+    config["id2label"], config["label2id"] = {"0": "bad", "1": "good"}, {"bad": 0, "good": 1}
+    (rm / "config.json").write_text(json.dumps(config))
     result = run_cli("annotate", "--out", str(tmp_path / "run"), "--reward-model", str(rm), "--credit", "gdpo,p2t",
                      "--limit", "1", "--n", "2", "--tasks", "tools", timeout=900)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("tokencredit annotate: error:")]
-    assert len(errors) == 1 and "P2T needs a reward model that shares the policy's tokenizer" in errors[0]
+    assert len(errors) == 1 and "has num_labels=2; a reward model has one output" in errors[0]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
 
 

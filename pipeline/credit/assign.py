@@ -21,7 +21,8 @@ from tokencredit.pipeline.credit.advantages import condition_on, gdpo, grpo, sum
 from tokencredit.pipeline.config import CREDIT_KINDS, CreditConfig  # noqa: F401 - CREDIT_KINDS re-exported
 from tokencredit.pipeline.credit.mc import mc_advantages, tree_tensors
 from tokencredit.pipeline.credit.mrtpo import mrtpo_advantages
-from tokencredit.pipeline.credit.p2t import P2TStats, attribute, token_rewards
+from tokencredit.pipeline.credit.p2t import (P2TStats, attribute, attribute_across_tokenizers, shares_vocab,
+                                             token_rewards)
 from tokencredit.pipeline.progress import Progress
 from tokencredit.pipeline.sample.prompts import feedback_sections
 from tokencredit.pipeline.credit.located import verifier_relevance
@@ -64,9 +65,10 @@ def reward_options(verified: Sequence[VerifiedSample], rewards: torch.Tensor, ma
 
 def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRecord], config: CreditConfig,
                   policy=None, tokenizer=None, reward_model=None,
-                  progress: bool = True) -> tuple[list[AnnotatedResponse], dict]:
+                  progress: bool = True, reward_tokenizer=None) -> tuple[list[AnnotatedResponse], dict]:
     """Credit every `ok` response of one batch; returns annotated responses (input order) and stats.
-    `progress`: show the replay's and P2T's progress (pipeline.progress).
+    `progress`: show the replay's and P2T's progress (pipeline.progress). `reward_tokenizer`: the reward
+    model's, when it may differ from the policy's `tokenizer` (None: the reward model reads the policy's ids).
 
     The values stop before GDPO's batch step: `gdpo_sum` S[i], `credit.mrtpo_sum` and `credit.mc_sum`; a
     consumer applies c * (x - m) with c, m over the run (the views) or over its own batch (`batch_statistics`).
@@ -112,7 +114,8 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
 
     mc = (mc_advantages(conditioned, mask, group, node, bounds, config.gdpo, weights=reward_weight)
           if "mc" in config.kinds else None)
-    p2t = _p2t(ok, config, reward_model, progress) if "p2t" in config.kinds else None
+    p2t = (_p2t(ok, records, config, reward_model, tokenizer, reward_tokenizer, progress)
+           if "p2t" in config.kinds else None)
     if p2t is not None:
         stats.update(p2t_responses=p2t[1].responses, p2t_near_flat=p2t[1].near_flat)
 
@@ -195,12 +198,19 @@ def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecor
     return distance, js, floored
 
 
-def _p2t(ok: Sequence[VerifiedSample], config: CreditConfig, reward_model, progress: bool = True):
-    """P2T token rewards per response (method.md section 3); A_p2t = A_gdpo + alpha * reward needs c and m."""
+def _p2t(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], config: CreditConfig, reward_model,
+         tokenizer, reward_tokenizer, progress: bool = True):
+    """P2T token rewards per response (method.md section 3); A_p2t = A_gdpo + alpha * reward needs c and m.
+    A reward model of another tokenizer reads the task prompt and response text in its own tokens."""
     with Progress("p2t", total=len(ok), unit="response", enabled=progress) as bar:
-        attributions = attribute(reward_model, [v.sample.prompt_token_ids for v in ok],
-                                 [v.sample.token_ids for v in ok], baseline=config.p2t_baseline,
-                                 on_progress=bar.update)
+        if shares_vocab(reward_tokenizer, tokenizer):
+            attributions = attribute(reward_model, [v.sample.prompt_token_ids for v in ok],
+                                     [v.sample.token_ids for v in ok], baseline=config.p2t_baseline,
+                                     on_progress=bar.update)
+        else:
+            attributions = attribute_across_tokenizers(
+                reward_model, reward_tokenizer, tokenizer, [records[v.sample.group_id].prompt for v in ok],
+                [v.sample.token_ids for v in ok], baseline=config.p2t_baseline, on_progress=bar.update)
     stats = P2TStats()
     columns = []
     for a in attributions:

@@ -15,15 +15,25 @@ We call the backbone and the head ourselves instead of `model(...)` because HF's
 given `inputs_embeds`, pools the LAST position (wrong for right padding); it only finds the
 last real token from `input_ids`, and it refuses both at once. `_pool_index` reproduces HF's
 rule exactly: the rightmost position whose id is not the pad id.
+
+A reward model whose tokenizer differs from the policy's (`attribute_across_tokenizers`) reads the
+response TEXT in its own tokens: a[s] is computed per reward-model token s, then carried to the policy's
+tokens by character overlap (`carry_to_tokens`). The reward model reads the prompt rendered as the sampler
+renders one for it (its chat template, else the plain layout), then the response text without special
+tokens; `rm train` trains on the same layout (`encode_for_reward_model`).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from tokencredit.pipeline.sample.detokenize import token_spans
+from tokencredit.pipeline.sample.rows import render_prompt
 
 EPS = 1e-6
 METHODS = ("grad_x_input", "integrated_gradients")
@@ -78,6 +88,60 @@ def attribute(
         if on_progress is not None:
             on_progress(len(idx), sum(len(response_ids[i]) for i in idx))
     return out
+
+
+def shares_vocab(reward_tokenizer, policy_tokenizer) -> bool:
+    """Whether the reward model reads the policy's token ids as they are (the direct path)."""
+    return reward_tokenizer is None or reward_tokenizer.get_vocab() == policy_tokenizer.get_vocab()
+
+
+def encode_for_reward_model(tokenizer, prompt: str, response: str) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """One (task prompt, response text) as a reward model reads it: (prompt ids, response ids, each response
+    token's [char_start, char_end) in `response`). The prompt is rendered as the sampler renders it for this
+    tokenizer; the response is its text without special tokens (needs a fast tokenizer, for the offsets).
+    An empty response is the end-of-sequence token alone, of no characters."""
+    prompt_ids = render_prompt(tokenizer, prompt)[1]
+    if not response:
+        return prompt_ids, [tokenizer.eos_token_id], [(0, 0)]
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"reward model tokenizer {type(tokenizer).__name__} is not a fast tokenizer; P2T across "
+                         "tokenizers needs its character offsets (return_offsets_mapping)")
+    encoded = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
+    return prompt_ids, encoded["input_ids"], [tuple(o) for o in encoded["offset_mapping"]]
+
+
+def carry_to_tokens(raw: Tensor, source_spans: Sequence[tuple[int, int]], starts: Sequence[int],
+                    ends: Sequence[int]) -> Tensor:
+    """Attribution a [S] over reward-model tokens -> [T] over policy tokens, by characters.
+
+    Each reward-model token s spreads a[s] evenly over its characters source_spans[s] = [start, end), and a
+    policy token [starts[t], ends[t]) collects what lies on its characters: out[t] = sum_s a[s] * overlap(s, t)
+    / len(s). So the total is kept whenever the policy's spans cover the text (they tile it), and a token
+    of no characters on either side (a special token) gets or gives nothing.
+    """
+    src = torch.tensor(source_spans, dtype=torch.float32).reshape(-1, 2)  # [S, 2]
+    lo = torch.tensor(starts, dtype=torch.float32)
+    hi = torch.tensor(ends, dtype=torch.float32)
+    overlap = (torch.minimum(src[:, 1:], hi[None]) - torch.maximum(src[:, :1], lo[None])).clamp(min=0)  # [S, T]
+    width = (src[:, 1] - src[:, 0]).clamp(min=1)[:, None]
+    return raw.float() @ (overlap / width)
+
+
+def attribute_across_tokenizers(reward_model, reward_tokenizer, policy_tokenizer, prompts: Sequence[str],
+                                response_ids: Sequence[Sequence[int]], **options) -> list[Attribution]:
+    """P2T when the reward model has a tokenizer of its own: one Attribution per response whose raw [T] is
+    over the policy's tokens response_ids[i] (`carry_to_tokens` of the reward-model tokens' attribution).
+
+    prompts[i] is the task prompt (not the policy's rendered one); the response text is the policy's decode
+    of response_ids[i] (skip_special_tokens), whose character spans `token_spans` gives. `options` go to
+    `attribute` (baseline, batch_size, method, ig_steps, on_progress).
+    """
+    spans = [token_spans(policy_tokenizer, ids)[1:] for ids in response_ids]
+    texts = [policy_tokenizer.decode(ids, skip_special_tokens=True) for ids in response_ids]
+    encoded = [encode_for_reward_model(reward_tokenizer, p, text) for p, text in zip(prompts, texts)]
+    found = attribute(reward_model, [e[0] for e in encoded], [e[1] for e in encoded], **options)
+    return [Attribution(score=a.score, raw=carry_to_tokens(a.raw, e[2], *span))
+            for a, e, span in zip(found, encoded, spans)]
 
 
 def _check_args(model, prompt_ids, response_ids, baseline, batch_size, method, ig_steps) -> None:

@@ -13,7 +13,7 @@ import inspect
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from tokencredit.pipeline.models.registry import (METADATA, MODELS, check_end_of_turn, registered_path,
                                                   tokenizer_settings)
@@ -103,13 +103,14 @@ def load_policy(path: str | Path | None = None, *, device: str = "cpu", dtype=No
 
 def load_reward_model(path: str | Path | None = None, *, device: str = "cpu", dtype=None,
                       trust_remote_code: bool = False):
-    """(sequence classifier with one output, the scalar reward, in eval mode; tokenizer)."""
-    model, tokenizer = _load(AutoModelForSequenceClassification, path, DEFAULT_REWARD_MODEL, device, dtype,
-                             trust_remote_code)
-    if model.config.num_labels != 1:
+    """(sequence classifier with one output, the scalar reward, in eval mode; tokenizer). Its label count
+    is read from config.json first: a wrong one is named before the weights load (or fail to)."""
+    config = AutoConfig.from_pretrained(resolve_model_path(path, DEFAULT_REWARD_MODEL), local_files_only=True,
+                                        trust_remote_code=trust_remote_code)
+    if config.num_labels != 1:
         raise ValueError(f"reward model {str(path or DEFAULT_REWARD_MODEL)!r} has num_labels="
-                         f"{model.config.num_labels}; a reward model has one output (num_labels=1)")
-    return model, tokenizer
+                         f"{config.num_labels}; a reward model has one output (num_labels=1)")
+    return _load(AutoModelForSequenceClassification, path, DEFAULT_REWARD_MODEL, device, dtype, trust_remote_code)
 
 
 def cache_keyword(module) -> str:

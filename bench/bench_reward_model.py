@@ -1,0 +1,106 @@
+"""A reward model from verifier labels (issue 26): held-out pairwise accuracy of `rm train`.
+
+    python bench/bench_reward_model.py [--limit 64] [--n 8] [--base smollm2-135m-instruct] [--quick]
+
+A run of the model's own samples on the closed-loop train prompts (instructions, temperature 0.5 as the
+closed-loop pilot chose, max_new_tokens 96) is annotated once into `--work` (default
+`bench/.reward_model/`, resumed when stopped), then `tokencredit.pipeline.train.reward_model.train_reward_model`
+fits the head on the frozen base with a quarter of the prompts held out. Rows of
+`bench/results/reward_model.json`, one per reward family: `mean` (the order it trains on: higher mean reward
+in the same group) and each instruction constraint kind (pairs of one prompt's responses where that
+constraint passed in one and failed in the other), with `base`, `pairs_train`, `pairs_heldout`,
+`pairwise_accuracy` and a 95% bootstrap interval over held-out prompts (`ci_low`, `ci_high`).
+`--quick` uses the shipped tiny policy on a few demo prompts and writes nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch threads)
+
+RESULTS_JSON = ROOT / "bench" / "results" / "reward_model.json"
+TARGET = 0.75
+
+
+def annotate(args, out) -> float:
+    """Sample and verify the run (GDPO credit only: the labels are what rm train reads); seconds taken."""
+    from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
+    from tokencredit.pipeline.config import CreditConfig, SamplingConfig
+
+    config = AnnotateConfig(prompts=args.prompts, tasks=("instructions",), split=args.split, limit=args.limit,
+                            model=args.model, credit=CreditConfig(kinds=("gdpo",)), shard_size=8,
+                            sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens,
+                                                    temperature=args.temperature, seed=args.seed))
+    start = time.perf_counter()
+    run_annotation(config, str(out))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="policy the run samples")
+    parser.add_argument("--base", default="smollm2-135m-instruct", help="base of the reward model")
+    parser.add_argument("--prompts", default=str(ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"))
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--limit", type=int, default=64, help="prompts")
+    parser.add_argument("--n", type=int, default=8, help="responses per prompt")
+    parser.add_argument("--temperature", type=float, default=0.5)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run", default=None, help="an annotated run to train on instead of sampling one")
+    parser.add_argument("--allow-incomplete", action="store_true", help="train on the shards of --run written so far")
+    parser.add_argument("--work", default=str(ROOT / "bench" / ".reward_model"))
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.model = args.base = None
+        args.prompts, args.split, args.limit, args.n, args.max_new_tokens = "demo", None, 16, 8, 32
+
+    from tokencredit.pipeline.models.loading import DEFAULT_POLICY
+    from tokencredit.pipeline.train.reward_model import RewardModelConfig, train_reward_model
+
+    work = Path(args.work)
+    run = args.run or str(work / ("quick-run" if args.quick else f"run-{args.limit}x{args.n}"))
+    seconds = annotate(args, run) if args.run is None else 0.0
+    base = args.base or str(DEFAULT_POLICY)
+    start = time.perf_counter()
+    report = train_reward_model(run, work / ("quick-rm" if args.quick else "rm"), RewardModelConfig(base=base),
+                                allow_incomplete=args.allow_incomplete)
+    train_seconds = time.perf_counter() - start
+    rows = [{"base": args.base or "tiny-policy", "model": args.model or "tiny-policy", **row} for row in report["families"]]
+    for row in rows:
+        print(f"{row['family']:>20}: accuracy {row['pairwise_accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+              f" train {row['pairs_train']} held-out {row['pairs_heldout']}")
+    print(f"annotate {seconds:.0f} s, rm train {train_seconds:.0f} s, train accuracy {report['train_accuracy']:.3f}")
+    if args.quick:
+        return
+    RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_JSON.write_text(json.dumps(rows, indent=1) + "\n")
+    mean = next(r for r in rows if r["family"] == "mean")
+    kinds = sorted((r for r in rows if r["family"] != "mean" and r["pairs_heldout"] >= 10),
+                   key=lambda r: -r["pairs_heldout"])
+    upsert_result(
+        "Reward model from verifier labels (bench_reward_model.py)",
+        "`tokencredit rm train`: a linear head on the frozen base, Bradley-Terry on pairs of one prompt's responses "
+        "(higher mean reward chosen), a quarter of the prompts held out; held-out pairwise accuracy with a 95% "
+        "bootstrap interval over held-out prompts; `bench/results/reward_model.json`.",
+        "full",
+        f"{args.model} run of {args.prompts.split('/')[-1]} instructions (split {args.split}, {args.limit} prompts), "
+        f"n {args.n}, temperature {args.temperature}, max_new_tokens {args.max_new_tokens}; base {args.base}; "
+        f"{report['pairs_train']} train / {report['pairs_heldout']} held-out pairs "
+        f"({len(report['groups_heldout'])} held-out prompts); "
+        + (f"annotate {seconds / 60:.1f} min, " if args.run is None else f"run {args.run} annotated beforehand, ")
+        + f"rm train {train_seconds / 60:.1f} min",
+        f"mean reward order: {mean['pairwise_accuracy']:.3f} [{mean['ci_low']:.3f}, {mean['ci_high']:.3f}] "
+        f"(train {report['train_accuracy']:.3f})" + "".join(
+            f"; {r['family']} {r['pairwise_accuracy']:.2f} ({r['pairs_heldout']})" for r in kinds),
+        f"held-out pairwise accuracy >= {TARGET} on the instruction rewards (mean order): "
+        f"{verdict(mean['pairwise_accuracy'] >= TARGET)}",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""`tokencredit rm train`: a scalar reward model from a run's verifier labels, for P2T's `--reward-model`.
+
+Pairs: within one group (the responses of one prompt), every two responses whose MEAN reward differs,
+the higher one chosen (ties give no pair). The mean is what GDPO's summed advantage ranks by and the one
+order defined on every task; per-reward orders are measured on held-out pairs (`pairwise_accuracy`).
+The split is by GROUP (prompt): a held-out fraction of the prompts, never pairs of one prompt on both sides.
+
+Model: the base causal LM's backbone, frozen, with a linear score head on the last response token (HF's
+`*ForSequenceClassification` pooling, which P2T reads), fit with the Bradley-Terry loss
+-log sigmoid(r_chosen - r_rejected) and an L2 penalty chosen by cross-validation over the train prompts. A frozen backbone gives each response one feature vector, so the
+backbone runs once per response and the head trains in seconds; TRL's RewardTrainer (which runs the
+backbone every step of every epoch) does not fit a CPU budget and adds nothing on a frozen backbone.
+The input layout is P2T's (`p2t.encode_for_reward_model`): the prompt rendered for the base's tokenizer,
+then the response text.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+MIN_PAIRS = 8  # fewer train or held-out pairs make the accuracy noise
+L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # the head's L2 strengths tried by cross-validation on the train groups
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    base: str = "smollm2-135m-instruct"
+    heldout: float = 0.25  # fraction of the groups (prompts) held out
+    seed: int = 0
+    steps: int = 500  # full-batch optimizer steps on the cached features
+    lr: float = 0.05
+    batch_size: int = 8  # responses per backbone forward
+    bootstrap: int = 1000  # resamples of the held-out groups for the accuracy's interval
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heldout < 1:
+            raise ValueError(f"--heldout must be in (0, 1), got {self.heldout}")
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Response:
+    response_id: str
+    group_id: str
+    prompt: str  # the task prompt (the record's), not the policy's rendered one
+    text: str
+    reward_names: list[str]
+    rewards: list[float]
+
+    @property
+    def mean(self) -> float:
+        return sum(self.rewards) / len(self.rewards)
+
+
+@dataclass
+class Pairs:
+    """chosen[j], rejected[j]: indices into `responses`; `heldout`: the held-out group ids."""
+
+    responses: list[Response]
+    chosen: list[int]
+    rejected: list[int]
+    heldout: set[str] = field(default_factory=set)
+
+    def split(self, heldout: bool) -> list[tuple[int, int]]:
+        return [(c, r) for c, r in zip(self.chosen, self.rejected)
+                if (self.responses[c].group_id in self.heldout) == heldout]
+
+
+def read_responses(run: str, allow_incomplete: bool = False) -> list[Response]:
+    """The run's verified responses with their task prompts (`status = 'ok'`, rewards present); of the shards
+    written so far when `allow_incomplete` (each shard holds whole groups)."""
+    from tokencredit.pipeline.dataset.export import run_records
+    from tokencredit.pipeline.dataset.query import connect
+
+    rows = connect(run, allow_incomplete=allow_incomplete).execute(
+        "select response_id, group_id, response, reward_names, rewards from responses "
+        "where status = 'ok' and len(rewards) > 0 order by response_id").fetchall()
+    records = run_records(run)[0]
+    return [Response(rid, gid, records[gid].prompt, text, list(names), list(rewards))
+            for rid, gid, text, names, rewards in rows]
+
+
+def mean_reward_pairs(responses: Sequence[Response]) -> tuple[list[int], list[int]]:
+    """(chosen, rejected) index lists: every two responses of one group whose mean reward differs."""
+    chosen, rejected, by_group = [], [], {}
+    for i, r in enumerate(responses):
+        by_group.setdefault(r.group_id, []).append(i)
+    for members in by_group.values():
+        for a in members:
+            for b in members:
+                if responses[a].mean > responses[b].mean:
+                    chosen.append(a)
+                    rejected.append(b)
+    return chosen, rejected
+
+
+def heldout_groups(groups: Sequence[str], fraction: float, seed: int) -> set[str]:
+    """A fixed `fraction` of the groups (at least one, never all), chosen by a hash of (seed, group id)."""
+    ranked = sorted(set(groups), key=lambda g: hashlib.sha256(f"{seed}\x00{g}".encode()).digest())
+    count = min(max(1, round(fraction * len(ranked))), len(ranked) - 1)
+    return set(ranked[:count])
+
+
+def make_pairs(run: str, config: RewardModelConfig, allow_incomplete: bool = False) -> Pairs:
+    """The run's preference pairs, split by group; ValueError (naming the run) when either side is too small."""
+    responses = read_responses(run, allow_incomplete)
+    chosen, rejected = mean_reward_pairs(responses)
+    groups = sorted({responses[c].group_id for c in chosen})
+    if len(groups) < 2:
+        raise ValueError(f"run {run}: {len(chosen)} preference pairs in {len(groups)} group(s) (a pair is two responses "
+                         f"of one prompt whose mean reward differs); rm train needs pairs in at least 2 groups, to "
+                         f"hold some out: sample more prompts or more responses per prompt (--n)")
+    pairs = Pairs(responses, chosen, rejected, heldout_groups(groups, config.heldout, config.seed))
+    for side in (False, True):
+        found = len(pairs.split(side))
+        if found < MIN_PAIRS:
+            raise ValueError(f"run {run}: {found} {'held-out' if side else 'train'} preference pairs (of {len(chosen)} "
+                             f"in {len(groups)} groups); rm train needs at least {MIN_PAIRS} on each side: sample more "
+                             f"prompts or more responses per prompt (--n), or change --heldout")
+    return pairs
+
+
+def load_base(base: str, device: str = "cpu"):
+    """(sequence classifier with one output on the base's backbone, its tokenizer): safetensors only, no
+    remote code (`models.loading`); the score head is new (the causal LM has none)."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    from tokencredit.pipeline.models.loading import load_tokenizer, resolve_model_path
+
+    folder = resolve_model_path(base, Path(base))
+    tokenizer = load_tokenizer(folder)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the new head is "missing from the checkpoint" by design
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            folder, local_files_only=True, use_safetensors=True, trust_remote_code=False, num_labels=1,
+            dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model.to(device).eval(), tokenizer
+
+
+def response_features(model, tokenizer, responses: Sequence[Response], batch_size: int,
+                      on_progress: Callable[[int, int], None] | None = None) -> Tensor:
+    """[N, h] float32: the backbone's last hidden state at each response's pooled (last non-pad) token."""
+    from tokencredit.pipeline.credit.p2t import _pool_index, encode_for_reward_model
+
+    pad = model.config.pad_token_id
+    device = model.get_input_embeddings().weight.device
+    encoded = [encode_for_reward_model(tokenizer, r.prompt, r.text) for r in responses]
+    features = []
+    for start in range(0, len(encoded), batch_size):
+        batch = [p + ids for p, ids, _ in encoded[start:start + batch_size]]
+        L = max(map(len, batch))
+        ids = torch.full((len(batch), L), pad, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for j, seq in enumerate(batch):
+            ids[j, :len(seq)] = torch.tensor(seq, device=device)
+            mask[j, :len(seq)] = 1
+        with torch.no_grad():
+            hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, h]
+        pool = _pool_index(ids, mask, pad)
+        features.append(hidden[torch.arange(len(batch), device=device), pool].float().cpu())
+        if on_progress is not None:
+            on_progress(len(batch), sum(map(len, batch)))
+    return torch.cat(features)
+
+
+def fit_head(features: Tensor, pairs: Sequence[tuple[int, int]], config: RewardModelConfig, l2: float) -> Tensor:
+    """Weights w [h] of score(x) = <w, x> minimizing the Bradley-Terry loss over (chosen, rejected) pairs
+    plus l2 * |w|^2 on standardized features.
+
+    The features are standardized while fitting and w is mapped back to raw features: a score's offset
+    cancels in every pair, so <w / sd, x> ranks as the standardized head does.
+    """
+    mu, sd = features.mean(0), features.std(0).clamp(min=1e-6)
+    x = (features - mu) / sd
+    chosen = torch.tensor([c for c, _ in pairs])
+    rejected = torch.tensor([r for _, r in pairs])
+    generator = torch.Generator().manual_seed(config.seed)
+    w = (0.01 * torch.randn(x.shape[1], generator=generator)).requires_grad_(True)
+    optimizer = torch.optim.Adam([w], lr=config.lr)
+    for _ in range(config.steps):
+        optimizer.zero_grad()
+        margin = (x[chosen] - x[rejected]) @ w
+        (torch.nn.functional.softplus(-margin).mean() + l2 * w.square().sum()).backward()  # -log sigmoid(margin)
+        optimizer.step()
+    return w.detach() / sd
+
+
+def choose_l2(features: Tensor, pairs: Sequence[tuple[int, int]], responses: Sequence[Response],
+              config: RewardModelConfig, folds: int = 4) -> float:
+    """The L2 strength of L2_GRID with the best pairwise accuracy over `folds` folds of the TRAIN groups
+    (a frozen backbone's features outnumber a few hundred pairs: unpenalized, the head fits them all)."""
+    groups = sorted({responses[c].group_id for c, _ in pairs})
+    fold_of = {g: i % folds for i, g in enumerate(sorted(groups, key=lambda g: hashlib.sha256(
+        f"{config.seed}\x01{g}".encode()).digest()))}
+
+    def cv_accuracy(l2: float) -> float:
+        right = 0.0
+        for fold in range(folds):
+            fit = [p for p in pairs if fold_of[responses[p[0]].group_id] != fold]
+            held = [p for p in pairs if fold_of[responses[p[0]].group_id] == fold]
+            if fit and held:
+                right += pairwise_accuracy(features @ fit_head(features, fit, config, l2), held) * len(held)
+        return right
+
+    return max(L2_GRID, key=cv_accuracy)
+
+
+def pairwise_accuracy(scores: Tensor, pairs: Sequence[tuple[int, int]]) -> float:
+    """Fraction of (chosen, rejected) pairs the scores order right (a tie counts half)."""
+    if not pairs:
+        return float("nan")
+    diff = torch.tensor([float(scores[c] - scores[r]) for c, r in pairs])
+    return float(((diff > 0).float() + 0.5 * (diff == 0).float()).mean())
+
+
+def family_pairs(responses: Sequence[Response], groups: set[str]) -> dict[str, list[tuple[int, int]]]:
+    """Per reward name: pairs of one group's responses where that reward passed (1) in one and failed (< 1)
+    in the other, over `groups`; and "mean" (the training order). A reward name that a prompt holds twice
+    (two constraints of one kind) is judged by its first."""
+    by_group: dict[str, list[int]] = {}
+    for i, r in enumerate(responses):
+        if r.group_id in groups:
+            by_group.setdefault(r.group_id, []).append(i)
+    out: dict[str, list[tuple[int, int]]] = {"mean": []}
+    for members in by_group.values():
+        for a in members:
+            for b in members:
+                ra, rb = responses[a], responses[b]
+                if ra.mean > rb.mean:
+                    out["mean"].append((a, b))
+                for name in dict.fromkeys(ra.reward_names):
+                    k = ra.reward_names.index(name)
+                    if ra.rewards[k] >= 1 > rb.rewards[k]:
+                        out.setdefault(name, []).append((a, b))
+    return out
+
+
+def bootstrap_interval(scores: Tensor, pairs: Sequence[tuple[int, int]], responses: Sequence[Response],
+                       resamples: int, seed: int) -> tuple[float, float]:
+    """95% percentile interval of the pairwise accuracy over resampled held-out groups (pairs move with their group)."""
+    by_group: dict[str, list[tuple[int, int]]] = {}
+    for c, r in pairs:
+        by_group.setdefault(responses[c].group_id, []).append((c, r))
+    groups = sorted(by_group)
+    if len(groups) < 2 or resamples < 1:
+        return float("nan"), float("nan")
+    right = {g: sum(float(scores[c] > scores[r]) + 0.5 * float(scores[c] == scores[r]) for c, r in by_group[g])
+             for g in groups}
+    counts = torch.tensor([len(by_group[g]) for g in groups], dtype=torch.float64)
+    hits = torch.tensor([right[g] for g in groups], dtype=torch.float64)
+    generator = torch.Generator().manual_seed(seed)
+    draw = torch.randint(len(groups), (resamples, len(groups)), generator=generator)
+    accuracy = hits[draw].sum(1) / counts[draw].sum(1)
+    low, high = torch.quantile(accuracy, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return low, high
+
+
+def save_reward_model(model, tokenizer, weights: Tensor, out: str | Path, report: dict) -> Path:
+    """Write the folder `--reward-model` takes (safetensors, tokenizer, config, and `rm_train.json`: how it was
+    made and its held-out accuracy), atomically: into a sibling folder, then renamed over `out`."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with torch.no_grad():
+        model.score.weight.copy_(weights.to(model.score.weight)[None])
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "rm_train.json").write_text(json.dumps(report, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def check_out(out: str | Path) -> None:
+    """ValueError when OUT holds something other than a reward model this command wrote."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "rm_train.json").is_file())):
+        raise ValueError(f"--out {out}: exists and is not a reward model folder of rm train; pick another path")
+
+
+def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = RewardModelConfig(),
+                       device: str = "cpu", progress: bool = True, allow_incomplete: bool = False) -> dict:
+    """Pairs from `run` -> features of the frozen base -> head -> held-out accuracy -> the folder `out`.
+    Returns the report (also in OUT/rm_train.json). Bad input raises ValueError before the base loads."""
+    from tokencredit.pipeline.progress import Progress
+
+    check_out(out)
+    pairs = make_pairs(run, config, allow_incomplete)
+    train, heldout = pairs.split(False), pairs.split(True)
+    model, tokenizer = load_base(config.base, device)
+    with Progress("rm features", total=len(pairs.responses), unit="response", enabled=progress) as bar:
+        features = response_features(model, tokenizer, pairs.responses, config.batch_size,
+                                      lambda n, tokens: bar.update(n, tokens))
+    l2 = choose_l2(features, train, pairs.responses, config)
+    weights = fit_head(features, train, config, l2)
+    scores = features @ weights
+    trained = family_pairs(pairs.responses, {r.group_id for r in pairs.responses} - pairs.heldout)
+    families = []
+    for name, found in family_pairs(pairs.responses, pairs.heldout).items():
+        low, high = bootstrap_interval(scores, found, pairs.responses, config.bootstrap, config.seed)
+        families.append({"family": name, "pairs_train": len(trained.get(name, ())), "pairs_heldout": len(found),
+                         "pairwise_accuracy": pairwise_accuracy(scores, found), "ci_low": low, "ci_high": high})
+    report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout), "l2": l2,
+              "groups_heldout": sorted(pairs.heldout), "train_accuracy": pairwise_accuracy(scores, train),
+              "families": families}
+    save_reward_model(model, tokenizer, weights, out, report)
+    return report

@@ -1,0 +1,108 @@
+"""`tokencredit rm train`: preference pairs from a run's verifier labels, a head on the frozen base, held-out
+accuracy over prompts never trained on, and a folder that P2T's `--reward-model` takes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+import torch
+
+from tokencredit.flows.cli import main
+from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
+from tokencredit.pipeline.credit.p2t import encode_for_reward_model
+from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_reward_model
+from tokencredit.pipeline.steps import Pipeline
+from tokencredit.pipeline.train.reward_model import (Response, family_pairs, heldout_groups, mean_reward_pairs,
+                                                     pairwise_accuracy)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def response(rid: str, group: str, rewards: list[float], names=("a", "b")) -> Response:
+    return Response(rid, group, "prompt", rid, list(names), rewards)
+
+
+def test_pairs_are_within_a_group_and_ordered_by_mean_reward():
+    responses = [response("x0", "x", [1, 1]), response("x1", "x", [1, 0]), response("x2", "x", [0, 1]),
+                 response("y0", "y", [0, 0]), response("z0", "z", [1, 1])]
+    chosen, rejected = mean_reward_pairs(responses)
+    assert sorted(zip(chosen, rejected)) == [(0, 1), (0, 2)]  # x1 and x2 tie; y and z are other prompts
+    families = family_pairs(responses, {"x"})
+    assert sorted(families["mean"]) == [(0, 1), (0, 2)]
+    assert sorted(families["a"]) == [(0, 2), (1, 2)] and sorted(families["b"]) == [(0, 1), (2, 1)]
+
+
+def test_heldout_groups_are_a_fixed_fraction_never_all():
+    groups = [f"g{i}" for i in range(20)]
+    held = heldout_groups(groups, 0.25, seed=0)
+    assert len(held) == 5 and held == heldout_groups(list(reversed(groups)), 0.25, seed=0)
+    assert held != heldout_groups(groups, 0.25, seed=1)
+    assert len(heldout_groups(["a", "b"], 0.9, seed=0)) == 1
+
+
+def test_pairwise_accuracy_counts_ties_half():
+    assert pairwise_accuracy(torch.tensor([2.0, 1.0, 1.0]), [(0, 1), (1, 2), (2, 0)]) == pytest.approx(0.5)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rm") / "run"
+    config = AnnotateConfig(prompts="demo", tasks=("instructions",), limit=16, credit=CreditConfig(kinds=("gdpo",)),
+                            sampling=SamplingConfig(n=8, max_new_tokens=32))
+    Pipeline(config).run(str(out))
+    return out
+
+
+@pytest.mark.slow
+def test_rm_train_on_the_tiny_policy_end_to_end(tiny_run, tmp_path, capsys):
+    out = tmp_path / "rm"
+    assert main(["rm", "train", str(tiny_run), "--base", str(DEFAULT_POLICY), "--out", str(out), "--steps", "200"]) == 0
+    printed = capsys.readouterr().out
+    assert f"use it as --reward-model {out}" in printed and "mean: held-out pairwise accuracy" in printed
+    report = json.loads((out / "rm_train.json").read_text())
+    assert report["pairs_train"] >= 8 and report["pairs_heldout"] >= 8 and list(out.glob("*.safetensors"))
+    # the saved folder is the trained model: its own forward reproduces the reported held-out accuracy
+    model, tokenizer = load_reward_model(out)
+    rows = duckdb.sql(f"select response_id, group_id, response, rewards from '{tiny_run}/responses/*.parquet' "
+                      "where status = 'ok' order by response_id").fetchall()
+    prompts = {r["id"]: r["prompt"] for r in map(json.loads, (ROOT / "verifiers/demo/instructions.jsonl").open())}
+    scores, means, groups = {}, {}, {}
+    for rid, gid, text, rewards in rows:
+        prompt_ids, ids, _ = encode_for_reward_model(tokenizer, prompts[gid], text)
+        with torch.no_grad():
+            scores[rid] = float(model(input_ids=torch.tensor([prompt_ids + ids])).logits[0, 0])
+        means[rid], groups[rid] = sum(rewards) / len(rewards), gid
+    held = set(report["groups_heldout"])
+    pairs = [(a, b) for a in scores for b in scores
+             if groups[a] == groups[b] and groups[a] in held and means[a] > means[b]]
+    right = sum((scores[a] > scores[b]) + 0.5 * (scores[a] == scores[b]) for a, b in pairs) / len(pairs)
+    mean_row = next(r for r in report["families"] if r["family"] == "mean")
+    assert len(pairs) == mean_row["pairs_heldout"] == report["pairs_heldout"]
+    assert right == pytest.approx(mean_row["pairwise_accuracy"], abs=1e-6)  # float32 mean
+    # ... and P2T takes it as --reward-model
+    config = AnnotateConfig(prompts="demo", tasks=("instructions",), limit=1, reward_model=str(out),
+                            sampling=SamplingConfig(n=2, max_new_tokens=8), credit=CreditConfig(kinds=("gdpo", "p2t")))
+    Pipeline(config).run(str(tmp_path / "p2t"))
+    raws = duckdb.sql(f"select p2t_raw, token_ids from '{tmp_path}/p2t/responses/*.parquet'").fetchall()
+    assert len(raws) == 2 and all(len(raw) == len(ids) for raw, ids in raws)
+
+
+@pytest.mark.slow
+def test_rm_train_refuses_a_run_without_enough_pairs_before_loading_the_base(tmp_path, capsys):
+    run = tmp_path / "run"
+    Pipeline(AnnotateConfig(prompts="demo", tasks=("instructions",), limit=2, credit=CreditConfig(kinds=("gdpo",)),
+                            sampling=SamplingConfig(n=1, max_new_tokens=8))).run(str(run))
+    capsys.readouterr()
+    assert main(["rm", "train", str(run), "--base", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "rm")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "0 preference pairs in 0 group(s)" in error[0], error
+    assert not (tmp_path / "rm").exists()
+
+
+def test_rm_train_refuses_an_out_folder_it_did_not_write(tmp_path, capsys):
+    (tmp_path / "rm").mkdir()
+    (tmp_path / "rm" / "notes.txt").write_text("mine")
+    assert main(["rm", "train", str(tmp_path / "run"), "--out", str(tmp_path / "rm")]) == 2
+    assert "is not a reward model folder of rm train" in capsys.readouterr().err
