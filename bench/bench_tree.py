@@ -5,8 +5,8 @@
 (a) A 4 x 4 tree (`SamplingConfig(tree=(4, 4))`, the default branch) against 16 flat samples of the same demo
     prompts: same model, batch, threads and max_new_tokens, turns alternated in one run, medians. Target:
     tree / flat time <= 0.85. Prefilled and decoded tokens are counted both ways (the sampler's counters).
-(b) Seconds per generated token of flat sampling at batch 16 ... 256 (prompts x 16 samples, as many rows as
-    the largest batch), alternated; `default_batch` is what `SamplingConfig()` (batch_size None) picks on this
+(b) Seconds per generated token of flat sampling at batch 16 ... 256 (the same prompts x 16 samples),
+    alternated; `default_batch` is what `SamplingConfig()` (batch_size None) picks on this
     machine. Target: its time within 1.2x of the best batch's.
 (c) Per branch rule (sentence, fraction:0.25, entropy:0.1): the share of roots that branch, where the branch
     lands (root tokens / leaf tokens), and the share of sibling leaves that differ.
@@ -108,7 +108,8 @@ def main() -> None:
     records = demo_records(prompts)
     batch = 64
     tree = tree_vs_flat(sampler, records, max_new, batch, repeats)
-    sweep = batch_sweep(sampler, demo_records(16 if not args.quick else 4), max_new, repeats)
+    # the sweep's 6 batch sizes cost 6x a flat run each: 8 prompts (128 rows, one batch of the largest) and 2 reps
+    sweep = batch_sweep(sampler, demo_records(prompts), max_new, min(repeats, 2))
     branches = branch_stats(sampler, records, max_new)
     figures = {**tree, **sweep, "branch_stats": branches, "mode": "quick" if args.quick else "full"}
     out = ROOT / "bench" / "results" / "tree.json"
@@ -122,7 +123,7 @@ def main() -> None:
         "each branch rule lands. Figures: bench/results/tree.json.",
         "quick" if args.quick else "full",
         f"{args.model}; (a) {len(records)} prompts, max_new_tokens {max_new}, batch {batch}; (b) "
-        f"{16 if not args.quick else 4} prompts x 16 samples; {repeats} reps, median",
+        f"{len(records)} prompts x 16 samples, {min(repeats, 2)} reps; (a) {repeats} reps; medians",
         f"(a) tree {tree['tree_s']:.2f} s vs flat {tree['flat_s']:.2f} s = {tree['tree_over_flat_time']:.2f}x; "
         f"prefilled {tree['prefill_tokens_tree']} vs {tree['prefill_tokens_flat']} tokens, decoded "
         f"{tree['decoded_tokens_tree']} vs {tree['decoded_tokens_flat']}; (b) default {sweep['default_batch']}, "
