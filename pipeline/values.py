@@ -141,7 +141,7 @@ FROM responses WHERE status = 'ok' AND len(token_ids) > 0 ORDER BY response_id
 """
 ADVANTAGES_SQL = """
 SELECT response_id, reward, constraint_index, list(advantage ORDER BY position) AS adv
-FROM credits WHERE relevance_source IS NOT NULL GROUP BY ALL
+FROM credits WHERE relevance_source IS NOT NULL AND relevance_source <> 'rollout' GROUP BY ALL  -- MRTPO's
 """
 
 
