@@ -52,4 +52,4 @@ def run_values_flow(run: str, out: str, config: ValuesConfig, device: str = "cpu
     (a DuckDB query of the run: the flow reads it again)."""
     prepare_values(run, out, config)
     configured = values_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=workers))
-    return configured(run, out, config, device=device, progress=progress, job=job)
+    return configured(run, out, config, device=device, progress=progress)
