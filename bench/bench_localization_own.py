@@ -20,7 +20,8 @@ is chance) and per constraint kind:
 Nothing is tuned on these pairs (every option is the product's default), so there is no dev split: every pair is
 a test pair. Rows go to bench/results/localization_own.json as they are (a run smaller than the issue's target,
 200 pairs x K 16, is labelled so in RESULTS.md). The runs and the values folder stay in `--work`, so a stopped
-run resumes.
+run resumes; `--values DIR` scores a values folder as it stands (a stopped `tokencredit values` run: its complete
+shards, a random sample of its pairs since the shards take the responses in a shuffled order).
 """
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def rows_for(model: str, pairs: list[dict], credits: dict[tuple[str, str], dict 
 
 
 def measure(args) -> list[dict]:
-    from tokencredit.pipeline.values import ValuesConfig, run_pairs, run_values
+    from tokencredit.pipeline.values import ValuesConfig, connect_values, run_pairs, run_values
 
     args.out = args.work
     runs = make_runs(args)
@@ -133,13 +134,17 @@ def measure(args) -> list[dict]:
     if failed < args.pairs:
         print(f"the runs have {failed} failed pairs, fewer than --pairs {args.pairs}: measuring them all", flush=True)
         args.pairs = failed
-    values = str(Path(args.work) / f"values-k{args.k}-c{args.cuts}-p{args.pairs}")
-    started = time.perf_counter()
-    summary = run_values(runs["both"], values, ValuesConfig(k=args.k, cuts=args.cuts, pairs=args.pairs,
-                                                             seed=args.seed, shard_size=2), progress=True)
-    print(f"values: {summary['pairs']} pairs, {summary['continuations']} continuations, "
-          f"{summary['continuation_tokens']} tokens, {time.perf_counter() - started:.0f} s this call", flush=True)
+    if args.values:  # a values folder of the both run as it stands (a stopped run: its complete shards)
+        values = args.values
+    else:
+        values = str(Path(args.work) / f"values-k{args.k}-c{args.cuts}-p{args.pairs}")
+        started = time.perf_counter()
+        summary = run_values(runs["both"], values, ValuesConfig(k=args.k, cuts=args.cuts, pairs=args.pairs,
+                                                                 seed=args.seed, shard_size=2), progress=True)
+        print(f"values: {summary['pairs']} pairs, {summary['continuations']} continuations, "
+              f"{summary['continuation_tokens']} tokens, {time.perf_counter() - started:.0f} s this call", flush=True)
     pairs = decisive_pairs(values)
+    args.k = min(k for (k,) in connect_values(values).execute("SELECT DISTINCT k FROM \"values\" WHERE k > 0").fetchall())
     credits: dict[tuple[str, str], dict | None] = {}
     for locate in LOCATES:
         for name, tokens in token_credits(runs[locate]).items():
@@ -166,6 +171,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=TARGET_PAIRS, help="failed pairs measured")
     parser.add_argument("--k", type=int, default=TARGET_K, help="continuations per cut")
     parser.add_argument("--cuts", type=int, default=8)
+    parser.add_argument("--values", default=None, help="an existing values folder of WORK/both (tokencredit values): "
+                        "its complete shards are measured as they stand, nothing is sampled")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap rounds")
     parser.add_argument("--quick", action="store_true", help="the tiny policy on a few demo prompts; writes nothing")
     args = parser.parse_args()

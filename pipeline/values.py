@@ -166,7 +166,9 @@ def reward_key(task: str, reward_names: Sequence[str], k: int) -> tuple[str, int
 
 def select(rows: Sequence[tuple], advantages: dict, config: ValuesConfig) -> list[Curved]:
     """The responses with measured pairs: `config.pairs` failed pairs drawn with `config.seed` (and as many passed
-    ones with `passed`), grouped by response in response order. ValueError when the run has fewer."""
+    ones with `passed`), grouped by response, the responses in an order shuffled with the same seed: the shards
+    a stopped run completed are then a random sample of the pairs, not the run's first prompts. ValueError when
+    the run has fewer pairs."""
     from tokencredit.pipeline.repair import penalty_cut
 
     failed = [(i, k) for i, r in enumerate(rows) for k, score in enumerate(r[8]) if score < 1]
@@ -185,6 +187,7 @@ def select(rows: Sequence[tuple], advantages: dict, config: ValuesConfig) -> lis
                          if r[8][k] < 1 and (r[0], k) in advantages)
             out.append(Curved(r[0], r[1], r[2], r[3], tuple(r[4]), tuple(r[5]), r[6], tuple(r[7]), tuple(r[8]),
                               pairs, tops))
+    rng.shuffle(out)
     return out
 
 
