@@ -172,7 +172,7 @@ def select(rows: Sequence[tuple], advantages: dict, config: ValuesConfig) -> lis
     from tokencredit.pipeline.repair import penalty_cut
 
     failed = [(i, k) for i, r in enumerate(rows) for k, score in enumerate(r[8]) if score < 1]
-    passed = [(i, k) for i, r in enumerate(rows) for k, score in enumerate(r[8]) if score >= 1 and min(r[8]) < 1]
+    passed = [(i, k) for i, r in enumerate(rows) for k, score in enumerate(r[8]) if score >= 1]
     if not failed:
         raise ValueError("values: the run has no failed (response, reward) pairs to measure")
     rng = random.Random(config.seed)
