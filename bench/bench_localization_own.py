@@ -10,9 +10,10 @@ decisive segments [start, end): the consecutive cuts between which V_k falls mos
 (mrtpo per locate; p2t where responses.p2t_reward is stored; mc where credits.mc is; GDPO's uniform credit, which
 is chance) and per constraint kind:
 
-- top_in_decisive: the share of pairs whose most penalized token (the most negative token advantage of reward k,
-  the earliest of ties, as `repair` cuts) lies in the decisive segment; for the uniform credit its expectation,
-  (end - start) / T;
+- top_in_decisive: the share of pairs whose most penalized token (the most negative token advantage of reward k)
+  lies in the decisive segment, ties broken uniformly at random (in expectation: a pair whose credit is uniform, as
+  MRTPO's is where neither the verifier nor the replay locates, scores (end - start) / T, chance; `repair` instead
+  cuts at the earliest of ties); GDPO's uniform credit scores chance on every pair;
 - mass_in_decisive: the mean share of the pair's negative advantage mass that lies in the segment;
 - chance: the mean of (end - start) / T, what a token drawn uniformly scores;
 - ci_low, ci_high: a 95% percentile bootstrap interval of top_in_decisive over pairs.
@@ -68,15 +69,16 @@ def token_credits(run: str) -> dict[str, dict[tuple, list[float]]]:
 
 
 def top_and_mass(advantage: list[float], start: int, end: int) -> tuple[float, float]:
-    """(1 if the most negative token, the earliest of ties, lies in [start, end) else 0, the share of the negative
-    mass in it; a credit with no negative mass spreads it evenly)."""
-    from tokencredit.pipeline.repair import penalty_cut
-
-    top = penalty_cut(advantage)
+    """(the chance that the most negative token lies in [start, end), ties broken uniformly: the share of the tied
+    tokens in it, so a uniform credit scores chance; the share of the negative mass in it, spread evenly by a credit
+    with no negative mass)."""
+    lowest = min(advantage)
+    tied = [t for t, a in enumerate(advantage) if a == lowest]
+    top = sum(start <= t < end for t in tied) / len(tied)
     negative = [max(-a, 0.0) for a in advantage]
     total = sum(negative)
     mass = sum(negative[start:end]) / total if total > 0 else (end - start) / len(advantage)
-    return float(start <= top < end), mass
+    return top, mass
 
 
 def scores_of(pairs: list[dict], credit: dict | None) -> list[tuple[float, float]] | None:
