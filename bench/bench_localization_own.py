@@ -6,7 +6,8 @@ curve falls most?
 SmolLM2 samples the closed-loop train prompts once (temperature 0.5, max_new_tokens 96) and the same verified
 responses are credited gdpo,mrtpo under each `--locate` (bench/own_runs.py). `tokencredit values` measures the
 value curves of `--pairs` failed (response, reward) pairs of the `both` run (K continuations per cut) and their
-decisive segments [start, end): the consecutive cuts between which V_k falls most. Per credit present in the runs
+decisive segments [start, end): the consecutive cuts between which V_k falls most (pairs whose value never falls,
+flat from the first cut, have none and are left out). Per credit present in the runs
 (mrtpo per locate; p2t where responses.p2t_reward is stored; mc where credits.mc is; GDPO's uniform credit, which
 is chance) and per constraint kind:
 
@@ -40,12 +41,14 @@ TARGET_PAIRS, TARGET_K = 200, 16
 
 
 def decisive_pairs(values: str) -> list[dict]:
+    """The failed pairs whose value falls somewhere (a curve flat at 0 from the first cut has no decisive point:
+    the prompt decided the failure)."""
     from tokencredit.pipeline.values import connect_values
 
     con = connect_values(values)
     return [dict(zip(("response_id", "reward", "constraint_index", "start", "end", "length"), row))
             for row in con.execute("SELECT response_id, reward, constraint_index, start, \"end\", length FROM decisive "
-                                   "WHERE failed AND reward <> 'mean' ORDER BY ALL").fetchall()]
+                                   "WHERE failed AND reward <> 'mean' AND change < 0 ORDER BY ALL").fetchall()]
 
 
 def token_credits(run: str) -> dict[str, dict[tuple, list[float]]]:
