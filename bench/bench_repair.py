@@ -12,8 +12,16 @@ Every cut of a pair draws its resamples from the same seeds (common random numbe
 at the same token get the same resamples, computed once, and the comparison between cuts is paired.
 The annotated runs stay in `--work` (default `bench/.repair/`), so a stopped run resumes.
 
+`--runs DIR` takes runs written by `bench/own_runs.py` (DIR/replay, DIR/verifier, DIR/both: one sample credited
+per locate) instead of annotating; `--values DIR` (`tokencredit values DIR/both`, as bench_localization_own.py
+writes it) adds the decisive cut (issue 26): the start of the segment where the pair's value curve falls most.
+The pairs are then those the values folder measured, every cut on the same pairs with the same seeds.
+
 Per (locate, reward family): `pairs`, `repair_rate` (repairs per resample at the credit's cut),
-`random_cut_rate`, `full_resample_rate`, and the tokens each resampled, so fixes per resampled token compare.
+`random_cut_rate`, `full_resample_rate`, and the tokens each resampled, so fixes per resampled token compare;
+`cut` says which cut the row's `repair_rate` is: `blamed` (a credit's top penalty: locate replay, verifier,
+both, p2t), `decisive` (locate `decisive`), `random` (locate `uniform`) or `whole` (locate `whole`), and
+`fixes_per_token` its repairs per resampled token.
 `--quick` runs the shipped tiny policy on a few demo prompts and writes nothing.
 """
 from __future__ import annotations
@@ -22,11 +30,14 @@ import argparse
 import dataclasses
 import json
 import random
+from pathlib import Path
 
 from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch threads)
 
 RESULTS_JSON = ROOT / "bench" / "results" / "repair.json"
 KINDS = ("replay", "verifier", "both", "p2t")
+CUT_OF = {**{kind: "blamed" for kind in KINDS}, "decisive": "decisive", "random": "random", "full": "whole"}
+LOCATE_OF = {"random": "uniform", "full": "whole"}
 
 
 def annotate(args, locate: str, out) -> str:
@@ -45,8 +56,12 @@ def annotate(args, locate: str, out) -> str:
 
 
 def with_p2t(args) -> bool:
-    """P2T needs a reward model sharing the policy's tokenizer: the shipped tiny pair has one; SmolLM2 has none
+    """With --runs: whether they hold P2T (their own credit kinds). Else: P2T needs a reward model sharing the policy's tokenizer: the shipped tiny pair has one; SmolLM2 has none
     (and none may be downloaded), so its P2T row is left out."""
+    if args.runs:
+        from tokencredit.pipeline.dataset.writer import run_files
+
+        return "p2t" in run_files(str(Path(args.runs) / "replay")).manifest["config"]["credit"]["kinds"]
     return args.model is None
 
 
@@ -85,7 +100,7 @@ def family(target) -> str:
     return f"{target.task}/{stored_reward(target.task, target.reward_names[target.k])[0]}"
 
 
-def rows_for(model: str, locate: str, targets, located, random_cut, full, n: int) -> list[dict]:
+def rows_for(model: str, kind: str, targets, located, random_cut, full, n: int) -> list[dict]:
     groups: dict[str, list[int]] = {"all": list(range(len(targets)))}
     for i, t in enumerate(targets):
         groups.setdefault(family(t), []).append(i)
@@ -94,13 +109,15 @@ def rows_for(model: str, locate: str, targets, located, random_cut, full, n: int
         def total(results, key):
             return sum(results[i][key] for i in members)
         resamples = n * len(members)
-        rows.append({"model": model, "locate": locate, "reward_family": name, "pairs": len(members),
+        rows.append({"model": model, "locate": LOCATE_OF.get(kind, kind), "cut": CUT_OF[kind],
+                     "reward_family": name, "pairs": len(members),
                      "repair_rate": total(located, "repairs") / resamples,
                      "random_cut_rate": total(random_cut, "repairs") / resamples,
                      "full_resample_rate": total(full, "repairs") / resamples,
                      "tokens_resampled": total(located, "tokens"),
                      "random_tokens_resampled": total(random_cut, "tokens"),
-                     "full_tokens_resampled": total(full, "tokens")})
+                     "full_tokens_resampled": total(full, "tokens"),
+                     "fixes_per_token": total(located, "repairs") / max(total(located, "tokens"), 1)})
     return rows
 
 
@@ -108,23 +125,42 @@ def run(args, out) -> list[dict]:
     from tokencredit.pipeline.dataset.export import run_records
     from tokencredit.pipeline.repair import failed_targets, load_sampler
 
-    runs = {locate: annotate(args, locate, out) for locate in ("replay", "verifier", "both")}
-    sampler, tokenizer = load_sampler(args.model)
+    from tokencredit.pipeline.repair import decisive_targets
+
+    if args.runs:
+        runs = {locate: str(Path(args.runs) / locate) for locate in ("replay", "verifier", "both")}
+        args.model = _manifest_model(runs["replay"])
+    else:
+        runs = {locate: annotate(args, locate, out) for locate in ("replay", "verifier", "both")}
     records, _, _ = run_records(runs["replay"])
     by_kind = {k: failed_targets(runs[k]) for k in ("replay", "verifier", "both")}
+    if args.values:
+        measured = decisive_targets(by_kind["both"], args.values)
+        keys = {t.key for t in measured}
+        by_kind = {k: [t for t in v if t.key in keys] for k, v in by_kind.items()}
+        by_kind["decisive"] = measured
+    sampler, tokenizer = load_sampler(args.model)
     keys = [t.key for t in by_kind["replay"]]
     assert all([t.key for t in v] == keys for v in by_kind.values()), "the runs credit different responses"
     targets = by_kind["replay"]
     sampling = dataclasses.replace(_sampling(runs["replay"]))
+    blamed = ("replay", "verifier", "both", "decisive") if args.values else ("replay", "verifier", "both")
     rng = random.Random(args.seed)
     cuts = {"random": [rng.randrange(len(t.token_ids)) for t in targets], "full": [0] * len(targets),
-            **{kind: [t.cut for t in by_kind[kind]] for kind in ("replay", "verifier", "both")},
+            **{kind: [t.cut for t in by_kind[kind]] for kind in blamed},
             **({"p2t": p2t_cuts(runs["replay"], targets)} if with_p2t(args) else {})}
     if not with_p2t(args):
         print(f"P2T left out: no reward model shares {args.model}'s tokenizer", flush=True)
     results = measure_cuts(sampler, tokenizer, targets, cuts, records, sampling, args.resamples, args.seed)
-    return [row for kind in KINDS if kind in cuts for row in rows_for(args.model or "tiny", kind, targets, results[kind],
-                                                       results["random"], results["full"], args.resamples)]
+    return [row for kind in (*KINDS, "decisive", "random", "full") if kind in cuts
+            for row in rows_for(args.model or "tiny", kind, targets, results[kind], results["random"], results["full"],
+                                args.resamples)]
+
+
+def _manifest_model(run: str) -> str | None:
+    from tokencredit.pipeline.dataset.writer import run_files
+
+    return run_files(run).manifest["config"].get("model")
 
 
 def _sampling(run: str):
@@ -153,7 +189,6 @@ def report(table: list[dict], args) -> None:
 
 def main() -> None:
     import tempfile
-    from pathlib import Path
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="registry name or folder")
@@ -167,6 +202,10 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--resamples", type=int, default=4, help="resamples per failed pair and cut")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", default=None, help="runs of bench/own_runs.py (DIR/replay, verifier, both) in "
+                        "place of annotating")
+    parser.add_argument("--values", default=None, help="values folder of the both run: adds the decisive cut")
+    parser.add_argument("--out", default=str(RESULTS_JSON), help="results json")
     parser.add_argument("--quick", action="store_true", help="the tiny policy on a few demo prompts; writes nothing")
     args = parser.parse_args()
     if args.quick:
@@ -180,9 +219,29 @@ def main() -> None:
     report(table, args)
     if args.quick:
         return
-    RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_JSON.write_text(json.dumps(table, indent=1) + "\n")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else []
+    Path(args.out).write_text(json.dumps(merge_rows(old, table, sample_of(args)), indent=1) + "\n")
     write_results_md(table, args)
+
+
+def sample_of(args) -> str:
+    """What the rows measured: the pairs' source, named so that measurements of other samples are kept beside."""
+    if args.runs:
+        return f"runs {Path(args.runs).name}" + (f", values {Path(args.values).name}" if args.values else "")
+    return f"{args.prompts} {args.tasks} split {args.split or 'all'} limit {args.limit or 'all'} n {args.n} " \
+           f"temperature {args.temperature}"
+
+
+def merge_rows(old: list[dict], new: list[dict], sample: str) -> list[dict]:
+    """The file's rows of other samples (given `cut` and `fixes_per_token` where they predate them), then this one's."""
+    kept = []
+    for row in old:
+        # an older row does not say its resamples per cut, so its fixes per token are not recomputed here
+        row = {"sample": "issue 19", "cut": CUT_OF.get(row["locate"], "blamed"), "fixes_per_token": None, **row}
+        if row["sample"] != sample:
+            kept.append(row)
+    return kept + [{**row, "sample": sample} for row in new]
 
 
 def write_results_md(table: list[dict], args) -> None:
@@ -204,6 +263,17 @@ def write_results_md(table: list[dict], args) -> None:
         lines.append(f"both's fixes per resampled token: {vs_random:.2f}x the random cut's (target 1.5x: "
                      f"{verdict(vs_random >= 1.5)}), {vs_full:.2f}x the whole resample's (target 1x: "
                      f"{verdict(vs_full >= 1)}); pairs {both['pairs']} (target 200: {verdict(both['pairs'] >= 200)})")
+    decisive = next((r for r in table if r["cut"] == "decisive" and r["reward_family"] == "all"), None)
+    if decisive:
+        res = args.resamples * decisive["pairs"]
+        mine = per_token(decisive["repair_rate"], res, decisive["tokens_resampled"])
+        vs_random = mine / max(per_token(decisive["random_cut_rate"], res, decisive["random_tokens_resampled"]), 1e-12)
+        vs_full = mine / max(per_token(decisive["full_resample_rate"], res, decisive["full_tokens_resampled"]), 1e-12)
+        full_size = decisive["pairs"] >= 200
+        lines.append(f"decisive cut's fixes per resampled token: {vs_random:.2f}x the random cut's, {vs_full:.2f}x the "
+                     f"whole resample's on {decisive['pairs']} pairs (issue 26 targets 1.5x and 1x over >= 200 pairs: "
+                     + (f"{verdict(vs_random >= 1.5)}, {verdict(vs_full >= 1)}" if full_size else
+                        "a SMALLER sample, no verdict") + ")")
     if not with_p2t(args):
         lines.append(f"P2T left out: no reward model shares {args.model}'s tokenizer")
     upsert_result(
@@ -211,7 +281,7 @@ def write_results_md(table: list[dict], args) -> None:
         "Failed (response, reward) pairs of the model's own samples, cut at each credit's top penalty (MRTPO replay, "
         "verifier spans, both, P2T) against a uniformly random cut and a whole-response resample, same resamples; "
         "`bench/results/repair.json`.",
-        "full", f"{args.prompts} {args.tasks} (split {args.split or 'all'}, {args.limit or 'all'} prompts), n {args.n}, "
+        "decisive" if args.values else "full", f"{sample_of(args)}; {args.prompts} {args.tasks} (split {args.split or 'all'}, {args.limit or 'all'} prompts), n {args.n}, "
         f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens}, {args.resamples} resamples per cut",
         " | ".join(lines),
         "issue 19: >= 200 pairs; both >= 1.5x the random cut's fixes per resampled token and >= the full resample's",

@@ -5,6 +5,8 @@
     tokencredit report OUT                    self-contained HTML credit report
     tokencredit repair OUT --out DIR          cut failed responses at their top penalty, resample, keep the
                                               repairs: minimal-edit preference pairs (DPO/KTO)
+    tokencredit values OUT --out DIR          value curves of failed responses (K continuations per cut) and
+                                              each failed reward's decisive segment
     tokencredit train --data OUT --out CKPT   token-credited training from a run
     tokencredit rm train OUT --out DIR        a reward model from a run's verifier labels (for P2T)
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
@@ -265,7 +267,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.repair import RepairConfig, run_repair
 
     config = RepairConfig(n=args.n, seed=args.seed, shard_size=args.shard_size, batch_size=args.batch_size,
-                          limit=args.limit)
+                          limit=args.limit, cut=args.cut, values=args.values)
     if args.runner == "none":
         summary = run_repair(args.run, args.out, config, device=args.device)
     else:
@@ -292,6 +294,23 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
     for row in report["families"]:
         print(f"  {row['family']}: held-out pairwise accuracy {row['pairwise_accuracy']:.3f} "
               f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}] over {row['pairs_heldout']} pairs")
+    return 0
+
+
+def cmd_values(args: argparse.Namespace) -> int:
+    from tokencredit.pipeline.values import ValuesConfig, run_values
+
+    config = ValuesConfig(k=args.k, cuts=args.cuts, pairs=args.pairs, passed=args.passed, seed=args.seed,
+                          shard_size=args.shard_size, batch_size=args.batch_size)
+    if args.runner == "none":
+        summary = run_values(args.run, args.out, config, device=args.device)
+    else:
+        from tokencredit.flows.values import run_values_flow
+
+        summary = run_values_flow(args.run, args.out, config, device=args.device, workers=args.workers)
+    print(f"wrote value curves of {summary['pairs']} pairs ({summary['responses']} responses, "
+          f"{summary['continuations']} continuations) to {args.out}: views values, decisive, curves "
+          "(tokencredit.pipeline.values.connect_values)")
     return 0
 
 
@@ -428,7 +447,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runner", choices=["threads", "none"], default="threads",
                    help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
     p.add_argument("--workers", type=int, default=1, help="parallel shards (threads)")
+    p.add_argument("--cut", choices=["penalty", "decisive"], default="penalty",
+                   help="where to cut: before the credit's top penalty, or at the start of the decisive segment of "
+                        "the value curve (needs --values)")
+    p.add_argument("--values", default=None, help="values folder of this run (tokencredit values), for --cut decisive")
     p.set_defaults(func=cmd_repair)
+
+    p = command("values", "value curves: per failed (response, reward), the value of each reward at a grid of cuts "
+                "from K continuations, and the decisive segment where it falls most")
+    p.add_argument("run", help="run directory written by annotate (complete)")
+    p.add_argument("--out", required=True, help="folder for values/, decisive/ (Parquet) and values.json")
+    p.add_argument("--k", type=int, default=16, help="continuations per cut")
+    p.add_argument("--cuts", type=int, default=8, help="evenly spaced cuts per response (plus span and top-token cuts)")
+    p.add_argument("--pairs", type=int, default=None, help="failed (response, reward) pairs to measure, drawn with "
+                   "--seed (default: all)")
+    p.add_argument("--passed", action="store_true", help="also as many passed pairs: where their value rose")
+    p.add_argument("--seed", type=int, default=0, help="seed of the pair draw (continuations use the run's seed)")
+    p.add_argument("--shard-size", type=int, default=4, help="responses per shard (the unit of resumption)")
+    p.add_argument("--batch-size", type=int, default=128, help="continuations per forward")
+    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--runner", choices=["threads", "none"], default="threads",
+                   help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
+    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads)")
+    p.set_defaults(func=cmd_values)
 
     p = command("train", "train a policy from a run's training view")
     p.add_argument("--data", required=True, help="run directory written by annotate")

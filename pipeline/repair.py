@@ -14,6 +14,9 @@ lowering another. A repair and its original are a preference pair (chosen, rejec
                                    repair rate, once every shard is written
     OUT/config.json                the config of the run in OUT; a different one is refused
 
+`cut="decisive"` (`repair --cut decisive --values DIR`) cuts instead at the start of the decisive segment of the
+failure's value curve (`tokencredit values`: where V_k falls most), for the failures measured there.
+
 A resume skips the shards whose marker exists and whose part file matches the marker's checksum, so a killed
 run ends with the same preference pairs as an uninterrupted one: the resamples of a failure depend only on
 (seed, response, reward, j), as sampling's do (`sampling.row_seed`).
@@ -58,6 +61,7 @@ PAIRS = pa.schema([
     pa.field("rejected_rewards", pa.list_(pa.float32())),
 ])
 PART = "pairs/part-{:05d}.parquet"
+CUTS = ("penalty", "decisive")
 MARKER = "_shards/shard-{:05d}.json"
 
 
@@ -68,13 +72,19 @@ class RepairConfig:
     shard_size: int = 16  # failures per shard (the unit of resumption)
     batch_size: int = 32  # resampled rows per forward
     limit: int | None = None  # failures to repair, in response order (None: all)
+    cut: str = "penalty"  # CUTS: before the credit's top penalty, or at the start of the decisive segment
+    values: str | None = None  # the run's values folder (`tokencredit values`), for cut="decisive"
 
     def __post_init__(self) -> None:
         bad = [name for name, ok in (("n", self.n >= 1), ("shard_size", self.shard_size >= 1),
                                      ("batch_size", self.batch_size >= 1),
-                                     ("limit", self.limit is None or self.limit >= 1)) if not ok]
+                                     ("limit", self.limit is None or self.limit >= 1),
+                                     ("cut", self.cut in CUTS)) if not ok]
         if bad:
             raise ValueError(f"RepairConfig: invalid {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
+        if self.cut == "decisive" and self.values is None:
+            raise ValueError("repair --cut decisive needs --values DIR: the run's value curves "
+                             "(tokencredit values RUN --out DIR)")
 
     def digest(self, run: str) -> str:
         return hashlib.sha256(json.dumps({"run": run, **dataclasses.asdict(self)}, sort_keys=True).encode()).hexdigest()
@@ -133,6 +143,23 @@ def failed_targets(run: str, limit: int | None = None) -> list[Target]:
         targets.append(Target(rid, gid, task, prompt, tuple(prompt_ids), tuple(ids), text, k, tuple(names),
                               tuple(rewards), penalty_cut(adv), source))
     return targets[:limit] if limit is not None else targets
+
+
+def decisive_targets(targets: Sequence[Target], values: str) -> list[Target]:
+    """The targets measured in the values folder, cut at the start of their decisive segment (source 'decisive');
+    a target without a decisive segment there is left out."""
+    from tokencredit.pipeline.values import connect_values, reward_key
+
+    starts = {(rid, reward, index): start for rid, reward, index, start in connect_values(values).execute(
+        "SELECT response_id, reward, constraint_index, start FROM decisive WHERE failed").fetchall()}
+    out = []
+    for t in targets:
+        start = starts.get((t.response_id, *reward_key(t.task, t.reward_names, t.k)))
+        if start is not None:
+            out.append(dataclasses.replace(t, cut=start, source="decisive"))
+    if not out:
+        raise ValueError(f"--values {values}: no decisive segment of this run's failures (values of another run?)")
+    return out
 
 
 def is_repair(before: Sequence[float], after: Sequence[float], k: int) -> bool:
@@ -318,8 +345,10 @@ def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
     manifest = run_files(run).manifest  # IncompleteRunError for a run still being written
     settings = manifest["config"]
     sampling = SamplingConfig(**{**settings["sampling"], "stop": tuple(settings["sampling"].get("stop") or ())})
+    targets = failed_targets(run, None if config.cut == "decisive" else config.limit)
+    if config.cut == "decisive":
+        targets = decisive_targets(targets, config.values)[:config.limit]
     RepairStore(out, run, config)
-    targets = failed_targets(run, config.limit)
     shards = [targets[i:i + config.shard_size] for i in range(0, len(targets), config.shard_size)]
     return RepairJob(run, out, config, shards, sampling, settings.get("model"), settings.get("verifier_timeout_s", 5.0),
                      settings.get("verifier_memory_bytes", AnnotateConfig.verifier_memory_bytes))

@@ -4,6 +4,9 @@ A run directory holds `responses/part-*.parquet`, `credits/part-*.parquet`, `nod
 (the nodes of tree-sampled groups; empty for flat sampling) and `manifest.json`; `views.sql` (with
 `{responses}`, `{credits}` and `{nodes}` replaced by table expressions over the manifest's part files)
 creates the `responses`, `credits`, `training`, `nodes` and `leaf_segments` views.
+
+A values folder (`tokencredit values RUN --out DIR`) holds `values/part-*.parquet` (VALUES) and
+`decisive/part-*.parquet` (DECISIVE); `values_views.sql` creates its `values`, `decisive` and `curves` views.
 """
 from __future__ import annotations
 
@@ -98,6 +101,39 @@ CREDITS = pa.schema(
     ]
 )
 
+# The value curve of a run's response (pipeline/values.py): V(c) of one reward (or of the mean reward) at a
+# cut c, the mean score of k continuations of the response's first c tokens under the run's sampling settings.
+VALUES = pa.schema(
+    [
+        pa.field("response_id", pa.string(), nullable=False),
+        pa.field("task", pa.string()),
+        pa.field("reward", pa.string(), nullable=False),  # as the credits table names it; 'mean': the mean reward
+        pa.field("constraint_index", pa.int32()),  # which constraint of an instruction record; NULL elsewhere
+        pa.field("cut", pa.int32(), nullable=False),  # the cut's index along the response's curve (0: position 0)
+        pa.field("position", pa.int32(), nullable=False),  # c: tokens of the response kept
+        pa.field("sources", pa.list_(pa.string())),  # why c is a cut: grid, span:REWARD, top:REWARD, end
+        pa.field("value", pa.float32(), nullable=False),  # mean score of the k continuations (end: the response's)
+        pa.field("k", pa.int32(), nullable=False),  # continuations verified (0 at the end: the response itself)
+        pa.field("stderr", pa.float32()),  # standard error of `value` (sample std / sqrt(k)); NULL for k < 2
+    ]
+)
+
+# Per (response, reward) measured: where its value curve changes most, between consecutive cuts [start, end)
+DECISIVE = pa.schema(
+    [
+        pa.field("response_id", pa.string(), nullable=False),
+        pa.field("task", pa.string()),
+        pa.field("reward", pa.string(), nullable=False),
+        pa.field("constraint_index", pa.int32()),
+        pa.field("failed", pa.bool_(), nullable=False),  # the response failed this reward (mean: any reward)
+        pa.field("start", pa.int32(), nullable=False),  # the segment's first token
+        pa.field("end", pa.int32(), nullable=False),  # one past its last token
+        pa.field("change", pa.float32(), nullable=False),  # V(end) - V(start): the largest fall (failed), rise (passed)
+        pa.field("length", pa.int32(), nullable=False),  # the response's tokens
+    ]
+)
+VALUE_TABLES = {"values": VALUES, "decisive": DECISIVE}
+
 TABLES = {"responses": RESPONSES, "credits": CREDITS, "nodes": NODES}
 
 
@@ -125,5 +161,14 @@ def views_sql(sources: dict[str, str], gdpo: dict | None = None) -> str:
     text = text.replace("{batch_ddof}", str(int(options["batch_ddof"])))
     text = text.replace("{batch_eps}", repr(float(options["batch_eps"])))
     for name in TABLES:
+        text = text.replace("{" + name + "}", sources[name])
+    return text
+
+
+def values_views_sql(sources: dict[str, str]) -> str:
+    """DuckDB statements creating a values folder's views; sources: each table of VALUE_TABLES -> a table
+    expression over its files."""
+    text = files("tokencredit.schemas").joinpath("values_views.sql").read_text()
+    for name in VALUE_TABLES:
         text = text.replace("{" + name + "}", sources[name])
     return text

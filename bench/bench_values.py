@@ -1,0 +1,122 @@
+"""Speed of `tokencredit values` against the sampler on the same batch (issue 26).
+
+    python bench/bench_values.py [--run bench/.own/both] [--pairs 64] [--k 16] [--cuts 8] [--quick]
+
+Side by side, chunk by chunk of responses (values first in even chunks, the sampler first in odd ones, so load
+from other processes falls on both alike):
+
+- values: `pipeline.values.values_shard` on the chunk, end to end: the originals verified for their span starts,
+  every cut's K continuations (`continue_prefixes`: each prefix prefilled once, its cache copied to its K rows),
+  each continuation decoded and verified, the curves and decisive segments built;
+- sampler: the transformers sampler's `generate` on the same rows (prompt + prefix, the same seeds), in batches of
+  the same size holding the same prefixes, each batch decoding up to its longest row's budget as `generate` does.
+
+The figure is seconds per continuation token (the tokens each side drew): the issue's target is values within 1.2x
+of the sampler's. The target's size is 64 failed pairs x 8 cuts x K 16; a smaller `--pairs` is reported as such.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch threads)
+
+RESULTS_JSON = ROOT / "bench" / "results" / "values_speed.json"
+TARGET = dict(pairs=64, cuts=8, k=16)
+
+
+def sampler_side(sampler, chunk, cut_maps, sampling, config) -> tuple[float, int]:
+    """(seconds, tokens) of the flat sampler on the chunk's rows, batched as continue_prefixes batches them."""
+    from tokencredit.pipeline.sample.tree import _batches
+    from tokencredit.pipeline.values import continuation_seed
+
+    prefixes = [(c, p) for c, m in zip(chunk, cut_maps) for p in m]
+    started, tokens = time.perf_counter(), 0
+    for batch in _batches(list(range(len(prefixes))), [config.k] * len(prefixes), config.batch_size):
+        prompts, seeds, budget = [], [], 0
+        for i in batch:
+            curve, p = prefixes[i]
+            prompts += [[*curve.prompt_token_ids, *curve.token_ids[:p]]] * config.k
+            seeds += [continuation_seed(sampling.seed, curve.response_id, p, j) for j in range(config.k)]
+            budget = max(budget, sampling.max_new_tokens - p)
+        out, _ = sampler.generate(prompts, seeds, dataclasses.replace(sampling, max_new_tokens=budget))
+        tokens += sum(map(len, out))
+    return time.perf_counter() - started, tokens
+
+
+def measure(args) -> dict:
+    from tokencredit.pipeline.dataset.export import run_records
+    from tokencredit.pipeline.repair import load_sampler
+    from tokencredit.pipeline.annotate import verify_samples
+    from tokencredit.pipeline.values import (ValuesConfig, _sample, cut_sources, run_pairs, run_sampling, select,
+                                             values_shard)
+
+    settings, sampling = run_sampling(args.run)
+    config = ValuesConfig(k=args.k, cuts=args.cuts, pairs=args.pairs, seed=args.seed, batch_size=args.batch_size)
+    curves = select(*run_pairs(args.run), config)
+    records, _, refs = run_records(args.run)
+    sampler, tokenizer = load_sampler(settings.get("model"))
+    totals = {"values_s": 0.0, "values_tokens": 0, "sampler_s": 0.0, "sampler_tokens": 0, "values_sampling_s": 0.0}
+    chunks = [curves[i:i + args.chunk] for i in range(0, len(curves), args.chunk)]
+    for n, chunk in enumerate(chunks):
+        originals = verify_samples([_sample(c, c.response, c.response_id) for c in chunk], records, refs)
+        cut_maps = [cut_sources(c, [list(s.spans) for s in v.rewards], tokenizer, args.cuts)
+                    for c, v in zip(chunk, originals)]
+
+        def values():
+            started = time.perf_counter()
+            _, _, counts = values_shard(chunk, records, sampler, tokenizer, sampling, config, refs)
+            totals["values_s"] += time.perf_counter() - started
+            totals["values_tokens"] += counts["continuation_tokens"]
+            totals["values_sampling_s"] += counts["sampling_s"]
+
+        def flat():
+            seconds, tokens = sampler_side(sampler, chunk, cut_maps, sampling, config)
+            totals["sampler_s"] += seconds
+            totals["sampler_tokens"] += tokens
+        for side in ((values, flat) if n % 2 == 0 else (flat, values)):
+            side()
+        print(f"chunk {n + 1}/{len(chunks)}: {json.dumps({k: round(v, 2) for k, v in totals.items()})}", flush=True)
+    per_token = {side: totals[f"{side}_s"] / max(totals[f"{side}_tokens"], 1) for side in ("values", "sampler")}
+    return {"model": settings.get("model"), "run": args.run, "pairs": sum(len(c.pairs) for c in curves),
+            "responses": len(curves), "cuts": args.cuts, "k": args.k, "batch_size": args.batch_size, **totals,
+            "values_s_per_token": per_token["values"], "sampler_s_per_token": per_token["sampler"],
+            "ratio": per_token["values"] / per_token["sampler"],
+            "sampling_only_ratio": totals["values_sampling_s"] / max(totals["values_tokens"], 1) / per_token["sampler"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", default=str(ROOT / "bench" / ".own" / "both"), help="a complete run "
+                        "(bench/own_runs.py writes the SmolLM2 one)")
+    parser.add_argument("--pairs", type=int, default=TARGET["pairs"])
+    parser.add_argument("--k", type=int, default=TARGET["k"])
+    parser.add_argument("--cuts", type=int, default=TARGET["cuts"])
+    parser.add_argument("--batch-size", type=int, default=128, help="continuations per forward (both sides)")
+    parser.add_argument("--chunk", type=int, default=2, help="responses per timed chunk")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    result = measure(args)
+    full = all(result[key] >= value for key, value in TARGET.items())
+    print(json.dumps(result, indent=1))
+    RESULTS_JSON.write_text(json.dumps(result, indent=1) + "\n")
+    upsert_result(
+        "Value curves: time per continuation token (bench_values.py)",
+        "`tokencredit values` end to end (cuts, continuations sharing each prefix's cache, verification, curves) "
+        "against the sampler's `generate` on the same rows and batches, interleaved chunk by chunk; "
+        "`bench/results/values_speed.json`.",
+        "full" if full else "reduced",
+        f"{result['model']}; {result['pairs']} failed pairs ({result['responses']} responses), {args.cuts} grid cuts "
+        f"+ span/top cuts, K {args.k}, batch {args.batch_size}",
+        f"values {1000 * result['values_s_per_token']:.2f} ms/token, sampler {1000 * result['sampler_s_per_token']:.2f} "
+        f"ms/token: {result['ratio']:.2f}x (sampling alone {result['sampling_only_ratio']:.2f}x); "
+        f"{result['values_tokens']} / {result['sampler_tokens']} tokens",
+        f"issue 26: within 1.2x of the sampler's at 64 pairs x 8 cuts x K 16: "
+        f"{verdict(result['ratio'] <= 1.2) if full else 'not measured at that size (a smaller sample: no verdict)'}",
+    )
+
+
+if __name__ == "__main__":
+    main()

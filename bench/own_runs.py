@@ -1,0 +1,66 @@
+"""SmolLM2 runs of the closed-loop train prompts, one per `--locate`, sharing one sample and verification.
+
+    python bench/own_runs.py --out bench/.own [--limit 48] [--n 4]
+
+Sampling and verifying once, then crediting the same verified responses under each locate option (replay,
+verifier, both) writes the runs `OUT/replay`, `OUT/verifier`, `OUT/both` whose responses are identical: only
+the credit differs (the bench compares credits on the same pairs). Each run's manifest records its own config,
+so `tokencredit values OUT/both` reads the sampling settings the responses were drawn with. A run already
+complete under OUT is kept.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from common import ROOT  # noqa: F401  (also sets torch threads)
+
+LOCATES = ("replay", "verifier", "both")
+PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"
+
+
+def config_for(args, locate: str):
+    from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
+
+    return AnnotateConfig(prompts=str(args.prompts), tasks=("instructions",), split="train", limit=args.limit,
+                          model=args.model, sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens,
+                                                                    temperature=args.temperature, seed=args.seed),
+                          credit=CreditConfig(kinds=("gdpo", "mrtpo"), locate=locate))
+
+
+def make_runs(args) -> dict[str, str]:
+    from tokencredit.pipeline.steps import Pipeline
+
+    out = Path(args.out)
+    paths = {locate: str(out / locate) for locate in LOCATES}
+    todo = [loc for loc in LOCATES if not (out / loc / "manifest.json").exists()]
+    if not todo:
+        return paths
+    first = Pipeline(config_for(args, todo[0]))
+    records, rejected = first.load()
+    samples = first.sample(records)
+    print(f"sampled {len(samples)} responses of {len(records)} prompts", flush=True)
+    verified = first.verify(records, samples)
+    for locate in todo:
+        pipe = Pipeline(config_for(args, locate))
+        pipe.__dict__["models"] = first.models  # one policy in memory for every run
+        pipe.write(paths[locate], records, pipe.credit(records, verified), rejected)
+        print(f"wrote {paths[locate]}", flush=True)
+    return paths
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", default=str(PROMPTS))
+    parser.add_argument("--limit", type=int, default=48, help="train prompts (default 48)")
+    parser.add_argument("--n", type=int, default=4, help="responses per prompt")
+    parser.add_argument("--temperature", type=float, default=0.5)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "bench" / ".own"))
+    add_arguments(parser)
+    make_runs(parser.parse_args())

@@ -1,0 +1,181 @@
+"""Value curves (`tokencredit values`) on the shipped tiny policy: a cut's value is the mean score of its
+continuations (recomputed with the flat sampler, the prefix appended to the prompt), the decisive segment of a
+hand-made curve, a run killed by SIGKILL resumed without duplicates or gaps, the Prefect flow, bad input refused
+before a model loads, and `repair --cut decisive`."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from tokencredit import verifiers
+from tokencredit.flows.cli import main
+from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
+from tokencredit.pipeline.config import SamplingConfig
+from tokencredit.pipeline.dataset.export import run_records
+from tokencredit.pipeline.repair import load_sampler
+from tokencredit.pipeline.values import (ValuesConfig, connect_values, continuation_seed, decisive_segment,
+                                         grid_cuts, mean_and_stderr, run_sampling, run_values, span_start_token)
+from tokencredit.schemas import DECISIVE, VALUES
+
+ARGS = ["--k", "3", "--cuts", "3", "--pairs", "5", "--shard-size", "1", "--seed", "2", "--runner", "none"]
+CONFIG = ValuesConfig(k=3, cuts=3, pairs=5, shard_size=1, seed=2)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("values") / "run"
+    run_annotation(AnnotateConfig(limit=2, tasks=("instructions", "tools"),
+                                  sampling=SamplingConfig(n=4, max_new_tokens=24, temperature=1.0, seed=3)),
+                   str(out), progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def measured(run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("measured") / "values"
+    assert main(["values", str(run), "--out", str(out), *ARGS]) == 0
+    return out
+
+
+def rows(out, table: str) -> list[dict]:
+    schema = {"values": VALUES, "decisive": DECISIVE}[table]
+    return sorted(pq.read_table(out / table, schema=schema).to_pylist(),
+                  key=lambda r: (r["response_id"], r["reward"], r["constraint_index"] or 0, r.get("position", 0)))
+
+
+def test_grid_stderr_and_span_start():
+    assert grid_cuts(10, 4) == [0, 2, 5, 7] and grid_cuts(2, 8) == [0, 1]
+    mean, err = mean_and_stderr([1.0, 0.0, 1.0, 0.0])
+    assert mean == 0.5 and err == pytest.approx((1 / 3) ** 0.5 / 2)
+    assert mean_and_stderr([1.0]) == (1.0, None)
+    # tokens "ab" "cd" "ef": a span starting at character 3 begins in token 1
+    assert span_start_token([(3, 5)], [0, 2, 4], [2, 4, 6]) == 1 and span_start_token([], [0], [1]) is None
+
+
+def test_the_decisive_segment_of_a_hand_made_curve():
+    positions = [0, 10, 20, 30, 40, 57]
+    assert decisive_segment(positions, [0.8, 0.7, 0.2, 0.2, 0.1, 0.0]) == (10, 20, pytest.approx(-0.5))
+    # ties go to the earliest segment; a passed pair's segment is where the value rises most
+    assert decisive_segment([0, 5, 9], [1.0, 0.5, 0.0]) == (0, 5, -0.5)
+    assert decisive_segment(positions, [0.1, 0.2, 0.2, 0.9, 1.0, 1.0], rise=True) == (20, 30, pytest.approx(0.7))
+    with pytest.raises(ValueError, match="2 or more points"):
+        decisive_segment([0], [1.0])
+
+
+def test_a_cut_value_is_the_mean_score_of_flat_continuations(run, measured):
+    """Recompute two cuts independently: the flat sampler's `generate` on prompt + prefix with the documented
+    seeds, each continuation decoded and verified by `verifiers.verify`."""
+    from tokencredit.pipeline.dataset.query import connect
+
+    values = rows(measured, "values")
+    assert {r["k"] for r in values if r["sources"] != ["end"]} == {3}
+    records, _, _ = run_records(run)
+    _, sampling = run_sampling(str(run))
+    sampler, tokenizer = load_sampler(None)
+    checked = 0
+    for row in [r for r in values if r["reward"] != "mean" and r["k"] and r["position"] > 0][:2]:
+        (prompt_ids, ids, task, gid, names) = connect(run).execute(
+            "SELECT prompt_token_ids, token_ids, task, group_id, reward_names FROM responses WHERE response_id = ?",
+            [row["response_id"]]).fetchone()
+        p = row["position"]
+        seeds = [continuation_seed(sampling.seed, row["response_id"], p, j) for j in range(3)]
+        config = dataclasses.replace(sampling, max_new_tokens=sampling.max_new_tokens - p)
+        tokens, _ = sampler.generate([list(prompt_ids) + list(ids[:p])] * 3, seeds, config)
+        k = row["constraint_index"] if row["constraint_index"] is not None else names.index(row["reward"])
+        scores = [verifiers.verify(records[gid], tokenizer.decode(list(ids[:p]) + t, skip_special_tokens=True))[k].score
+                  for t in tokens]
+        assert row["value"] == pytest.approx(sum(scores) / 3)
+        checked += 1
+    assert checked == 2
+
+
+def test_curves_end_at_the_response_score_and_decisive_segments_are_their_largest_fall(run, measured):
+    con = connect_values(str(measured))
+    for rid, reward, positions, curve, failed, start, end, change in con.execute(
+            "SELECT response_id, reward, positions, curve, failed, decisive_start, decisive_end, decisive_change "
+            "FROM curves WHERE decisive_start IS NOT NULL").fetchall():
+        drops = [b - a for a, b in zip(curve, curve[1:])]
+        best = min(drops) if failed else max(drops)
+        assert change == pytest.approx(best) and (start, end) in zip(positions, positions[1:])
+        if failed and reward != "mean":
+            assert curve[-1] < 1  # the end point is the response's own (failed) score
+    decisive = rows(measured, "decisive")
+    assert sum(r["failed"] and r["reward"] != "mean" for r in decisive) == 5  # --pairs 5 failed pairs
+
+
+def test_a_killed_run_resumes_without_duplicates_or_gaps(run, measured, tmp_path):
+    out = tmp_path / "values"
+    env = {**os.environ, "DO_NOT_TRACK": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "tokencredit.flows.cli", "values", str(run), "--out", str(out),
+                             *ARGS], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not list((out / "_shards").glob("shard-*.json")) and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before its first shard"
+    assert not (out / "values.json").exists()
+    summary = run_values(str(run), str(out), CONFIG, progress=False)
+    assert summary["shards"] == len(list((out / "_shards").glob("shard-*.json")))
+    for table in ("values", "decisive"):
+        resumed, whole = rows(out, table), rows(measured, table)
+        keys = [(r["response_id"], r["reward"], r["constraint_index"], r.get("position")) for r in resumed]
+        assert len(keys) == len(set(keys))
+        assert resumed == whole
+
+
+def test_the_prefect_flow_writes_the_same_values(run, measured, tmp_path, prefect_harness):
+    from tokencredit.flows.values import run_values_flow
+
+    out = tmp_path / "values"
+    run_values_flow(str(run), str(out), CONFIG, progress=False)
+    assert rows(out, "values") == rows(measured, "values")
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """A model load fails the test: bad input must be refused before one."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model loaded before the input was checked")
+    monkeypatch.setattr("tokencredit.pipeline.repair.load_sampler", refuse)
+    monkeypatch.setattr("tokencredit.flows.values.load_sampler", refuse)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--k", "0"], "--k must be >= 1"),
+    (["--cuts", "0"], "--cuts must be >= 1"),
+    (["--pairs", "100000"], "--pairs 100000 is more than the run's"),
+])
+def test_bad_options_are_one_clear_error(run, tmp_path, capsys, no_model, args, message):
+    assert main(["values", str(run), "--out", str(tmp_path / "v"), "--runner", "none", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_folder_that_is_not_a_run_is_refused(tmp_path, capsys, no_model):
+    (tmp_path / "notarun").mkdir()
+    assert main(["values", str(tmp_path / "notarun"), "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert "notarun" in err and len(err.strip().splitlines()) == 1
+
+
+def test_repair_from_the_decisive_point(run, measured, tmp_path, capsys, no_model):
+    assert main(["repair", str(run), "--out", str(tmp_path / "r"), "--cut", "decisive", "--runner", "none"]) == 2
+    assert "--cut decisive needs --values DIR" in capsys.readouterr().err
+
+
+def test_repair_cuts_at_the_decisive_start(run, measured, tmp_path):
+    from tokencredit.pipeline.repair import RepairConfig, prepare_repair
+
+    job = prepare_repair(str(run), str(tmp_path / "r"), RepairConfig(cut="decisive", values=str(measured)))
+    targets = [t for shard in job.shards for t in shard]
+    starts = {(r["response_id"], r["reward"], r["constraint_index"]): r["start"]
+              for r in rows(measured, "decisive") if r["failed"]}
+    assert len(targets) == sum(rw != "mean" for _, rw, _ in starts)
+    for t in targets:
+        index = t.k if t.task == "instructions" else None
+        assert t.source == "decisive" and t.cut == starts[t.response_id, t.reward_names[t.k], index]
