@@ -4,7 +4,7 @@
 
 One prompt set is annotated once per `--locate` option (replay, verifier, both; the replay run also computes
 P2T), with the same sampling seed, so every option credits the same responses. For each failed (response,
-reward), the response is cut just before the token each credit penalizes most (`tokencredit.pipeline.repair.penalty_cut`;
+reward), the response is cut just before the token each credit penalizes most (`tokencredit.pipeline.credit.penalty.penalty_cut`;
 P2T: the response's lowest token reward), and the rest resampled `n` times; against that, a cut at a token
 drawn uniformly from the response (GDPO's uniform credit) and a resample of the whole response, with as many
 resamples. A resample repairs when it fixes the reward without lowering another (`tokencredit.pipeline.repair.is_repair`).
@@ -123,7 +123,8 @@ def rows_for(model: str, kind: str, targets, located, random_cut, full, n: int) 
 
 def run(args, out) -> list[dict]:
     from tokencredit.pipeline.dataset.export import run_records
-    from tokencredit.pipeline.repair import failed_targets, load_sampler
+    from tokencredit.pipeline.repair import failed_targets
+    from tokencredit.pipeline.sample.transformers_backend import load_sampler
 
     from tokencredit.pipeline.repair import decisive_targets
 

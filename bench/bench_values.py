@@ -48,7 +48,7 @@ def sampler_side(sampler, chunk, cut_maps, sampling, config) -> tuple[float, int
 
 def measure(args) -> dict:
     from tokencredit.pipeline.dataset.export import run_records
-    from tokencredit.pipeline.repair import load_sampler
+    from tokencredit.pipeline.sample.transformers_backend import load_sampler
     from tokencredit.pipeline.annotate import verify_samples
     from tokencredit.pipeline.values import (ValuesConfig, _sample, cut_sources, run_pairs, run_sampling, select,
                                              values_shard)

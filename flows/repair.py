@@ -15,11 +15,13 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tokencredit.pipeline.progress import Progress
-from tokencredit.pipeline.repair import RepairConfig, RepairJob, finish_repair, load_sampler, prepare_repair
+from tokencredit.pipeline.repair import RepairConfig, RepairJob, finish_repair, prepare_repair
 
 
 @functools.lru_cache(maxsize=2)
 def _models(model: str | None, device: str):
+    from tokencredit.pipeline.sample.transformers_backend import load_sampler  # torch only where a model loads
+
     return load_sampler(model, device)
 
 

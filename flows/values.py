@@ -12,12 +12,13 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tokencredit.pipeline.progress import Progress
-from tokencredit.pipeline.repair import load_sampler
 from tokencredit.pipeline.values import ValuesConfig, ValuesJob, finish_values, prepare_values
 
 
 @functools.lru_cache(maxsize=2)
 def _models(model: str | None, device: str):
+    from tokencredit.pipeline.sample.transformers_backend import load_sampler  # torch only where a model loads
+
     return load_sampler(model, device)
 
 

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
+from tokencredit.pipeline.credit.penalty import penalty_cut
 from tokencredit.pipeline.progress import Progress
 from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic, filesystem
 
@@ -123,11 +124,6 @@ FROM responses r JOIN (
 WHERE r.status = 'ok' AND list_min(r.rewards) < 1
 ORDER BY r.response_id, coalesce(c.constraint_index, list_position(r.reward_names, c.reward))
 """
-
-
-def penalty_cut(advantage: Sequence[float]) -> int:
-    """t* = argmax_t of the penalty -A[k,t] (the earliest of ties: 0 for a uniform credit)."""
-    return min(range(len(advantage)), key=lambda t: (advantage[t], t)) if advantage else 0
 
 
 def failed_targets(run: str, limit: int | None = None) -> list[Target]:
@@ -354,15 +350,6 @@ def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
                      settings.get("verifier_memory_bytes", AnnotateConfig.verifier_memory_bytes))
 
 
-def load_sampler(model: str | None, device: str = "cpu"):
-    """(sampler, tokenizer) of the run's policy: the transformers sampler, whose `generate` continues a prefix."""
-    from tokencredit.pipeline.models.loading import load_policy, model_name
-    from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
-
-    policy, tokenizer = load_policy(model, device=device)
-    return TransformersSampler(policy, tokenizer, model_name(model), progress=False), tokenizer
-
-
 def finish_repair(job: RepairJob, markers: Sequence[dict]) -> dict:
     """Write OUT/repair.json (config, per-reward figures, totals) and return it."""
     summary = {"run": job.run, "config": dataclasses.asdict(job.config), "shards": len(job.shards),
@@ -376,6 +363,7 @@ def run_repair(run: str, out: str, config: RepairConfig = RepairConfig(), device
                progress: bool = True) -> dict:
     """Repair every failure of `run` not yet done under `out`, in this process; returns the summary."""
     from tokencredit.pipeline.dataset.export import run_records
+    from tokencredit.pipeline.sample.transformers_backend import load_sampler
 
     job = prepare_repair(run, out, config)
     records, _, refs = run_records(run)

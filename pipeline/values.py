@@ -169,7 +169,7 @@ def select(rows: Sequence[tuple], advantages: dict, config: ValuesConfig) -> lis
     ones with `passed`), grouped by response, the responses in an order shuffled with the same seed: the shards
     a stopped run completed are then a random sample of the pairs, not the run's first prompts. ValueError when
     the run has fewer pairs."""
-    from tokencredit.pipeline.repair import penalty_cut
+    from tokencredit.pipeline.credit.penalty import penalty_cut
 
     failed = [(i, k) for i, r in enumerate(rows) for k, score in enumerate(r[8]) if score < 1]
     passed = [(i, k) for i, r in enumerate(rows) for k, score in enumerate(r[8]) if score >= 1]
@@ -405,7 +405,7 @@ def run_values(run: str, out: str, config: ValuesConfig = ValuesConfig(), device
                progress: bool = True) -> dict:
     """Measure every selected pair of `run` not yet done under `out`, in this process; returns the summary."""
     from tokencredit.pipeline.dataset.export import run_records
-    from tokencredit.pipeline.repair import load_sampler
+    from tokencredit.pipeline.sample.transformers_backend import load_sampler
 
     job = prepare_values(run, out, config)
     records, _, refs = run_records(run)

@@ -14,7 +14,8 @@ from tokencredit import verifiers
 from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
 from tokencredit.flows.cli import main
 from tokencredit.pipeline.dataset.export import run_records
-from tokencredit.pipeline.repair import PAIRS, RepairConfig, is_repair, penalty_cut, run_repair
+from tokencredit.pipeline.credit.penalty import penalty_cut
+from tokencredit.pipeline.repair import PAIRS, RepairConfig, is_repair, run_repair
 from tokencredit.pipeline.config import SamplingConfig
 
 CONFIG = RepairConfig(n=3, shard_size=4, seed=1)

@@ -19,7 +19,7 @@ from tokencredit.flows.cli import main
 from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
 from tokencredit.pipeline.config import SamplingConfig
 from tokencredit.pipeline.dataset.export import run_records
-from tokencredit.pipeline.repair import load_sampler
+from tokencredit.pipeline.sample.transformers_backend import load_sampler
 from tokencredit.pipeline.values import (ValuesConfig, connect_values, continuation_seed, decisive_segment,
                                          grid_cuts, mean_and_stderr, run_sampling, run_values, span_start_token)
 from tokencredit.schemas import DECISIVE, VALUES
@@ -142,8 +142,7 @@ def no_model(monkeypatch):
     """A model load fails the test: bad input must be refused before one."""
     def refuse(*args, **kwargs):
         raise AssertionError("a model loaded before the input was checked")
-    monkeypatch.setattr("tokencredit.pipeline.repair.load_sampler", refuse)
-    monkeypatch.setattr("tokencredit.flows.values.load_sampler", refuse)
+    monkeypatch.setattr("tokencredit.pipeline.sample.transformers_backend.load_sampler", refuse)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -269,3 +269,11 @@ class TransformersSampler:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1, **{self.cache_arg: cache})
         return out.logits[:, -1].float()
+
+
+def load_sampler(model: str | None, device: str = "cpu"):
+    """(sampler, tokenizer) of the run's policy: the transformers sampler, whose `generate` continues a prefix."""
+    from tokencredit.pipeline.models.loading import load_policy, model_name
+
+    policy, tokenizer = load_policy(model, device=device)
+    return TransformersSampler(policy, tokenizer, model_name(model), progress=False), tokenizer
