@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from tokencredit.schemas.records import Sample, TaskRecord
@@ -39,7 +38,8 @@ from tokencredit.schemas.records import Sample, TaskRecord
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
 from tokencredit.pipeline.credit.penalty import penalty_cut
 from tokencredit.pipeline.progress import Progress
-from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic, filesystem
+from tokencredit.pipeline.dataset.derived import DerivedStore
+from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic
 
 PAIRS = pa.schema([
     pa.field("pair_id", pa.string(), nullable=False),  # RESPONSE_ID#K/J: reward k's j-th resample
@@ -247,33 +247,11 @@ def _pair_row(t: Target, j: int, reward: str, index: int | None, text: str, ids:
 
 # ---------------------------------------------------------------- the run: shards, markers, summary
 
-class RepairStore:
-    """OUT's files: parts and markers written atomically, a marker last; the config of the run in OUT."""
+class RepairStore(DerivedStore):
+    """OUT's parts and markers, a marker last (`DerivedStore`)."""
 
-    def __init__(self, out: str, run: str, config: RepairConfig):
-        self.out = out
-        self.fs, self.root = filesystem(out)
-        for folder in ("pairs", "_shards"):
-            self.fs.create_dir(f"{self.root}/{folder}", recursive=True)
-            for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}")):
-                if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):  # a killed write's leftover
-                    self.fs.delete_file(info.path)
-        run = run if "://" in run else filesystem(run)[1]  # the same run however a working directory names it
-        self.digest = config.digest(run)
-        known = _read_json(self.fs, f"{self.root}/config.json")
-        if known is not None and known.get("digest") != self.digest:
-            raise ValueError(f"{out} holds a repair of another run or config ({known.get('run')}, "
-                             f"{known.get('config')}); choose another --out")
-        if known is None:
-            self.write_json("config.json", {"run": run, "config": dataclasses.asdict(config), "digest": self.digest})
-
-    def write_json(self, relpath: str, obj: dict) -> None:
-        payload = json.dumps(obj, indent=2, sort_keys=True).encode()
-
-        def write(tmp: str) -> None:
-            with self.fs.open_output_stream(tmp) as stream:
-                stream.write(payload)
-        _write_atomic(self.fs, f"{self.root}/{relpath}", write)
+    folders = ("pairs",)
+    holds = "a repair"
 
     def done(self, shard: int) -> dict | None:
         """The shard's marker when the shard is complete (its part file matches the marker's checksum)."""

@@ -31,7 +31,6 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -41,6 +40,7 @@ from tokencredit.schemas import DECISIVE, VALUE_TABLES, VALUES
 from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
+from tokencredit.pipeline.dataset.derived import DerivedStore
 from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic, filesystem
 from tokencredit.pipeline.progress import Progress
 
@@ -292,33 +292,11 @@ def _curve_rows(curve: Curved, cut_map: dict[int, list[str]], scores: dict[int, 
 
 # ---------------------------------------------------------------- the folder: shards, markers, views
 
-class ValuesStore:
-    """OUT's files: parts and markers written atomically, a marker last; the config of the run in OUT."""
+class ValuesStore(DerivedStore):
+    """OUT's parts and markers, a marker last (`DerivedStore`)."""
 
-    def __init__(self, out: str, run: str, config: ValuesConfig):
-        self.out = out
-        self.fs, self.root = filesystem(out)
-        for folder in (*VALUE_TABLES, "_shards"):
-            self.fs.create_dir(f"{self.root}/{folder}", recursive=True)
-            for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}")):
-                if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):  # a killed write's leftover
-                    self.fs.delete_file(info.path)
-        run = run if "://" in run else filesystem(run)[1]
-        self.digest = config.digest(run)
-        known = _read_json(self.fs, f"{self.root}/config.json")
-        if known is not None and known.get("digest") != self.digest:
-            raise ValueError(f"{out} holds values of another run or config ({known.get('run')}, "
-                             f"{known.get('config')}); choose another --out")
-        if known is None:
-            self.write_json("config.json", {"run": run, "config": dataclasses.asdict(config), "digest": self.digest})
-
-    def write_json(self, relpath: str, obj: dict) -> None:
-        payload = json.dumps(obj, indent=2, sort_keys=True).encode()
-
-        def write(tmp: str) -> None:
-            with self.fs.open_output_stream(tmp) as stream:
-                stream.write(payload)
-        _write_atomic(self.fs, f"{self.root}/{relpath}", write)
+    folders = tuple(VALUE_TABLES)
+    holds = "values"
 
     def done(self, shard: int) -> dict | None:
         """The shard's marker when the shard is complete (each part matches the marker's checksum)."""
