@@ -932,12 +932,13 @@ def write_results_md_issue25(rows: list[dict], evals: dict[str, dict], settings:
     design_seeds = DESIGN_SEEDS
 
     def line(r: dict) -> str:
+        tokens = f"{r['sampled_tokens']:.0f}" if r["sampled_tokens"] else "n/a"
         where = r["arm"] + (" last round" if r.get("evaluation", "").startswith("last") else
                             " per round" if r.get("evaluation") else "")
         return (f"{where}: {r['method']} - {r['baseline']} {interval(r)} (per seed "
                 f"{', '.join(f'{x:+.3f}' for x in r['per_seed_diff'])}; detectable {r['mde_seeds']:.3f}; "
                 f"{r['seeds']} of {design_seeds['offline' if r['arm'] == 'offline' else 'iterated']} seeds; "
-                f"sampled tokens per train prompt {r['sampled_tokens'] or 'n/a'})")
+                f"sampled tokens per train prompt {tokens})")
 
     def verdict(method: str, base: str) -> str:
         found = [r for r in shown if r["arm"] == "offline" and (r["method"], r["baseline"]) == (method, base)]
