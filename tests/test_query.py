@@ -169,3 +169,16 @@ def test_query_spills_into_a_temporary_folder_of_its_own_removed_after(run, tmp_
     assert not Path(temp).exists() and list(work.iterdir()) == []
     assert main(["query", str(run), "SELECT 1", "--memory-limit", "50MB"]) == 0
     assert main(["query", str(run), "SELECT 1", "--memory-limit", "lots"]) == 2
+
+
+def test_a_run_of_an_older_schema_reads_its_missing_columns_as_null(run):
+    """A run written before `mc_sum` existed (schema 2.2) stays readable: the column reads as NULL."""
+    import pyarrow.parquet as pq
+
+    for part in (run / "responses").glob("part-*.parquet"):
+        table = pq.read_table(part)
+        pq.write_table(table.drop_columns(["mc_sum"]), part)
+    con = connect(run)
+    assert con.execute("SELECT count(*), count(mc_sum), count(gdpo_sum) FROM responses").fetchone() == (12, 0, 12)
+    assert con.execute("SELECT count(*), count(adv_mc) FROM training").fetchone() == (12, 0)
+    assert main(["query", str(run), "SELECT count(*) FROM responses WHERE mc_sum IS NULL"]) == 0

@@ -1,11 +1,12 @@
 """DuckDB over a run directory: the `responses`, `credits` and `training` views of schemas/views.sql.
 
-The connection is read-only to the run. The views read exactly the part files the manifest lists
-(never a glob of the folder), file access is limited to the run folder, extensions are neither
-installed nor loaded, and the configuration is locked before any user SQL runs. `run_query` also
-accepts only read statements (DuckDB's statement type SELECT: SELECT, WITH, FROM-first, DESCRIBE,
-SHOW, SUMMARIZE, PIVOT; and a PIVOT without an IN list, which DuckDB runs as two statements), so COPY,
-ATTACH, CREATE, INSTALL, SET, PRAGMA and the like never run, not even into the run folder.
+The views read exactly the part files the manifest lists (never a glob of the folder), file access is
+limited to the run folder, extensions are neither installed nor loaded, and the configuration is locked
+before any user SQL runs. `connect`'s connection could still COPY into the run folder, so `run_query`
+(what `tokencredit query` runs) accepts only read statements (DuckDB's statement type SELECT: SELECT,
+WITH, FROM-first, DESCRIBE, SHOW, SUMMARIZE, PIVOT; and a PIVOT without an IN list, which DuckDB runs as
+two statements), so COPY, ATTACH, CREATE, INSTALL, SET, PRAGMA and the like never run, not even into the
+run folder. A run of an older schema version reads the columns added since as NULL.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def _sql_list(paths: list[str]) -> str:
 
 def connect(out: str | Path, *, allow_incomplete: bool = False,
             memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the run's views, read-only to the run (module docstring).
+    """An in-memory DuckDB connection with the run's views, confined to the run folder (module docstring).
 
     DuckDB spills into a temporary folder of this connection's own (its default, `.tmp` in the
     current folder, would litter wherever the command ran), removed when the process ends or gets SIGTERM
@@ -77,9 +78,10 @@ def connect(out: str | Path, *, allow_incomplete: bool = False,
         raise ValueError(f"cannot open DuckDB with memory limit {memory_limit!r}: {error}") from None
     sources = {}
     for name, paths in run.files.items():
-        if paths and run.local:
+        if paths and run.local and not _lacks_columns(paths[0], name):
             sources[name] = f"read_parquet({_sql_list(paths)})"
-        else:  # no files yet, or a remote run (DuckDB reads it through pyarrow's filesystem)
+        else:  # no files yet, a remote run (DuckDB reads it through pyarrow's filesystem), or an older
+            # schema version's files: pyarrow reads their columns added since as NULL
             relation = ds.dataset(paths, filesystem=run.fs, format="parquet", schema=TABLES[name]) \
                 if paths else TABLES[name].empty_table()
             con.register(f"{name}_files", relation)
@@ -94,6 +96,13 @@ def connect(out: str | Path, *, allow_incomplete: bool = False,
         raise ValueError(f"run dir {out}: cannot create the views ({str(err).splitlines()[0]}); was it written "
                          f"by another schema version than {SCHEMA_VERSION}? Re-annotate it") from err
     return con
+
+
+def _lacks_columns(path: str, table: str) -> bool:
+    """True when the part file lacks a column of today's schema (a run written before that column was added)."""
+    import pyarrow.parquet as pq
+
+    return not set(TABLES[table].names) <= set(pq.read_schema(path).names)
 
 
 _SPILL_PREFIX = "tokencredit-duckdb-"
