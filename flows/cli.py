@@ -263,17 +263,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_derived(kind, args: argparse.Namespace, config) -> dict:
+    """`repair` or `values` in this process (`--runner none`) or as the Prefect flow; the summary."""
+    if args.runner == "none":
+        from tokencredit.pipeline.dataset.derived import run_derived
+
+        return run_derived(kind, args.run, args.out, config, device=args.device)
+    from tokencredit.flows.derived import run_derived_flow
+
+    return run_derived_flow(kind, args.run, args.out, config, device=args.device, workers=args.workers)
+
+
 def cmd_repair(args: argparse.Namespace) -> int:
-    from tokencredit.pipeline.repair import RepairConfig, run_repair
+    from tokencredit.pipeline.repair import REPAIR, RepairConfig
 
     config = RepairConfig(n=args.n, seed=args.seed, shard_size=args.shard_size, batch_size=args.batch_size,
                           limit=args.limit, cut=args.cut, values=args.values)
-    if args.runner == "none":
-        summary = run_repair(args.run, args.out, config, device=args.device)
-    else:
-        from tokencredit.flows.repair import run_repair_flow
-
-        summary = run_repair_flow(args.run, args.out, config, device=args.device, workers=args.workers)
+    summary = _run_derived(REPAIR, args, config)
     print(f"wrote {summary['pairs_written']} preference pairs to {args.out}/pairs (TRL DPOTrainer columns prompt, "
           "chosen, rejected)")
     for reward, c in summary["by_reward"].items():
@@ -298,16 +304,11 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
 
 
 def cmd_values(args: argparse.Namespace) -> int:
-    from tokencredit.pipeline.values import ValuesConfig, run_values
+    from tokencredit.pipeline.values import VALUES_KIND, ValuesConfig
 
     config = ValuesConfig(k=args.k, cuts=args.cuts, pairs=args.pairs, passed=args.passed, seed=args.seed,
                           shard_size=args.shard_size, batch_size=args.batch_size)
-    if args.runner == "none":
-        summary = run_values(args.run, args.out, config, device=args.device)
-    else:
-        from tokencredit.flows.values import run_values_flow
-
-        summary = run_values_flow(args.run, args.out, config, device=args.device, workers=args.workers)
+    summary = _run_derived(VALUES_KIND, args, config)
     print(f"wrote value curves of {summary['pairs']} pairs ({summary['responses']} responses, "
           f"{summary['continuations']} continuations) to {args.out}: views values, decisive, curves "
           "(tokencredit.pipeline.values.connect_values)")

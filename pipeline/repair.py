@@ -37,8 +37,7 @@ from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
 from tokencredit.pipeline.credit.penalty import penalty_cut
-from tokencredit.pipeline.progress import Progress
-from tokencredit.pipeline.dataset.derived import DerivedStore
+from tokencredit.pipeline.dataset.derived import DerivedKind, DerivedStore, run_derived
 from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic
 
 PAIRS = pa.schema([
@@ -340,16 +339,8 @@ def finish_repair(job: RepairJob, markers: Sequence[dict]) -> dict:
 def run_repair(run: str, out: str, config: RepairConfig = RepairConfig(), device: str = "cpu",
                progress: bool = True) -> dict:
     """Repair every failure of `run` not yet done under `out`, in this process; returns the summary."""
-    from tokencredit.pipeline.dataset.export import run_records
-    from tokencredit.pipeline.sample.transformers_backend import load_sampler
+    return run_derived(REPAIR, run, out, config, device, progress)
 
-    job = prepare_repair(run, out, config)
-    records, _, refs = run_records(run)
-    store, models, markers = RepairStore(out, run, config), None, []
-    with Progress("repair", total=sum(map(len, job.shards)), unit="failure", enabled=progress) as bar:
-        for shard, targets in enumerate(job.shards):
-            if models is None and store.done(shard) is None:  # load the policy only when a shard needs it
-                models = load_sampler(job.model, device)
-            markers.append(job.run_shard(shard, records, refs, models))
-            bar.update(len(targets), tokens=sum(c["tokens_resampled"] for c in markers[-1]["counts"].values()))
-    return finish_repair(job, markers)
+
+REPAIR = DerivedKind("repair", "failure", RepairStore, prepare_repair, finish_repair,
+                     lambda marker: sum(c["tokens_resampled"] for c in marker["counts"].values()))

@@ -40,9 +40,8 @@ from tokencredit.schemas import DECISIVE, VALUE_TABLES, VALUES
 from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
-from tokencredit.pipeline.dataset.derived import DerivedStore
+from tokencredit.pipeline.dataset.derived import DerivedKind, DerivedStore, run_derived
 from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic, filesystem
-from tokencredit.pipeline.progress import Progress
 
 PART = "{table}/part-{shard:05d}.parquet"
 MARKER = "_shards/shard-{:05d}.json"
@@ -382,19 +381,11 @@ def finish_values(job: ValuesJob, markers: Sequence[dict]) -> dict:
 def run_values(run: str, out: str, config: ValuesConfig = ValuesConfig(), device: str = "cpu",
                progress: bool = True) -> dict:
     """Measure every selected pair of `run` not yet done under `out`, in this process; returns the summary."""
-    from tokencredit.pipeline.dataset.export import run_records
-    from tokencredit.pipeline.sample.transformers_backend import load_sampler
+    return run_derived(VALUES_KIND, run, out, config, device, progress)
 
-    job = prepare_values(run, out, config)
-    records, _, refs = run_records(run)
-    store, models, markers = ValuesStore(out, run, config), None, []
-    with Progress("values", total=sum(map(len, job.shards)), unit="response", enabled=progress) as bar:
-        for shard, curves in enumerate(job.shards):
-            if models is None and store.done(shard) is None:  # load the policy only when a shard needs it
-                models = load_sampler(job.model, device)
-            markers.append(job.run_shard(shard, records, refs, models))
-            bar.update(len(curves), tokens=markers[-1]["counts"]["continuation_tokens"])
-    return finish_values(job, markers)
+
+VALUES_KIND = DerivedKind("values", "response", ValuesStore, prepare_values, finish_values,
+                          lambda marker: marker["counts"]["continuation_tokens"])
 
 
 def connect_values(out: str):

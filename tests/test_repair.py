@@ -107,9 +107,10 @@ def test_a_killed_repair_resumes_to_the_same_pairs(run, repaired, tmp_path):
 
 
 def test_the_prefect_flow_writes_the_same_pairs(run, repaired, tmp_path, prefect_harness):
-    from tokencredit.flows.repair import run_repair_flow
+    from tokencredit.flows.derived import run_derived_flow
+    from tokencredit.pipeline.repair import REPAIR
 
-    summary = run_repair_flow(str(run), str(tmp_path / "flow"), CONFIG, progress=False)
+    summary = run_derived_flow(REPAIR, str(run), str(tmp_path / "flow"), CONFIG, progress=False)
     assert summary["pairs_written"] == len(pairs(repaired))
     assert [r["chosen"] for r in pairs(tmp_path / "flow")] == [r["chosen"] for r in pairs(repaired)]
 

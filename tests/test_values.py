@@ -130,10 +130,11 @@ def test_a_killed_run_resumes_without_duplicates_or_gaps(run, measured, tmp_path
 
 
 def test_the_prefect_flow_writes_the_same_values(run, measured, tmp_path, prefect_harness):
-    from tokencredit.flows.values import run_values_flow
+    from tokencredit.flows.derived import run_derived_flow
+    from tokencredit.pipeline.values import VALUES_KIND
 
     out = tmp_path / "values"
-    run_values_flow(str(run), str(out), CONFIG, progress=False)
+    run_derived_flow(VALUES_KIND, str(run), str(out), CONFIG, progress=False)
     assert rows(out, "values") == rows(measured, "values")
 
 

@@ -1,9 +1,17 @@
 """Folders derived from a run (repair's pairs, value curves): sharded Parquet parts and their markers, each
-written atomically and the marker last, under the config that made them."""
+written atomically and the marker last, under the config that made them; and the loop that fills one.
+
+A kind of derived folder (`DerivedKind`) plans a job from the run (`prepare`: its shards of items, the
+policy, `run_shard`), and sums the shards' markers into OUT's summary (`finish`). `run_derived` runs the
+shards in this process; `flows/derived.py` runs them as Prefect tasks.
+"""
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -41,3 +49,31 @@ class DerivedStore:
             with self.fs.open_output_stream(tmp) as stream:
                 stream.write(payload)
         _write_atomic(self.fs, f"{self.root}/{relpath}", write)
+
+
+@dataclass(frozen=True)
+class DerivedKind:
+    name: str  # "repair" | "values": the progress bar's and the Prefect flow's name
+    unit: str  # what one item of a shard is, for progress
+    store: type[DerivedStore]
+    prepare: Callable[[str, str, Any], Any]  # (run, out, config) -> job: .shards, .model, .run_shard(...)
+    finish: Callable[[Any, Sequence[dict]], dict]  # (job, shard markers) -> the summary, written to OUT
+    tokens: Callable[[dict], int]  # a shard marker -> the tokens it sampled, for progress
+
+
+def run_derived(kind: DerivedKind, run: str, out: str, config, device: str = "cpu", progress: bool = True) -> dict:
+    """Every shard of `kind` not yet done under `out`, in this process; returns the summary."""
+    from tokencredit.pipeline.dataset.export import run_records
+    from tokencredit.pipeline.progress import Progress
+    from tokencredit.pipeline.sample.transformers_backend import load_sampler
+
+    job = kind.prepare(run, out, config)
+    records, _, refs = run_records(run)
+    store, models, markers = kind.store(out, run, config), None, []
+    with Progress(kind.name, total=sum(map(len, job.shards)), unit=kind.unit, enabled=progress) as bar:
+        for shard, items in enumerate(job.shards):
+            if models is None and store.done(shard) is None:  # load the policy only when a shard needs it
+                models = load_sampler(job.model, device)
+            markers.append(job.run_shard(shard, records, refs, models))
+            bar.update(len(items), tokens=kind.tokens(markers[-1]))
+    return kind.finish(job, markers)

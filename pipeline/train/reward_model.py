@@ -201,23 +201,30 @@ def fit_head(features: Tensor, pairs: Sequence[tuple[int, int]], config: RewardM
 
 
 def choose_l2(features: Tensor, pairs: Sequence[tuple[int, int]], responses: Sequence[Response],
-              config: RewardModelConfig, folds: int = 4) -> float:
-    """The L2 strength of L2_GRID with the best pairwise accuracy over `folds` folds of the TRAIN groups
+              config: RewardModelConfig) -> float:
+    """The L2 strength of L2_GRID with the best cross-validated pairwise accuracy on the TRAIN groups
     (a frozen backbone's features outnumber a few hundred pairs: unpenalized, the head fits them all)."""
+    return max(L2_GRID, key=lambda l2: cv_accuracy(features, pairs, responses, config, l2))
+
+
+def cv_accuracy(features: Tensor, pairs: Sequence[tuple[int, int]], responses: Sequence[Response],
+                config: RewardModelConfig, l2: float, folds: int = 4,
+                fit_groups: Callable[[list[str]], list[str]] | None = None) -> float:
+    """Pairwise accuracy of heads fit on all but one of `folds` folds of the pairs' groups, on that fold's
+    pairs, pooled over folds. `fit_groups` picks which of a fold's fit groups to fit on (all by default)."""
     groups = sorted({responses[c].group_id for c, _ in pairs})
     fold_of = {g: i % folds for i, g in enumerate(sorted(groups, key=lambda g: hashlib.sha256(
         f"{config.seed}\x01{g}".encode()).digest()))}
-
-    def cv_accuracy(l2: float) -> float:
-        right = 0.0
-        for fold in range(folds):
-            fit = [p for p in pairs if fold_of[responses[p[0]].group_id] != fold]
-            held = [p for p in pairs if fold_of[responses[p[0]].group_id] == fold]
-            if fit and held:
-                right += pairwise_accuracy(features @ fit_head(features, fit, config, l2), held) * len(held)
-        return right
-
-    return max(L2_GRID, key=cv_accuracy)
+    right = total = 0.0
+    for fold in range(folds):
+        keep = {g for g in groups if fold_of[g] != fold}
+        keep = set(fit_groups(sorted(keep))) if fit_groups is not None else keep
+        fit = [p for p in pairs if responses[p[0]].group_id in keep]
+        held = [p for p in pairs if fold_of[responses[p[0]].group_id] == fold]
+        if fit and held:
+            right += pairwise_accuracy(features @ fit_head(features, fit, config, l2), held) * len(held)
+            total += len(held)
+    return right / total if total else float("nan")
 
 
 def pairwise_accuracy(scores: Tensor, pairs: Sequence[tuple[int, int]]) -> float:

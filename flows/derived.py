@@ -1,0 +1,62 @@
+"""Prefect flow for folders derived from a run (`repair`, `values`): one Prefect task per shard, like the
+annotate flow. Each shard writes its parts and then its marker, so a re-run skips the shards whose marker
+matches their files and a killed run resumes where it stopped. Shards run on threads (one policy copy per
+process, loaded once)."""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE
+from prefect.futures import as_completed
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from tokencredit.pipeline.dataset.derived import DerivedKind
+from tokencredit.pipeline.progress import Progress
+from tokencredit.pipeline.repair import REPAIR
+from tokencredit.pipeline.values import VALUES_KIND
+
+KINDS = {kind.name: kind for kind in (REPAIR, VALUES_KIND)}
+
+
+@functools.lru_cache(maxsize=2)
+def _models(model: str | None, device: str):
+    from tokencredit.pipeline.sample.transformers_backend import load_sampler  # torch only where a model loads
+
+    return load_sampler(model, device)
+
+
+@task(name="derived-shard", cache_policy=NONE)
+def shard_task(job, shard: int, records: dict, refs: tuple, device: str) -> dict[str, Any]:
+    """Fill and write one shard; returns its marker (rows, checksums, counts)."""
+    return job.run_shard(shard, records, refs, _models(job.model, device))
+
+
+@flow(name="derived", log_prints=True)
+def derived_flow(kind: str, run: str, out: str, config, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+    """Every shard of `KINDS[kind]` not yet done under `out`; returns the summary (OUT/<kind>.json)."""
+    from tokencredit.pipeline.dataset.export import run_records
+
+    derived = KINDS[kind]
+    job = derived.prepare(run, out, config)
+    records, _, refs = run_records(run)
+    get_run_logger().info("%s of %s: %d %ss in %d shards", kind, run, sum(map(len, job.shards)), derived.unit,
+                          len(job.shards))
+    named = shard_task.with_options(name=f"{kind}-shard")
+    futures = [named.submit(job, s, records, refs, device) for s in range(len(job.shards))]
+    markers = []
+    with Progress(kind, total=sum(map(len, job.shards)), unit=derived.unit, enabled=progress) as bar:
+        for future in as_completed(futures):
+            markers.append(future.result())
+            bar.update(len(job.shards[markers[-1]["shard"]]), tokens=derived.tokens(markers[-1]))
+    return derived.finish(job, markers)
+
+
+def run_derived_flow(kind: DerivedKind, run: str, out: str, config, device: str = "cpu", workers: int = 1,
+                     progress: bool = True) -> dict[str, Any]:
+    """The flow (named after `kind`) on a thread pool of `workers` shards at a time; the inputs are checked
+    before Prefect starts (the flow reads the run again)."""
+    kind.prepare(run, out, config)
+    configured = derived_flow.with_options(name=kind.name, task_runner=ThreadPoolTaskRunner(max_workers=workers))
+    return configured(kind.name, run, out, config, device=device, progress=progress)
