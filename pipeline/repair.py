@@ -24,8 +24,6 @@ run ends with the same preference pairs as an uninterrupted one: the resamples o
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +35,7 @@ from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
 from tokencredit.pipeline.credit.penalty import penalty_cut
-from tokencredit.pipeline.dataset.derived import DerivedKind, DerivedStore, run_derived
+from tokencredit.pipeline.dataset.derived import DerivedJob, DerivedKind, DerivedStore, run_derived, run_sampling
 from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic
 
 PAIRS = pa.schema([
@@ -85,9 +83,6 @@ class RepairConfig:
         if self.cut == "decisive" and self.values is None:
             raise ValueError("repair --cut decisive needs --values DIR: the run's value curves "
                              "(tokencredit values RUN --out DIR)")
-
-    def digest(self, run: str) -> str:
-        return hashlib.sha256(json.dumps({"run": run, **dataclasses.asdict(self)}, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -288,43 +283,23 @@ def summarize(markers: Sequence[dict]) -> dict[str, dict[str, float]]:
     return total
 
 
-@dataclass
-class RepairJob:
-    """What every shard of one repair run needs; `shards` are lists of targets."""
+class RepairJob(DerivedJob):
+    """One repair run; `shards` are lists of targets."""
 
-    run: str
-    out: str
-    config: RepairConfig
-    shards: list[list[Target]]
-    sampling: SamplingConfig
-    model: str | None
-    timeout_s: float
-    memory_bytes: int
+    store = RepairStore
 
-    def run_shard(self, shard: int, records: dict[str, TaskRecord], refs, models) -> dict:
-        store = RepairStore(self.out, self.run, self.config)
-        marker = store.done(shard)
-        if marker is not None:
-            return marker
-        table, counts = repair_shard(self.shards[shard], records, models[0], models[1], self.sampling, self.config,
-                                     refs, self.timeout_s, self.memory_bytes)
-        return store.write_shard(shard, table, counts)
+    def fill(self, targets: list[Target], records: dict[str, TaskRecord], refs, sampler, tokenizer):
+        return repair_shard(targets, records, sampler, tokenizer, self.sampling, self.config, refs, self.timeout_s,
+                            self.memory_bytes)
 
 
 def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
     """Read the run (complete) and its failures, record the config in OUT, and split the failures into shards."""
-    from tokencredit.pipeline.dataset.writer import run_files
-
-    manifest = run_files(run).manifest  # IncompleteRunError for a run still being written
-    settings = manifest["config"]
-    sampling = SamplingConfig(**{**settings["sampling"], "stop": tuple(settings["sampling"].get("stop") or ())})
+    settings, sampling = run_sampling(run)
     targets = failed_targets(run, None if config.cut == "decisive" else config.limit)
     if config.cut == "decisive":
         targets = decisive_targets(targets, config.values)[:config.limit]
-    RepairStore(out, run, config)
-    shards = [targets[i:i + config.shard_size] for i in range(0, len(targets), config.shard_size)]
-    return RepairJob(run, out, config, shards, sampling, settings.get("model"), settings.get("verifier_timeout_s", 5.0),
-                     settings.get("verifier_memory_bytes", AnnotateConfig.verifier_memory_bytes))
+    return RepairJob.plan(run, out, config, targets, settings, sampling)
 
 
 def finish_repair(job: RepairJob, markers: Sequence[dict]) -> dict:
@@ -342,5 +317,5 @@ def run_repair(run: str, out: str, config: RepairConfig = RepairConfig(), device
     return run_derived(REPAIR, run, out, config, device, progress)
 
 
-REPAIR = DerivedKind("repair", "failure", RepairStore, prepare_repair, finish_repair,
+REPAIR = DerivedKind("repair", "failure", prepare_repair, finish_repair,
                      lambda marker: sum(c["tokens_resampled"] for c in marker["counts"].values()))

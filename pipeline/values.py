@@ -24,8 +24,6 @@ resumed run (shards whose marker and part checksums hold are kept) writes the sa
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import random
 import time
@@ -40,7 +38,7 @@ from tokencredit.schemas import DECISIVE, VALUE_TABLES, VALUES
 from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
-from tokencredit.pipeline.dataset.derived import DerivedKind, DerivedStore, run_derived
+from tokencredit.pipeline.dataset.derived import DerivedJob, DerivedKind, DerivedStore, run_derived, run_sampling
 from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic, filesystem
 
 PART = "{table}/part-{shard:05d}.parquet"
@@ -65,9 +63,6 @@ class ValuesConfig:
         if bad:
             raise ValueError("values: " + "; ".join(f"--{b.replace('_', '-')} must be >= 1, got {getattr(self, b)}"
                                                     for b in bad))
-
-    def digest(self, run: str) -> str:
-        return hashlib.sha256(json.dumps({"run": run, **dataclasses.asdict(self)}, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -320,37 +315,15 @@ class ValuesStore(DerivedStore):
         return marker
 
 
-@dataclass
-class ValuesJob:
-    """What every shard of one values run needs; `shards` are lists of responses."""
+class ValuesJob(DerivedJob):
+    """One values run; `shards` are lists of responses."""
 
-    run: str
-    out: str
-    config: ValuesConfig
-    shards: list[list[Curved]]
-    sampling: SamplingConfig
-    model: str | None
-    timeout_s: float
-    memory_bytes: int
+    store = ValuesStore
 
-    def run_shard(self, shard: int, records: dict[str, TaskRecord], refs, models) -> dict:
-        store = ValuesStore(self.out, self.run, self.config)
-        marker = store.done(shard)
-        if marker is not None:
-            return marker
-        values, decisive, counts = values_shard(self.shards[shard], records, models[0], models[1], self.sampling,
-                                                self.config, refs, self.timeout_s, self.memory_bytes)
-        return store.write_shard(shard, {"values": values, "decisive": decisive}, counts)
-
-
-def run_sampling(run: str) -> tuple[dict, SamplingConfig]:
-    """The run's manifest config and its sampling settings (IncompleteRunError for a run still being written)."""
-    from tokencredit.pipeline.dataset.writer import run_files
-
-    settings = run_files(run).manifest["config"]
-    sampling = settings["sampling"]
-    return settings, SamplingConfig(**{**sampling, "stop": tuple(sampling.get("stop") or ()),
-                                       **({"tree": tuple(sampling["tree"])} if sampling.get("tree") else {})})
+    def fill(self, curves: list[Curved], records: dict[str, TaskRecord], refs, sampler, tokenizer):
+        values, decisive, counts = values_shard(curves, records, sampler, tokenizer, self.sampling, self.config,
+                                                refs, self.timeout_s, self.memory_bytes)
+        return {"values": values, "decisive": decisive}, counts
 
 
 def prepare_values(run: str, out: str, config: ValuesConfig) -> ValuesJob:
@@ -358,11 +331,7 @@ def prepare_values(run: str, out: str, config: ValuesConfig) -> ValuesJob:
     input error is raised here, before a model loads."""
     settings, sampling = run_sampling(run)
     rows, advantages = run_pairs(run)
-    curves = select(rows, advantages, config)
-    ValuesStore(out, run, config)
-    shards = [curves[i:i + config.shard_size] for i in range(0, len(curves), config.shard_size)]
-    return ValuesJob(run, out, config, shards, sampling, settings.get("model"), settings.get("verifier_timeout_s", 5.0),
-                     settings.get("verifier_memory_bytes", AnnotateConfig.verifier_memory_bytes))
+    return ValuesJob.plan(run, out, config, select(rows, advantages, config), settings, sampling)
 
 
 def finish_values(job: ValuesJob, markers: Sequence[dict]) -> dict:
@@ -384,7 +353,7 @@ def run_values(run: str, out: str, config: ValuesConfig = ValuesConfig(), device
     return run_derived(VALUES_KIND, run, out, config, device, progress)
 
 
-VALUES_KIND = DerivedKind("values", "response", ValuesStore, prepare_values, finish_values,
+VALUES_KIND = DerivedKind("values", "response", prepare_values, finish_values,
                           lambda marker: marker["counts"]["continuation_tokens"])
 
 

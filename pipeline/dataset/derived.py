@@ -8,10 +8,11 @@ shards in this process; `flows/derived.py` runs them as Prefect tasks.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow.fs as pafs
 
@@ -34,7 +35,8 @@ class DerivedStore:
                 if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):  # a killed write's leftover
                     self.fs.delete_file(info.path)
         run = run if "://" in run else filesystem(run)[1]  # the same run however a working directory names it
-        self.digest = config.digest(run)
+        self.digest = hashlib.sha256(json.dumps({"run": run, **dataclasses.asdict(config)},
+                                                sort_keys=True).encode()).hexdigest()
         known = _read_json(self.fs, f"{self.root}/config.json")
         if known is not None and known.get("digest") != self.digest:
             raise ValueError(f"{out} holds {self.holds} of another run or config ({known.get('run')}, "
@@ -51,13 +53,62 @@ class DerivedStore:
         _write_atomic(self.fs, f"{self.root}/{relpath}", write)
 
 
+def run_sampling(run: str):
+    """(the run's manifest config, its SamplingConfig); IncompleteRunError for a run still being written."""
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.dataset.writer import run_files
+
+    settings = run_files(run).manifest["config"]
+    sampling = settings["sampling"]
+    return settings, SamplingConfig(**{**sampling, "stop": tuple(sampling.get("stop") or ()),
+                                       **({"tree": tuple(sampling["tree"])} if sampling.get("tree") else {})})
+
+
+@dataclass
+class DerivedJob:
+    """What every shard of one derived run needs: the run's sampling and verifier settings, and `shards`
+    (lists of items). A kind subclasses it with its `store` and `fill` (a shard's items -> what its store's
+    `write_shard` takes, and the shard's counts)."""
+
+    run: str
+    out: str
+    config: Any
+    shards: list[list]
+    sampling: Any  # SamplingConfig
+    model: str | None
+    timeout_s: float
+    memory_bytes: int
+    store: ClassVar[type[DerivedStore]]
+
+    @classmethod
+    def plan(cls, run: str, out: str, config, items: Sequence, settings: dict, sampling):
+        """`items` split into shards of `config.shard_size`; OUT created (or checked) for this run and config."""
+        from tokencredit.pipeline.config import AnnotateConfig
+
+        cls.store(out, run, config)
+        shards = [list(items[i:i + config.shard_size]) for i in range(0, len(items), config.shard_size)]
+        return cls(run, out, config, shards, sampling, settings.get("model"), settings.get("verifier_timeout_s", 5.0),
+                   settings.get("verifier_memory_bytes", AnnotateConfig.verifier_memory_bytes))
+
+    def run_shard(self, shard: int, records: dict, refs, models) -> dict:
+        """Fill and write one shard unless its marker says it is done; its marker."""
+        store = self.store(self.out, self.run, self.config)
+        marker = store.done(shard)
+        if marker is not None:
+            return marker
+        written, counts = self.fill(self.shards[shard], records, refs, *models)
+        return store.write_shard(shard, written, counts)
+
+    def fill(self, items: list, records: dict, refs, sampler, tokenizer) -> tuple[Any, dict]:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class DerivedKind:
     name: str  # "repair" | "values": the progress bar's and the Prefect flow's name
     unit: str  # what one item of a shard is, for progress
-    store: type[DerivedStore]
-    prepare: Callable[[str, str, Any], Any]  # (run, out, config) -> job: .shards, .model, .run_shard(...)
-    finish: Callable[[Any, Sequence[dict]], dict]  # (job, shard markers) -> the summary, written to OUT
+    prepare: Callable[[str, str, Any], DerivedJob]  # (run, out, config) -> the job
+    finish: Callable[[DerivedJob, Sequence[dict]], dict]  # (job, shard markers) -> the summary, written to OUT
     tokens: Callable[[dict], int]  # a shard marker -> the tokens it sampled, for progress
 
 
@@ -69,7 +120,7 @@ def run_derived(kind: DerivedKind, run: str, out: str, config, device: str = "cp
 
     job = kind.prepare(run, out, config)
     records, _, refs = run_records(run)
-    store, models, markers = kind.store(out, run, config), None, []
+    store, models, markers = job.store(out, run, config), None, []
     with Progress(kind.name, total=sum(map(len, job.shards)), unit=kind.unit, enabled=progress) as bar:
         for shard, items in enumerate(job.shards):
             if models is None and store.done(shard) is None:  # load the policy only when a shard needs it
