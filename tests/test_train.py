@@ -255,13 +255,15 @@ def test_unknown_kind_null_and_missing_columns_are_clear_errors(run_dir, tmp_pat
     rows[4]["mrtpo_sum"] = rows[4]["mrtpo_sum"][:1]
     with pytest.raises(ValueError, match="response 'r4': field 'adv_mrtpo' has 1 values for 2 tokens"):
         read_training(write_run(tmp_path / "misaligned", rows), "mrtpo")
-    # a run written by an older schema, without the column at all
+    # a run written by an older schema, without the column at all: it reads as NULL, and trains on the others
     old = tmp_path / "old"
     write_run(old, response_rows())
     table = pq.read_table(old / "responses" / "part-00000.parquet").drop_columns(["p2t_alpha"])
     pq.write_table(table, old / "responses" / "part-00000.parquet")
-    with pytest.raises(ValueError, match=rf"run dir {old}: cannot create the views .*p2t_alpha.*schema"):
+    with pytest.raises(ValueError, match=rf"run dir {old}: advantage kind 'p2t' \(column adv_p2t\) is NULL "
+                                         r"for 6 of 6 responses"):
         read_training(old, "p2t")
+    assert len(read_training(old, "gdpo")) == 6
 
 
 def test_lora_without_peft_is_a_clear_error(run_dir, policy_dir, tmp_path, monkeypatch):
