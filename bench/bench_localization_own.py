@@ -19,6 +19,9 @@ is chance) and per constraint kind:
 - chance: the mean of (end - start) / T, what a token drawn uniformly scores;
 - ci_low, ci_high: a 95% percentile bootstrap interval of top_in_decisive over pairs.
 
+`kind` is `all`, a constraint kind, or `rm_heldout`: the pairs whose prompt P2T's reward model held out (with
+`--reward-model`, a folder of `tokencredit rm train`, which may have trained on the other pairs' responses).
+
 Nothing is tuned on these pairs (every option is the product's default), so there is no dev split: every pair is
 a test pair. Rows go to bench/results/localization_own.json as they are (a run smaller than the issue's target,
 200 pairs x K 16, is labelled so in RESULTS.md). The runs and the values folder stay in `--work`, so a stopped
@@ -107,9 +110,27 @@ def bootstrap(values: list[float], rounds: int, seed: int) -> tuple[float, float
     return means[int(0.025 * rounds)], means[min(rounds - 1, int(0.975 * rounds))]
 
 
+def rm_heldout(run: str, pairs: list[dict]) -> list[int] | None:
+    """Indices of the pairs whose prompt P2T's reward model never trained on (`groups_heldout` of the rm train
+    folder the run names), None when the run has no such reward model: a reward model trained on these
+    prompts' labels has seen their responses, so its rows are also given on the pairs it held out."""
+    from tokencredit.pipeline.dataset.query import connect
+    from tokencredit.pipeline.dataset.writer import run_files
+
+    folder = run_files(run).manifest["config"].get("reward_model")
+    report = Path(folder) / "rm_train.json" if folder else None
+    if report is None or not report.is_file():
+        return None
+    held = set(json.loads(report.read_text())["groups_heldout"])
+    group = dict(connect(run).execute("SELECT response_id, group_id FROM responses").fetchall())
+    return [i for i, p in enumerate(pairs) if group[p["response_id"]] in held]
+
+
 def rows_for(model: str, pairs: list[dict], credits: dict[tuple[str, str], dict | None], k: int,
-             rounds: int, seed: int) -> list[dict]:
-    kinds = {"all": list(range(len(pairs)))}
+             rounds: int, seed: int, subsets: dict[str, list[int]] | None = None) -> list[dict]:
+    """Rows per credit and kind: every pair ("all"), each constraint kind, and each of `subsets` (name -> pair
+    indices) that is not empty."""
+    kinds = {"all": list(range(len(pairs))), **{name: idx for name, idx in (subsets or {}).items() if idx}}
     for i, p in enumerate(pairs):
         kinds.setdefault(p["reward"], []).append(i)
     rows = []
@@ -156,14 +177,17 @@ def measure(args) -> list[dict]:
             if name == "mrtpo" or (name, "-") not in credits:
                 credits[(name, locate if name == "mrtpo" else "-")] = tokens
     credits[("gdpo", "uniform")] = None
-    return rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed)
+    held = rm_heldout(runs["replay"], pairs) if ("p2t", "-") in credits else None
+    return rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed,
+                    {"rm_heldout": held} if held is not None else None)
 
 
 def report(rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
-        if r["kind"] == "all":
-            lines.append(f"{r['credit']}/{r['locate']}: top in decisive {r['top_in_decisive']:.3f} "
+        if r["kind"] == "all" or (r["kind"] == "rm_heldout" and r["credit"] in ("p2t", "gdpo")):
+            where = "" if r["kind"] == "all" else " on the reward model's held-out prompts"
+            lines.append(f"{r['credit']}/{r['locate']}{where}: top in decisive {r['top_in_decisive']:.3f} "
                          f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}], mass {r['mass_in_decisive']:.3f}, chance "
                          f"{r['chance']:.3f} ({r['pairs']} pairs, K {r['k']})")
     return lines

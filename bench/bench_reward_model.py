@@ -70,7 +70,8 @@ def main() -> None:
     report = train_reward_model(run, work / ("quick-rm" if args.quick else "rm"), RewardModelConfig(base=base),
                                 allow_incomplete=args.allow_incomplete)
     train_seconds = time.perf_counter() - start
-    rows = [{"base": args.base or "tiny-policy", "model": args.model or "tiny-policy", **row} for row in report["families"]]
+    rows = [{"base": args.base or "tiny-policy", "model": args.model or "tiny-policy", "pooling": report["pooling"], **row}
+            for row in report["families"]]
     for row in rows:
         print(f"{row['family']:>20}: accuracy {row['pairwise_accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
               f" train {row['pairs_train']} held-out {row['pairs_heldout']}")
@@ -84,14 +85,16 @@ def main() -> None:
                    key=lambda r: -r["pairs_heldout"])
     upsert_result(
         "Reward model from verifier labels (bench_reward_model.py)",
-        "`tokencredit rm train`: a linear head on the frozen base, Bradley-Terry on pairs of one prompt's responses "
+        "`tokencredit rm train`: a linear head on the frozen base (its pooling, last token or response mean, and its "
+        "L2 chosen by cross-validation over the train prompts), Bradley-Terry on pairs of one prompt's responses "
         "(higher mean reward chosen), a quarter of the prompts held out; held-out pairwise accuracy with a 95% "
         "bootstrap interval over held-out prompts; `bench/results/reward_model.json`.",
         "full",
         f"{args.model} run of {args.prompts.split('/')[-1]} instructions (split {args.split}, {args.limit} prompts), "
         f"n {args.n}, temperature {args.temperature}, max_new_tokens {args.max_new_tokens}; base {args.base}; "
         f"{report['pairs_train']} train / {report['pairs_heldout']} held-out pairs "
-        f"({len(report['groups_heldout'])} held-out prompts); "
+        f"({len(report['groups_heldout'])} held-out prompts); pooling {report.get('pooling', 'last')}, "
+        f"L2 {report['l2']:g}; "
         + (f"annotate {seconds / 60:.1f} min, " if args.run is None else f"run {args.run} annotated beforehand, ")
         + f"rm train {train_seconds / 60:.1f} min",
         f"mean reward order: {mean['pairwise_accuracy']:.3f} [{mean['ci_low']:.3f}, {mean['ci_high']:.3f}] "

@@ -25,28 +25,29 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
 
 def layer_features(model, tokenizer, responses, batch_size: int = 8) -> dict[str, torch.Tensor]:
-    """{"last": [N, layers + 1, h], "mean": [N, layers + 1, h]}: every layer's hidden state at the pooled
-    (last non-pad) token, and averaged over the response's tokens."""
-    from tokencredit.pipeline.credit.p2t import _pool_index, encode_for_reward_model
+    """{pooling: [N, layers + 1, h]} for each of P2T's poolings ("last": the last non-pad token; "response_mean":
+    the mean over the response's tokens): every layer's hidden state pooled by `p2t.pool_weights`."""
+    from tokencredit.pipeline.credit.p2t import POOLINGS, encode_for_reward_model, pool_weights
 
     pad = model.config.pad_token_id
     encoded = [encode_for_reward_model(tokenizer, r.prompt, r.text)[:2] for r in responses]
-    last, mean = [], []
+    out = {pooling: [] for pooling in POOLINGS}
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start:start + batch_size]
         width = max(len(p) + len(r) for p, r in batch)
         ids = torch.full((len(batch), width), pad)
-        mask, in_response = torch.zeros_like(ids), torch.zeros(len(batch), width)
+        mask, is_response = torch.zeros_like(ids), torch.zeros(len(batch), width, dtype=torch.bool)
         for j, (p, r) in enumerate(batch):
             ids[j, :len(p) + len(r)] = torch.tensor(p + r)
             mask[j, :len(p) + len(r)] = 1
-            in_response[j, len(p):len(p) + len(r)] = 1 / max(1, len(r))
+            is_response[j, len(p):len(p) + len(r)] = True
         with torch.no_grad():
             hidden = torch.stack(model.base_model(input_ids=ids, attention_mask=mask,
                                                   output_hidden_states=True).hidden_states, 1)  # [B, layers+1, L, h]
-        last.append(hidden[torch.arange(len(batch)), :, _pool_index(ids, mask, pad)].float())
-        mean.append(torch.einsum("blth,bt->blh", hidden.float(), in_response))
-    return {"last": torch.cat(last), "mean": torch.cat(mean)}
+        for pooling in POOLINGS:
+            weights = pool_weights(ids, mask, is_response, pad, pooling)
+            out[pooling].append(torch.einsum("blth,bt->blh", hidden.float(), weights))
+    return {pooling: torch.cat(found) for pooling, found in out.items()}
 
 
 def main() -> None:
@@ -69,7 +70,7 @@ def main() -> None:
             scores = {l2: cv_accuracy(table[:, layer], train, pairs.responses, config, l2) for l2 in L2_GRID}
             l2 = max(scores, key=scores.get)
             rows.append({"pool": pool, "layer": layer, "l2": l2, "fraction": 1.0, "cv_accuracy": scores[l2]})
-            print(f"{pool:>4} layer {layer:2d}: cv accuracy {scores[l2]:.3f} (l2 {l2})", flush=True)
+            print(f"{pool:>13} layer {layer:2d}: cv accuracy {scores[l2]:.3f} (l2 {l2})", flush=True)
     for pool in features:
         best = max((r for r in rows if r["pool"] == pool), key=lambda r: r["cv_accuracy"])
         for fraction in FRACTIONS[:-1]:
@@ -77,7 +78,7 @@ def main() -> None:
                                  fit_groups=lambda g, d=d: random.Random(d).sample(g, max(2, round(fraction * len(g)))))
                      for d in range(3)]
             rows.append({**best, "fraction": fraction, "cv_accuracy": sum(draws) / len(draws)})
-            print(f"{pool:>4} layer {best['layer']:2d}, {fraction:.2f} of the prompts: {rows[-1]['cv_accuracy']:.3f}")
+            print(f"{pool:>13} layer {best['layer']:2d}, {fraction:.2f} of the prompts: {rows[-1]['cv_accuracy']:.3f}")
     meta = {"run": args.run, "base": args.base, "pairs_train": len(train),
             "prompts_train": len({pairs.responses[c].group_id for c, _ in train})}
     rows = [{**meta, **r} for r in rows]
@@ -88,7 +89,7 @@ def main() -> None:
 def record(rows: list[dict]) -> None:
     """The row of bench/RESULTS.md for `rows` (as written to RESULTS_JSON)."""
     full = [r for r in rows if r["fraction"] == 1.0]
-    best = {pool: max((r for r in full if r["pool"] == pool), key=lambda r: r["cv_accuracy"]) for pool in ("last", "mean")}
+    best = {pool: max((r for r in full if r["pool"] == pool), key=lambda r: r["cv_accuracy"]) for pool in dict.fromkeys(r["pool"] for r in full)}
     final = {pool: max(r["layer"] for r in full if r["pool"] == pool) for pool in best}
     curve = {pool: ", ".join(f"{r['cv_accuracy']:.3f}" for r in sorted(
         (r for r in rows if r["pool"] == pool and r["layer"] == best[pool]["layer"]), key=lambda r: r["fraction"]))

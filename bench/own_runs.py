@@ -4,7 +4,8 @@
 
 Sampling and verifying once, then crediting the same verified responses under each locate option (replay,
 verifier, both) writes the runs `OUT/replay`, `OUT/verifier`, `OUT/both` whose responses are identical: only
-the credit differs (the bench compares credits on the same pairs). Each run's manifest records its own config,
+the credit differs (the bench compares credits on the same pairs). With `--reward-model DIR` (e.g. one
+`tokencredit rm train` wrote) the replay run also holds P2T's credit, as bench_repair.py's own replay run does. Each run's manifest records its own config,
 so `tokencredit values OUT/both` reads the sampling settings the responses were drawn with. A run already
 complete under OUT is kept.
 """
@@ -25,7 +26,9 @@ def config_for(args, locate: str):
     return AnnotateConfig(prompts=str(args.prompts), tasks=("instructions",), split="train", limit=args.limit,
                           model=args.model, sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens,
                                                                     temperature=args.temperature, seed=args.seed),
-                          credit=CreditConfig(kinds=("gdpo", "mrtpo"), locate=locate))
+                          reward_model=args.reward_model if locate == "replay" else None,
+                          credit=CreditConfig(kinds=("gdpo", "mrtpo", "p2t") if locate == "replay" and args.reward_model
+                                              else ("gdpo", "mrtpo"), locate=locate))
 
 
 def make_runs(args) -> dict[str, str]:
@@ -57,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.5)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reward-model", default=None, help="P2T's reward model for the replay run (a folder of "
+                        "`tokencredit rm train`); without it the runs hold no P2T")
 
 
 if __name__ == "__main__":

@@ -293,10 +293,11 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.train.reward_model import RewardModelConfig, train_reward_model
 
     config = RewardModelConfig(base=args.base, heldout=args.heldout, seed=args.seed, steps=args.steps,
-                               batch_size=args.batch_size)
+                               batch_size=args.batch_size, pooling=args.pooling)
     report = train_reward_model(args.run, args.out, config, device=args.device, allow_incomplete=args.allow_incomplete)
     print(f"wrote {args.out} (use it as --reward-model {args.out}): {report['pairs_train']} train pairs, "
-          f"{report['pairs_heldout']} held-out pairs in {len(report['groups_heldout'])} held-out prompts")
+          f"{report['pairs_heldout']} held-out pairs in {len(report['groups_heldout'])} held-out prompts; "
+          f"pooling {report['pooling']}, L2 {report['l2']:g}")
     for row in report["families"]:
         print(f"  {row['family']}: held-out pairwise accuracy {row['pairwise_accuracy']:.3f} "
               f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}] over {row['pairs_heldout']} pairs")
@@ -501,13 +502,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("rm", "reward models for P2T: rm train")
     rm = p.add_subparsers(dest="rm_command", required=True)
     q = rm.add_parser("train", help="train a scalar reward model from a run's verifier labels: pairs of one "
-                      "prompt's responses, the higher mean reward chosen; a linear head on the frozen base",
+                      "prompt's responses, the higher mean reward chosen; a linear head on the frozen base "
+                      "(its pooling and L2 chosen by cross-validation over the train prompts)",
                       formatter_class=_HelpWithDefaults)
     q.add_argument("run", help="run directory written by annotate (complete)")
     q.add_argument("--base", default="smollm2-135m-instruct", help="registry name or local causal LM folder")
     q.add_argument("--out", required=True, help="reward model folder (safetensors, tokenizer, config, rm_train.json)")
     q.add_argument("--heldout", type=float, default=0.25, help="fraction of the prompts held out for the accuracy")
     q.add_argument("--steps", type=int, default=500, help="optimizer steps of the head")
+    q.add_argument("--pooling", choices=["auto", "last", "response_mean"], default="auto",
+                   help="what the head reads: the last token (HF's classifier), the mean over the response's "
+                   "tokens (P2T reads it from config.json), or auto: whichever cross-validates best")
     q.add_argument("--batch-size", type=int, default=8, help="responses per backbone forward")
     q.add_argument("--seed", type=int, default=0, help="held-out split and initialization seed")
     q.add_argument("--device", default="cpu", help="torch device")

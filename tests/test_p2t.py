@@ -103,6 +103,42 @@ def test_against_captum_integrated_gradients(rm):
         torch.testing.assert_close(a.raw, ref.detach(), atol=1e-4, rtol=0)
 
 
+@pytest.fixture
+def mean_rm(rm):
+    """The same model, scoring the mean of its head over the response (rm train's "response_mean")."""
+    rm.config.tokencredit_pooling = "response_mean"
+    yield rm
+    del rm.config.tokencredit_pooling
+
+
+def mean_score(model, embeds, prompt_length):
+    """The head averaged over the response positions of ONE unpadded sequence [1 or n, L, d] -> [n]."""
+    hidden = model.model(inputs_embeds=embeds).last_hidden_state
+    return model.score(hidden)[:, prompt_length:, 0].mean(-1)
+
+
+def test_response_mean_pooling_scores_and_attributes_the_response_mean(mean_rm):
+    captum = pytest.importorskip("captum.attr")
+    out = attribute(mean_rm, PROMPTS, RESPONSES, baseline="zero", batch_size=3)
+    for p, r, a in zip(PROMPTS, RESPONSES, out):
+        E, _ = response_baseline(mean_rm, p, r)
+        with torch.no_grad():
+            assert a.score == pytest.approx(mean_score(mean_rm, E, len(p)).item(), abs=1e-5)
+        ixg = captum.InputXGradient(lambda e, n=len(p): mean_score(mean_rm, e, n))
+        ref = ixg.attribute(E.requires_grad_()).sum(-1)[0, len(p):]
+        torch.testing.assert_close(a.raw, ref.detach(), atol=1e-5, rtol=0)
+    assert out[4].raw[-1].item() != 0.0  # unlike "last", a trailing pad id inside the response is read
+
+
+def test_unknown_pooling_is_named(rm):
+    rm.config.tokencredit_pooling = "max"
+    try:
+        with pytest.raises(ValueError, match=r"field 'config.tokencredit_pooling' must be one of"):
+            attribute(rm, [[1]], [[2]])
+    finally:
+        del rm.config.tokencredit_pooling
+
+
 def test_integrated_gradients_completeness(rm):
     out = attribute(rm, PROMPTS[:3], RESPONSES[:3], method="integrated_gradients", ig_steps=128)
     gaps = []

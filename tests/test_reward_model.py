@@ -11,11 +11,11 @@ import torch
 
 from tokencredit.flows.cli import main
 from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
-from tokencredit.pipeline.credit.p2t import encode_for_reward_model
+from tokencredit.pipeline.credit.p2t import attribute, encode_for_reward_model
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_reward_model
 from tokencredit.pipeline.steps import Pipeline
-from tokencredit.pipeline.train.reward_model import (Response, family_pairs, heldout_groups, mean_reward_pairs,
-                                                     pairwise_accuracy)
+from tokencredit.pipeline.train.reward_model import (L2_GRID, Response, RewardModelConfig, choose_head, family_pairs,
+                                                     heldout_groups, mean_reward_pairs, pairwise_accuracy)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,24 +56,31 @@ def tiny_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_rm_train_on_the_tiny_policy_end_to_end(tiny_run, tmp_path, capsys):
+@pytest.mark.parametrize("pooling", ["last", "response_mean"])
+def test_rm_train_on_the_tiny_policy_end_to_end(tiny_run, tmp_path, capsys, pooling):
     out = tmp_path / "rm"
-    assert main(["rm", "train", str(tiny_run), "--base", str(DEFAULT_POLICY), "--out", str(out), "--steps", "200"]) == 0
+    assert main(["rm", "train", str(tiny_run), "--base", str(DEFAULT_POLICY), "--out", str(out), "--steps", "200",
+                 "--pooling", pooling]) == 0
     printed = capsys.readouterr().out
     assert f"use it as --reward-model {out}" in printed and "mean: held-out pairwise accuracy" in printed
     report = json.loads((out / "rm_train.json").read_text())
     assert report["pairs_train"] >= 8 and report["pairs_heldout"] >= 8 and list(out.glob("*.safetensors"))
-    # the saved folder is the trained model: its own forward reproduces the reported held-out accuracy
+    assert report["pooling"] == pooling and json.loads((out / "config.json").read_text())["tokencredit_pooling"] == pooling
+    # the saved folder is the trained model: P2T's score of it reproduces the reported held-out accuracy
     model, tokenizer = load_reward_model(out)
     rows = duckdb.sql(f"select response_id, group_id, response, rewards from '{tiny_run}/responses/*.parquet' "
                       "where status = 'ok' order by response_id").fetchall()
     prompts = {r["id"]: r["prompt"] for r in map(json.loads, (ROOT / "verifiers/demo/instructions.jsonl").open())}
-    scores, means, groups = {}, {}, {}
-    for rid, gid, text, rewards in rows:
-        prompt_ids, ids, _ = encode_for_reward_model(tokenizer, prompts[gid], text)
-        with torch.no_grad():
-            scores[rid] = float(model(input_ids=torch.tensor([prompt_ids + ids])).logits[0, 0])
-        means[rid], groups[rid] = sum(rewards) / len(rewards), gid
+    encoded = [encode_for_reward_model(tokenizer, prompts[gid], text) for _, gid, text, _ in rows]
+    found = attribute(model, [e[0] for e in encoded], [e[1] for e in encoded])
+    scores = {rid: a.score for (rid, *_), a in zip(rows, found)}
+    means = {rid: sum(rewards) / len(rewards) for rid, _, _, rewards in rows}
+    groups = {rid: gid for rid, gid, _, _ in rows}
+    if pooling == "last":  # ... which is HF's own classifier forward
+        for (prompt_ids, ids, _), a in zip(encoded[:4], found):
+            with torch.no_grad():
+                assert float(model(input_ids=torch.tensor([prompt_ids + ids])).logits[0, 0]) == pytest.approx(
+                    a.score, abs=1e-4)
     held = set(report["groups_heldout"])
     pairs = [(a, b) for a in scores for b in scores
              if groups[a] == groups[b] and groups[a] in held and means[a] > means[b]]
@@ -81,12 +88,30 @@ def test_rm_train_on_the_tiny_policy_end_to_end(tiny_run, tmp_path, capsys):
     mean_row = next(r for r in report["families"] if r["family"] == "mean")
     assert len(pairs) == mean_row["pairs_heldout"] == report["pairs_heldout"]
     assert right == pytest.approx(mean_row["pairwise_accuracy"], abs=1e-6)  # float32 mean
+    if pooling == "last":
+        return
     # ... and P2T takes it as --reward-model
     config = AnnotateConfig(prompts="demo", tasks=("instructions",), limit=1, reward_model=str(out),
                             sampling=SamplingConfig(n=2, max_new_tokens=8), credit=CreditConfig(kinds=("gdpo", "p2t")))
     Pipeline(config).run(str(tmp_path / "p2t"))
     raws = duckdb.sql(f"select p2t_raw, token_ids from '{tmp_path}/p2t/responses/*.parquet'").fetchall()
     assert len(raws) == 2 and all(len(raw) == len(ids) for raw, ids in raws)
+
+
+def test_rm_train_chooses_the_pooling_and_l2_by_cross_validation_on_train_groups():
+    """Features where only the response mean separates the pairs: "auto" picks it, a fixed pooling is kept."""
+    generator = torch.Generator().manual_seed(0)
+    responses = [response(f"{g}{i}", f"g{g}", [float(i % 2)]) for g in range(8) for i in range(4)]
+    signal = torch.tensor([r.mean for r in responses])[:, None]
+    noise = torch.randn(len(responses), 6, generator=generator)
+    features = {"last": noise, "response_mean": torch.cat([signal + 0.1 * noise[:, :1], noise[:, 1:]], 1)}
+    chosen, rejected = mean_reward_pairs(responses)
+    pairs = list(zip(chosen, rejected))
+    pooling, l2 = choose_head(features, pairs, responses, RewardModelConfig(steps=100))
+    assert pooling == "response_mean" and l2 in L2_GRID
+    assert choose_head(features, pairs, responses, RewardModelConfig(steps=100, pooling="last"))[0] == "last"
+    with pytest.raises(ValueError, match="--pooling must be one of"):
+        RewardModelConfig(pooling="max")
 
 
 @pytest.mark.slow

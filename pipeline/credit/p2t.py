@@ -11,10 +11,14 @@ on `GenericForSequenceClassification`, e.g. Llama, Qwen2, Mistral, satisfies it)
     base_model(inputs_embeds=, attention_mask=) -> object with .last_hidden_state [B, L, h]
     score                                       hidden [B, L, h] -> per-position scores [B, L, 1]
     config.pad_token_id                         used for pooling and for the "pad" baseline
+    config.tokencredit_pooling (optional)       "last" (the default) or "response_mean"
 We call the backbone and the head ourselves instead of `model(...)` because HF's classifier,
 given `inputs_embeds`, pools the LAST position (wrong for right padding); it only finds the
-last real token from `input_ids`, and it refuses both at once. `_pool_index` reproduces HF's
-rule exactly: the rightmost position whose id is not the pad id.
+last real token from `input_ids`, and it refuses both at once. `pool_weights` reproduces HF's
+rule exactly: the rightmost position whose id is not the pad id. A model that `rm train` saved
+with `tokencredit_pooling = "response_mean"` scores the mean of the head over the response's
+positions instead (a frozen backbone's last token separates verifier labels worse than the mean
+does); plain HF code reading that folder pools the last token, so its scores differ from P2T's.
 
 A reward model whose tokenizer differs from the policy's (`attribute_across_tokenizers`) reads the
 response TEXT in its own tokens: a[s] is computed per reward-model token s, then carried to the policy's
@@ -39,6 +43,8 @@ EPS = 1e-6
 METHODS = ("grad_x_input", "integrated_gradients")
 BASELINES = ("pad", "zero")
 FORMS = ("paper", "completeness")
+POOLINGS = ("last", "response_mean")
+POOLING_KEY = "tokencredit_pooling"  # a config.json field of rm train's models; absent means HF's "last"
 
 
 @dataclass
@@ -159,6 +165,7 @@ def _check_args(model, prompt_ids, response_ids, baseline, batch_size, method, i
         raise ValueError("reward model: field 'config.pad_token_id' is None; P2T pads batches with it")
     if getattr(model.config, "num_labels", 1) != 1:
         raise ValueError(f"reward model: field 'config.num_labels' must be 1, got {model.config.num_labels}")
+    pooling_of(model)
     vocab = model.get_input_embeddings().num_embeddings
     for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
         if len(r) == 0:
@@ -188,7 +195,7 @@ def _attribute_batch(model, prompts, responses, baseline, method, ig_steps) -> l
         b = embed.weight[pad_id] if baseline == "pad" else torch.zeros_like(embed.weight[0])
         # the baseline differs from E only on response positions
         B = torch.where(is_resp[..., None], b.expand_as(E), E)
-    pool = _pool_index(ids, mask, pad_id)
+    pool = pool_weights(ids, mask, is_resp, pad_id, pooling_of(model))
 
     if method == "grad_x_input":
         R, G = _score_and_grad(model, E, mask, pool)
@@ -207,24 +214,40 @@ def _attribute_batch(model, prompts, responses, baseline, method, ig_steps) -> l
     ]
 
 
-def _pool_index(ids: Tensor, mask: Tensor, pad_id: int) -> Tensor:
-    """[B] index of the rightmost real token whose id is not the pad id (HF's pooling rule; 0 if none)."""
+def pooling_of(model) -> str:
+    """The reward model's pooling rule: config.tokencredit_pooling, "last" when absent (any HF classifier)."""
+    pooling = getattr(model.config, POOLING_KEY, None) or "last"
+    if pooling not in POOLINGS:
+        raise ValueError(f"reward model: field 'config.{POOLING_KEY}' must be one of {POOLINGS}, got {pooling!r}")
+    return pooling
+
+
+def pool_weights(ids: Tensor, mask: Tensor, is_response: Tensor, pad_id: int, pooling: str) -> Tensor:
+    """[B, L] float32 weights whose sum over positions of the head's per-position score is the reward.
+
+    "last": 1 at the rightmost real token whose id is not the pad id (HF's pooling rule; position 0 if none);
+    "response_mean": 1 / T_b on each of the row's T_b response positions (`is_response` [B, L] bool).
+    """
+    if pooling == "response_mean":
+        weights = is_response.float()
+        return weights / weights.sum(-1, keepdim=True).clamp(min=1)
     keep = ((ids != pad_id) & mask.bool()).to(torch.long)
-    return (torch.arange(ids.shape[1], device=ids.device) * keep).argmax(-1)
+    last = (torch.arange(ids.shape[1], device=ids.device) * keep).argmax(-1)
+    return torch.nn.functional.one_hot(last, ids.shape[1]).float()
 
 
 def _pooled_score(model, E: Tensor, mask: Tensor, pool: Tensor) -> Tensor:
-    """[B] scalar score from embeddings E [B, L, d] under attention mask [B, L]."""
+    """[B] scalar score from embeddings E [B, L, d] under attention mask [B, L] and pool weights [B, L]."""
     hidden = model.base_model(inputs_embeds=E, attention_mask=mask).last_hidden_state
     logits = model.score(hidden)[..., 0]  # [B, L]
-    return logits[torch.arange(E.shape[0], device=E.device), pool]
+    return (logits.float() * pool).sum(-1)
 
 
 def _score_and_grad(model, E: Tensor, mask: Tensor, pool: Tensor) -> tuple[Tensor, Tensor]:
     """Score [B] and dR/dE [B, L, d]. Grads are taken w.r.t. E only: parameters accumulate nothing.
 
     Summing R over the batch is exact: rows do not interact, and right padding sits after
-    the pooled position, so causal attention keeps padded positions out of R.
+    every position the pool weights read, so causal attention keeps padded positions out of R.
     """
     with torch.enable_grad():
         E = E.detach().requires_grad_(True)

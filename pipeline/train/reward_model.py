@@ -5,10 +5,12 @@ the higher one chosen (ties give no pair). The mean is what GDPO's summed advant
 order defined on every task; per-reward orders are measured on held-out pairs (`pairwise_accuracy`).
 The split is by GROUP (prompt): a held-out fraction of the prompts, never pairs of one prompt on both sides.
 
-Model: the base causal LM's backbone, frozen, with a linear score head on the last response token (HF's
-`*ForSequenceClassification` pooling, which P2T reads), fit with the Bradley-Terry loss
--log sigmoid(r_chosen - r_rejected) and an L2 penalty chosen by cross-validation over the train prompts. A frozen backbone gives each response one feature vector, so the
-backbone runs once per response and the head trains in seconds; TRL's RewardTrainer (which runs the
+Model: the base causal LM's backbone, frozen, with a linear score head, fit with the Bradley-Terry loss
+-log sigmoid(r_chosen - r_rejected). The head reads the last token (HF's `*ForSequenceClassification`
+pooling) or the mean over the response's tokens (`config.tokencredit_pooling = "response_mean"`, which
+P2T reads; bench/bench_reward_model_features.py found it separates the labels better); the pooling and
+the L2 penalty are chosen by cross-validation over the train prompts. A frozen backbone gives each response
+one feature vector per pooling, so the backbone runs once per response and the head trains in seconds; TRL's RewardTrainer (which runs the
 backbone every step of every epoch) does not fit a CPU budget and adds nothing on a frozen backbone.
 The input layout is P2T's (`p2t.encode_for_reward_model`): the prompt rendered for the base's tokenizer,
 then the response text.
@@ -39,8 +41,13 @@ class RewardModelConfig:
     lr: float = 0.05
     batch_size: int = 8  # responses per backbone forward
     bootstrap: int = 1000  # resamples of the held-out groups for the accuracy's interval
+    pooling: str = "auto"  # "last", "response_mean", or "auto": the one that cross-validates best
 
     def __post_init__(self) -> None:
+        from tokencredit.pipeline.credit.p2t import POOLINGS
+
+        if self.pooling not in ("auto", *POOLINGS):
+            raise ValueError(f"--pooling must be one of {('auto', *POOLINGS)}, got {self.pooling!r}")
         if not 0 < self.heldout < 1:
             raise ValueError(f"--heldout must be in (0, 1), got {self.heldout}")
         for name in ("steps", "batch_size"):
@@ -153,29 +160,33 @@ def load_base(base: str, device: str = "cpu"):
 
 
 def response_features(model, tokenizer, responses: Sequence[Response], batch_size: int,
-                      on_progress: Callable[[int, int], None] | None = None) -> Tensor:
-    """[N, h] float32: the backbone's last hidden state at each response's pooled (last non-pad) token."""
-    from tokencredit.pipeline.credit.p2t import _pool_index, encode_for_reward_model
+                      on_progress: Callable[[int, int], None] | None = None) -> dict[str, Tensor]:
+    """{pooling: [N, h] float32} for each of P2T's poolings: the backbone's last hidden state pooled by the
+    weights P2T scores with (`p2t.pool_weights`), so a head w scores a response <w, feature> there too."""
+    from tokencredit.pipeline.credit.p2t import POOLINGS, encode_for_reward_model, pool_weights
 
     pad = model.config.pad_token_id
     device = model.get_input_embeddings().weight.device
     encoded = [encode_for_reward_model(tokenizer, r.prompt, r.text) for r in responses]
-    features = []
+    features: dict[str, list[Tensor]] = {pooling: [] for pooling in POOLINGS}
     for start in range(0, len(encoded), batch_size):
-        batch = [p + ids for p, ids, _ in encoded[start:start + batch_size]]
-        L = max(map(len, batch))
+        batch = encoded[start:start + batch_size]
+        L = max(len(p) + len(r) for p, r, _ in batch)
         ids = torch.full((len(batch), L), pad, dtype=torch.long, device=device)
         mask = torch.zeros_like(ids)
-        for j, seq in enumerate(batch):
-            ids[j, :len(seq)] = torch.tensor(seq, device=device)
-            mask[j, :len(seq)] = 1
+        is_response = torch.zeros_like(ids, dtype=torch.bool)
+        for j, (p, r, _) in enumerate(batch):
+            ids[j, :len(p) + len(r)] = torch.tensor(p + r, device=device)
+            mask[j, :len(p) + len(r)] = 1
+            is_response[j, len(p):len(p) + len(r)] = True
         with torch.no_grad():
-            hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, h]
-        pool = _pool_index(ids, mask, pad)
-        features.append(hidden[torch.arange(len(batch), device=device), pool].float().cpu())
+            hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state.float()  # [B, L, h]
+        for pooling in POOLINGS:
+            weights = pool_weights(ids, mask, is_response, pad, pooling)
+            features[pooling].append(torch.einsum("blh,bl->bh", hidden, weights).cpu())
         if on_progress is not None:
-            on_progress(len(batch), sum(map(len, batch)))
-    return torch.cat(features)
+            on_progress(len(batch), sum(len(p) + len(r) for p, r, _ in batch))
+    return {pooling: torch.cat(found) for pooling, found in features.items()}
 
 
 def fit_head(features: Tensor, pairs: Sequence[tuple[int, int]], config: RewardModelConfig, l2: float) -> Tensor:
@@ -200,11 +211,14 @@ def fit_head(features: Tensor, pairs: Sequence[tuple[int, int]], config: RewardM
     return w.detach() / sd
 
 
-def choose_l2(features: Tensor, pairs: Sequence[tuple[int, int]], responses: Sequence[Response],
-              config: RewardModelConfig) -> float:
-    """The L2 strength of L2_GRID with the best cross-validated pairwise accuracy on the TRAIN groups
-    (a frozen backbone's features outnumber a few hundred pairs: unpenalized, the head fits them all)."""
-    return max(L2_GRID, key=lambda l2: cv_accuracy(features, pairs, responses, config, l2))
+def choose_head(features: dict[str, Tensor], pairs: Sequence[tuple[int, int]], responses: Sequence[Response],
+                config: RewardModelConfig) -> tuple[str, float]:
+    """(pooling, L2 strength of L2_GRID) with the best cross-validated pairwise accuracy on the TRAIN groups
+    (a frozen backbone's features outnumber a few hundred pairs: unpenalized, the head fits them all); the
+    pooling is config.pooling unless that is "auto". Ties go to the earlier pooling and the weaker L2."""
+    poolings = list(features) if config.pooling == "auto" else [config.pooling]
+    return max(((pooling, l2) for pooling in poolings for l2 in L2_GRID),
+               key=lambda c: cv_accuracy(features[c[0]], pairs, responses, config, c[1]))
 
 
 def cv_accuracy(features: Tensor, pairs: Sequence[tuple[int, int]], responses: Sequence[Response],
@@ -277,14 +291,18 @@ def bootstrap_interval(scores: Tensor, pairs: Sequence[tuple[int, int]], respons
     return low, high
 
 
-def save_reward_model(model, tokenizer, weights: Tensor, out: str | Path, report: dict) -> Path:
-    """Write the folder `--reward-model` takes (safetensors, tokenizer, config, and `rm_train.json`: how it was
-    made and its held-out accuracy), atomically: into a sibling folder, then renamed over `out`."""
+def save_reward_model(model, tokenizer, weights: Tensor, pooling: str, out: str | Path, report: dict) -> Path:
+    """Write the folder `--reward-model` takes (safetensors, tokenizer, config with the pooling P2T reads, and
+    `rm_train.json`: how it was made and its held-out accuracy), atomically: into a sibling folder, then
+    renamed over `out`."""
+    from tokencredit.pipeline.credit.p2t import POOLING_KEY
+
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     with torch.no_grad():
         model.score.weight.copy_(weights.to(model.score.weight)[None])
+    setattr(model.config, POOLING_KEY, pooling)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "rm_train.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -314,17 +332,17 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
     with Progress("rm features", total=len(pairs.responses), unit="response", enabled=progress) as bar:
         features = response_features(model, tokenizer, pairs.responses, config.batch_size,
                                       lambda n, tokens: bar.update(n, tokens))
-    l2 = choose_l2(features, train, pairs.responses, config)
-    weights = fit_head(features, train, config, l2)
-    scores = features @ weights
+    pooling, l2 = choose_head(features, train, pairs.responses, config)
+    weights = fit_head(features[pooling], train, config, l2)
+    scores = features[pooling] @ weights
     trained = family_pairs(pairs.responses, {r.group_id for r in pairs.responses} - pairs.heldout)
     families = []
     for name, found in family_pairs(pairs.responses, pairs.heldout).items():
         low, high = bootstrap_interval(scores, found, pairs.responses, config.bootstrap, config.seed)
         families.append({"family": name, "pairs_train": len(trained.get(name, ())), "pairs_heldout": len(found),
                          "pairwise_accuracy": pairwise_accuracy(scores, found), "ci_low": low, "ci_high": high})
-    report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout), "l2": l2,
+    report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout), "pooling": pooling, "l2": l2,
               "groups_heldout": sorted(pairs.heldout), "train_accuracy": pairwise_accuracy(scores, train),
               "families": families}
-    save_reward_model(model, tokenizer, weights, out, report)
+    save_reward_model(model, tokenizer, weights, pooling, out, report)
     return report
