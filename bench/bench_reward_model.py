@@ -1,6 +1,6 @@
 """A reward model from verifier labels (issue 26): held-out pairwise accuracy of `rm train`.
 
-    python bench/bench_reward_model.py [--limit 64] [--n 8] [--base smollm2-135m-instruct] [--quick]
+    python bench/bench_reward_model.py [--limit 256] [--n 8] [--base smollm2-135m-instruct] [--quick]
 
 A run of the model's own samples on the closed-loop train prompts (instructions, temperature 0.5 as the
 closed-loop pilot chose, max_new_tokens 96) is annotated once into `--work` (default
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--base", default="smollm2-135m-instruct", help="base of the reward model")
     parser.add_argument("--prompts", default=str(ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"))
     parser.add_argument("--split", default="train")
-    parser.add_argument("--limit", type=int, default=64, help="prompts")
+    parser.add_argument("--limit", type=int, default=256, help="prompts (256: the whole train split)")
     parser.add_argument("--n", type=int, default=8, help="responses per prompt")
     parser.add_argument("--temperature", type=float, default=0.5)
     parser.add_argument("--max-new-tokens", type=int, default=96)
