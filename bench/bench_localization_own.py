@@ -17,7 +17,11 @@ is chance) and per constraint kind:
   cuts at the earliest of ties); GDPO's uniform credit scores chance on every pair;
 - mass_in_decisive: the mean share of the pair's negative advantage mass that lies in the segment;
 - chance: the mean of (end - start) / T, what a token drawn uniformly scores;
-- ci_low, ci_high: a 95% percentile bootstrap interval of top_in_decisive over pairs.
+- ci_low, ci_high: a 95% percentile bootstrap interval of top_in_decisive over pairs;
+- position_baseline: top_in_decisive when each pair takes the other pairs' top positions (relative, mapped onto
+  its length): a credit with the same positions that knows nothing of the pair. The decisive segment is early
+  in most pairs, so position alone beats chance; `first_token` (a rule blaming each response's first token) is
+  the plainest such credit.
 
 `kind` is `all`, a constraint kind, or `rm_heldout`: the pairs whose prompt P2T's reward model held out (with
 `--reward-model`, a folder of `tokencredit rm train`, which may have trained on the other pairs' responses).
@@ -74,26 +78,26 @@ def token_credits(run: str) -> dict[str, dict[tuple, list[float]]]:
     return {name: credit for name, credit in out.items() if credit}
 
 
-def top_and_mass(advantage: list[float], start: int, end: int) -> tuple[float, float]:
+def top_and_mass(advantage: list[float], start: int, end: int) -> tuple[float, float, list[float]]:
     """(the chance that the most negative token lies in [start, end), ties broken uniformly: the share of the tied
     tokens in it, so a uniform credit scores chance; the share of the negative mass in it, spread evenly by a credit
-    with no negative mass)."""
+    with no negative mass; the tied tokens' relative positions (t + 0.5) / T)."""
     lowest = min(advantage)
     tied = [t for t, a in enumerate(advantage) if a == lowest]
     top = sum(start <= t < end for t in tied) / len(tied)
     negative = [max(-a, 0.0) for a in advantage]
     total = sum(negative)
     mass = sum(negative[start:end]) / total if total > 0 else (end - start) / len(advantage)
-    return top, mass
+    return top, mass, [(t + 0.5) / len(advantage) for t in tied]
 
 
-def scores_of(pairs: list[dict], credit: dict | None) -> list[tuple[float, float]] | None:
-    """(top_in, mass_in) per pair for one credit (None: the uniform credit's expectation)."""
+def scores_of(pairs: list[dict], credit: dict | None) -> list[tuple[float, float, list[float] | None]] | None:
+    """(top_in, mass_in, relative top positions) per pair for one credit (None: the uniform credit's expectation)."""
     out = []
     for p in pairs:
         if credit is None:
             share = (p["end"] - p["start"]) / p["length"]
-            out.append((share, share))
+            out.append((share, share, None))
             continue
         adv = credit["*"].get(p["response_id"]) if "*" in credit else credit.get(
             (p["response_id"], p["reward"], p["constraint_index"]))
@@ -101,6 +105,26 @@ def scores_of(pairs: list[dict], credit: dict | None) -> list[tuple[float, float
             return None
         out.append(top_and_mass(list(adv), p["start"], p["end"]))
     return out
+
+
+def position_baseline(pairs: list[dict], tops: list[list[float]]) -> float:
+    """top_in_decisive when each pair takes every other pair's top positions in turn (relative positions mapped
+    onto its own length): what a credit scores that puts its top where this one does on average but knows nothing
+    of the pair. The decisive segment is early more often than not, so this can lie well above chance."""
+    if len(pairs) < 2:
+        return float("nan")
+    total = 0.0
+    for i, p in enumerate(pairs):
+        for j, donor in enumerate(tops):
+            if j != i:
+                hits = sum(p["start"] <= min(p["length"] - 1, int(r * p["length"])) < p["end"] for r in donor)
+                total += hits / len(donor)
+    return total / (len(pairs) * (len(pairs) - 1))
+
+
+def first_token_credit(pairs: list[dict]) -> dict:
+    """A rule that blames each response's first token: the position-only credit to beat."""
+    return {"*": {p["response_id"]: [-1.0] + [0.0] * (p["length"] - 1) for p in pairs}}
 
 
 def bootstrap(values: list[float], rounds: int, seed: int) -> tuple[float, float]:
@@ -142,12 +166,13 @@ def rows_for(model: str, pairs: list[dict], credits: dict[tuple[str, str], dict 
         for kind, members in sorted(kinds.items()):
             top = [scored[i][0] for i in members]
             low, high = bootstrap(top, rounds, seed)
+            chance = sum((pairs[i]["end"] - pairs[i]["start"]) / pairs[i]["length"] for i in members) / len(members)
             rows.append({"model": model, "credit": credit, "locate": locate, "kind": kind, "pairs": len(members),
                          "k": k, "top_in_decisive": sum(top) / len(members),
                          "mass_in_decisive": sum(scored[i][1] for i in members) / len(members),
-                         "chance": sum((pairs[i]["end"] - pairs[i]["start"]) / pairs[i]["length"]
-                                       for i in members) / len(members),
-                         "ci_low": low, "ci_high": high})
+                         "chance": chance, "ci_low": low, "ci_high": high,
+                         "position_baseline": chance if tokens is None else position_baseline(
+                             [pairs[i] for i in members], [scored[i][2] for i in members])})
     return rows
 
 
@@ -177,6 +202,7 @@ def measure(args) -> list[dict]:
             if name == "mrtpo" or (name, "-") not in credits:
                 credits[(name, locate if name == "mrtpo" else "-")] = tokens
     credits[("gdpo", "uniform")] = None
+    credits[("first_token", "-")] = first_token_credit(pairs)
     held = rm_heldout(runs["replay"], pairs) if ("p2t", "-") in credits else None
     return rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed,
                     {"rm_heldout": held} if held is not None else None)
@@ -189,7 +215,8 @@ def report(rows: list[dict]) -> list[str]:
             where = "" if r["kind"] == "all" else " on the reward model's held-out prompts"
             lines.append(f"{r['credit']}/{r['locate']}{where}: top in decisive {r['top_in_decisive']:.3f} "
                          f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}], mass {r['mass_in_decisive']:.3f}, chance "
-                         f"{r['chance']:.3f} ({r['pairs']} pairs, K {r['k']})")
+                         f"{r['chance']:.3f}, its positions shuffled over pairs {r['position_baseline']:.3f} "
+                         f"({r['pairs']} pairs, K {r['k']})")
     return lines
 
 
@@ -218,12 +245,16 @@ def main() -> None:
     lines = report(rows)
     print("\n".join(lines))
     RESULTS_JSON.write_text(json.dumps(rows, indent=1) + "\n")
-    best = max((r for r in rows if r["kind"] == "all" and r["credit"] != "gdpo"), key=lambda r: r["top_in_decisive"])
+    best = max((r for r in rows if r["kind"] == "all" and r["credit"] not in ("gdpo", "first_token")),
+               key=lambda r: r["top_in_decisive"])
+    first = next(r for r in rows if r["kind"] == "all" and r["credit"] == "first_token")
     full = rows[0]["pairs"] >= TARGET_PAIRS and args.k >= TARGET_K
     lines.append(f"best {best['credit']}/{best['locate']}: {best['top_in_decisive'] / best['chance']:.2f}x chance, "
                  f"interval low {best['ci_low']:.3f} vs chance {best['chance']:.3f} (target 2x chance, interval "
                  f"excluding chance: {verdict(best['top_in_decisive'] >= 2 * best['chance'] and best['ci_low'] > best['chance'])}"
                  f"{'' if full else '; a SMALLER sample than the target 200 pairs x K 16: not a verdict on the target'})")
+    lines.append(f"position-only controls: {best['credit']}'s own top positions shuffled over pairs score "
+                 f"{best['position_baseline']:.3f}, blaming the first token scores {first['top_in_decisive']:.3f}")
     upsert_result(
         "Localization on the model's own samples (bench_localization_own.py)",
         "Failed (response, reward) pairs of SmolLM2's own samples of the closed-loop train prompts; the decisive "
