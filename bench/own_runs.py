@@ -5,9 +5,9 @@
 Sampling and verifying once, then crediting the same verified responses under each locate option (replay,
 verifier, both) writes the runs `OUT/replay`, `OUT/verifier`, `OUT/both` whose responses are identical: only
 the credit differs (the bench compares credits on the same pairs). With `--reward-model DIR` (e.g. one
-`tokencredit rm train` wrote) the replay run also holds P2T's credit, as bench_repair.py's own replay run does. Each run's manifest records its own config,
-so `tokencredit values OUT/both` reads the sampling settings the responses were drawn with. A run already
-complete under OUT is kept.
+`tokencredit rm train` wrote) the replay run also holds P2T's credit, as bench_repair.py's own replay run does.
+Each run's manifest records its own config, so `tokencredit values OUT/both` reads the sampling settings the
+responses were drawn with. A run already complete under OUT is kept.
 """
 from __future__ import annotations
 

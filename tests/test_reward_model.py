@@ -65,7 +65,8 @@ def test_rm_train_on_the_tiny_policy_end_to_end(tiny_run, tmp_path, capsys, pool
     assert f"use it as --reward-model {out}" in printed and "mean: held-out pairwise accuracy" in printed
     report = json.loads((out / "rm_train.json").read_text())
     assert report["pairs_train"] >= 8 and report["pairs_heldout"] >= 8 and list(out.glob("*.safetensors"))
-    assert report["pooling"] == pooling and json.loads((out / "config.json").read_text())["tokencredit_pooling"] == pooling
+    assert report["pooling"] == pooling
+    assert json.loads((out / "config.json").read_text())["tokencredit_pooling"] == pooling
     # the saved folder is the trained model: P2T's score of it reproduces the reported held-out accuracy
     model, tokenizer = load_reward_model(out)
     rows = duckdb.sql(f"select response_id, group_id, response, rewards from '{tiny_run}/responses/*.parquet' "

@@ -10,8 +10,9 @@ Model: the base causal LM's backbone, frozen, with a linear score head, fit with
 pooling) or the mean over the response's tokens (`config.tokencredit_pooling = "response_mean"`, which
 P2T reads; bench/bench_reward_model_features.py found it separates the labels better); the pooling and
 the L2 penalty are chosen by cross-validation over the train prompts. A frozen backbone gives each response
-one feature vector per pooling, so the backbone runs once per response and the head trains in seconds; TRL's RewardTrainer (which runs the
-backbone every step of every epoch) does not fit a CPU budget and adds nothing on a frozen backbone.
+one feature vector per pooling, so the backbone runs once per response and the head trains in seconds;
+TRL's RewardTrainer (which runs the backbone every step of every epoch) does not fit a CPU budget and adds
+nothing on a frozen backbone.
 The input layout is P2T's (`p2t.encode_for_reward_model`): the prompt rendered for the base's tokenizer,
 then the response text.
 """
@@ -341,8 +342,8 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
         low, high = bootstrap_interval(scores, found, pairs.responses, config.bootstrap, config.seed)
         families.append({"family": name, "pairs_train": len(trained.get(name, ())), "pairs_heldout": len(found),
                          "pairwise_accuracy": pairwise_accuracy(scores, found), "ci_low": low, "ci_high": high})
-    report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout), "pooling": pooling, "l2": l2,
-              "groups_heldout": sorted(pairs.heldout), "train_accuracy": pairwise_accuracy(scores, train),
-              "families": families}
+    report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout),
+              "pooling": pooling, "l2": l2, "groups_heldout": sorted(pairs.heldout),
+              "train_accuracy": pairwise_accuracy(scores, train), "families": families}
     save_reward_model(model, tokenizer, weights, pooling, out, report)
     return report
