@@ -21,7 +21,9 @@ is chance) and per constraint kind:
 - position_baseline: top_in_decisive when each pair takes the other pairs' top positions (relative, mapped onto
   its length): a credit with the same positions that knows nothing of the pair. The decisive segment is early
   in most pairs, so position alone beats chance; `first_token` (a rule blaming each response's first token) is
-  the plainest such credit.
+  the plainest such credit;
+- starts_first_quarter, starts_at_first_token: how many of the row's pairs have their decisive segment start in
+  the response's first quarter, and at its first token.
 
 `kind` is `all`, a constraint kind, or `rm_heldout`: the pairs whose prompt P2T's reward model held out (with
 `--reward-model`, a folder of `tokencredit rm train`, which may have trained on the other pairs' responses).
@@ -171,6 +173,8 @@ def rows_for(model: str, pairs: list[dict], credits: dict[tuple[str, str], dict 
                          "k": k, "top_in_decisive": sum(top) / len(members),
                          "mass_in_decisive": sum(scored[i][1] for i in members) / len(members),
                          "chance": chance, "ci_low": low, "ci_high": high,
+                         "starts_first_quarter": sum(4 * pairs[i]["start"] < pairs[i]["length"] for i in members),
+                         "starts_at_first_token": sum(pairs[i]["start"] == 0 for i in members),
                          "position_baseline": chance if tokens is None else position_baseline(
                              [pairs[i] for i in members], [scored[i][2] for i in members])})
     return rows
@@ -253,6 +257,8 @@ def main() -> None:
                  f"interval low {best['ci_low']:.3f} vs chance {best['chance']:.3f} (target 2x chance, interval "
                  f"excluding chance: {verdict(best['top_in_decisive'] >= 2 * best['chance'] and best['ci_low'] > best['chance'])}"
                  f"{'' if full else '; a SMALLER sample than the target 200 pairs x K 16: not a verdict on the target'})")
+    lines.append(f"the decisive segment starts in the response's first quarter for {first['starts_first_quarter']} of "
+                 f"{first['pairs']} pairs, at its first token for {first['starts_at_first_token']}")
     lines.append(f"position-only controls: {best['credit']}'s own top positions shuffled over pairs score "
                  f"{best['position_baseline']:.3f}, blaming the first token scores {first['top_in_decisive']:.3f}")
     upsert_result(
