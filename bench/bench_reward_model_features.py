@@ -27,20 +27,14 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 def layer_features(model, tokenizer, responses, batch_size: int = 8) -> dict[str, torch.Tensor]:
     """{pooling: [N, layers + 1, h]} for each of P2T's poolings ("last": the last non-pad token; "response_mean":
     the mean over the response's tokens): every layer's hidden state pooled by `p2t.pool_weights`."""
-    from tokencredit.pipeline.credit.p2t import POOLINGS, encode_for_reward_model, pool_weights
+    from tokencredit.pipeline.credit.p2t import POOLINGS, encode_for_reward_model, padded_batch, pool_weights
 
     pad = model.config.pad_token_id
     encoded = [encode_for_reward_model(tokenizer, r.prompt, r.text)[:2] for r in responses]
     out = {pooling: [] for pooling in POOLINGS}
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start:start + batch_size]
-        width = max(len(p) + len(r) for p, r in batch)
-        ids = torch.full((len(batch), width), pad)
-        mask, is_response = torch.zeros_like(ids), torch.zeros(len(batch), width, dtype=torch.bool)
-        for j, (p, r) in enumerate(batch):
-            ids[j, :len(p) + len(r)] = torch.tensor(p + r)
-            mask[j, :len(p) + len(r)] = 1
-            is_response[j, len(p):len(p) + len(r)] = True
+        ids, mask, is_response = padded_batch([p for p, _ in batch], [r for _, r in batch], pad)
         with torch.no_grad():
             hidden = torch.stack(model.base_model(input_ids=ids, attention_mask=mask,
                                                   output_hidden_states=True).hidden_states, 1)  # [B, layers+1, L, h]

@@ -29,8 +29,7 @@ tokens; `rm train` trains on the same layout (`encode_for_reward_model`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -181,14 +180,7 @@ def _attribute_batch(model, prompts, responses, baseline, method, ig_steps) -> l
     embed = model.get_input_embeddings()
     device = embed.weight.device
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    L = max(lengths)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    is_resp = torch.zeros_like(ids, dtype=torch.bool)
-    for j, (p, r) in enumerate(zip(prompts, responses)):
-        ids[j, :lengths[j]] = torch.tensor(p + r, device=device)
-        mask[j, :lengths[j]] = 1
-        is_resp[j, len(p):lengths[j]] = True
+    ids, mask, is_resp = padded_batch(prompts, responses, pad_id, device)
 
     with torch.no_grad():
         E = embed(ids)  # [B, L, d]
@@ -212,6 +204,20 @@ def _attribute_batch(model, prompts, responses, baseline, method, ig_steps) -> l
         Attribution(score=float(R[j]), raw=a[j, len(p):lengths[j]].detach().cpu())
         for j, p in enumerate(prompts)
     ]
+
+
+def padded_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int,
+                 device=None) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows prompt + response, right-padded: ids [B, L] long, attention mask [B, L] long, is_response [B, L] bool."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    ids = torch.full((len(lengths), max(lengths)), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    is_response = torch.zeros_like(ids, dtype=torch.bool)
+    for j, (p, r) in enumerate(zip(prompts, responses)):
+        ids[j, :lengths[j]] = torch.tensor([*p, *r], dtype=torch.long, device=device)
+        mask[j, :lengths[j]] = 1
+        is_response[j, len(p):lengths[j]] = True
+    return ids, mask, is_response
 
 
 def pooling_of(model) -> str:

@@ -164,7 +164,7 @@ def response_features(model, tokenizer, responses: Sequence[Response], batch_siz
                       on_progress: Callable[[int, int], None] | None = None) -> dict[str, Tensor]:
     """{pooling: [N, h] float32} for each of P2T's poolings: the backbone's last hidden state pooled by the
     weights P2T scores with (`p2t.pool_weights`), so a head w scores a response <w, feature> there too."""
-    from tokencredit.pipeline.credit.p2t import POOLINGS, encode_for_reward_model, pool_weights
+    from tokencredit.pipeline.credit.p2t import POOLINGS, encode_for_reward_model, padded_batch, pool_weights
 
     pad = model.config.pad_token_id
     device = model.get_input_embeddings().weight.device
@@ -172,14 +172,7 @@ def response_features(model, tokenizer, responses: Sequence[Response], batch_siz
     features: dict[str, list[Tensor]] = {pooling: [] for pooling in POOLINGS}
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start:start + batch_size]
-        L = max(len(p) + len(r) for p, r, _ in batch)
-        ids = torch.full((len(batch), L), pad, dtype=torch.long, device=device)
-        mask = torch.zeros_like(ids)
-        is_response = torch.zeros_like(ids, dtype=torch.bool)
-        for j, (p, r, _) in enumerate(batch):
-            ids[j, :len(p) + len(r)] = torch.tensor(p + r, device=device)
-            mask[j, :len(p) + len(r)] = 1
-            is_response[j, len(p):len(p) + len(r)] = True
+        ids, mask, is_response = padded_batch([p for p, _, _ in batch], [r for _, r, _ in batch], pad, device)
         with torch.no_grad():
             hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state.float()  # [B, L, h]
         for pooling in POOLINGS:
