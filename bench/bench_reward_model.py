@@ -10,6 +10,8 @@ fits the head on the frozen base with a quarter of the prompts held out. Rows of
 in the same group) and each instruction constraint kind (pairs of one prompt's responses where that
 constraint passed in one and failed in the other), with `base`, `pairs_train`, `pairs_heldout`,
 `pairwise_accuracy` and a 95% bootstrap interval over held-out prompts (`ci_low`, `ci_high`).
+`--train-layers N` also trains the base's top N decoder layers with the head (`rm train --train-layers`): its
+rows carry `train_layers` and sit beside the frozen head's (`train_layers` 0), its folder is `rm-top{N}`.
 `--quick` uses the shipped tiny policy on a few demo prompts and writes nothing.
 """
 from __future__ import annotations
@@ -53,6 +55,9 @@ def main() -> None:
     parser.add_argument("--run", default=None, help="an annotated run to train on instead of sampling one")
     parser.add_argument("--allow-incomplete", action="store_true", help="train on the shards of --run written so far")
     parser.add_argument("--work", default=str(ROOT / "bench" / ".reward_model"))
+    parser.add_argument("--train-layers", type=int, default=0, help="top decoder layers trained with the head")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs when --train-layers > 0")
+    parser.add_argument("--layer-lr", type=float, default=2e-5, help="step size when --train-layers > 0")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -67,19 +72,25 @@ def main() -> None:
     seconds = annotate(args, run) if args.run is None else 0.0
     base = args.base or str(DEFAULT_POLICY)
     start = time.perf_counter()
-    report = train_reward_model(run, work / ("quick-rm" if args.quick else "rm"), RewardModelConfig(base=base),
-                                allow_incomplete=args.allow_incomplete)
+    folder = "quick-rm" if args.quick else "rm" + (f"-top{args.train_layers}" if args.train_layers else "")
+    config = RewardModelConfig(base=base, train_layers=args.train_layers, epochs=args.epochs, layer_lr=args.layer_lr)
+    report = train_reward_model(run, work / folder, config, allow_incomplete=args.allow_incomplete)
     train_seconds = time.perf_counter() - start
-    rows = [{"base": args.base or "tiny-policy", "model": args.model or "tiny-policy", "pooling": report["pooling"], **row}
-            for row in report["families"]]
+    rows = [{"base": args.base or "tiny-policy", "model": args.model or "tiny-policy", "pooling": report["pooling"],
+             "train_layers": args.train_layers, **row} for row in report["families"]]
     for row in rows:
         print(f"{row['family']:>20}: accuracy {row['pairwise_accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
               f" train {row['pairs_train']} held-out {row['pairs_heldout']}")
     print(f"annotate {seconds:.0f} s, rm train {train_seconds:.0f} s, train accuracy {report['train_accuracy']:.3f}")
+    history = report["dev_accuracy_per_epoch"]
+    if history is not None:
+        print("dev accuracy per epoch (0: the head alone): " + ", ".join(f"{a:.3f}" for a in history))
     if args.quick:
         return
     RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_JSON.write_text(json.dumps(rows, indent=1) + "\n")
+    old = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else []
+    kept = [r for r in old if r.get("train_layers", 0) != args.train_layers]
+    RESULTS_JSON.write_text(json.dumps(kept + rows, indent=1) + "\n")
     mean = next(r for r in rows if r["family"] == "mean")
     kinds = sorted((r for r in rows if r["family"] != "mean" and r["pairs_heldout"] >= 10),
                    key=lambda r: -r["pairs_heldout"])
@@ -89,12 +100,14 @@ def main() -> None:
         "L2 chosen by cross-validation over the train prompts), Bradley-Terry on pairs of one prompt's responses "
         "(higher mean reward chosen), a quarter of the prompts held out; held-out pairwise accuracy with a 95% "
         "bootstrap interval over held-out prompts; `bench/results/reward_model.json`.",
-        "full",
+        "full" + (f", top {args.train_layers} layers trained" if args.train_layers else ""),
         f"{args.model} run of {args.prompts.split('/')[-1]} instructions (split {args.split}, {args.limit} prompts), "
         f"n {args.n}, temperature {args.temperature}, max_new_tokens {args.max_new_tokens}; base {args.base}; "
         f"{report['pairs_train']} train / {report['pairs_heldout']} held-out pairs "
         f"({len(report['groups_heldout'])} held-out prompts); pooling {report.get('pooling', 'last')}, "
         f"L2 {report['l2']:g}; "
+        + (f"top {args.train_layers} layers trained, {args.epochs} epochs at {args.layer_lr:g}, dev accuracy per "
+           f"epoch {', '.join(f'{a:.3f}' for a in history)}; " if history is not None else "")
         + (f"annotate {seconds / 60:.1f} min, " if args.run is None else f"run {args.run} annotated beforehand, ")
         + f"rm train {train_seconds / 60:.1f} min",
         f"mean reward order: {mean['pairwise_accuracy']:.3f} [{mean['ci_low']:.3f}, {mean['ci_high']:.3f}] "

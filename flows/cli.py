@@ -293,11 +293,15 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.train.reward_model import RewardModelConfig, train_reward_model
 
     config = RewardModelConfig(base=args.base, heldout=args.heldout, seed=args.seed, steps=args.steps,
-                               batch_size=args.batch_size, pooling=args.pooling)
+                               batch_size=args.batch_size, pooling=args.pooling, train_layers=args.train_layers,
+                               epochs=args.epochs, layer_lr=args.layer_lr)
     report = train_reward_model(args.run, args.out, config, device=args.device, allow_incomplete=args.allow_incomplete)
     print(f"wrote {args.out} (use it as --reward-model {args.out}): {report['pairs_train']} train pairs, "
           f"{report['pairs_heldout']} held-out pairs in {len(report['groups_heldout'])} held-out prompts; "
           f"pooling {report['pooling']}, L2 {report['l2']:g}")
+    if report["dev_accuracy_per_epoch"] is not None:
+        history = ", ".join(f"{a:.3f}" for a in report["dev_accuracy_per_epoch"])
+        print(f"  top {config.train_layers} layers trained; dev accuracy per epoch (0: the head alone): {history}")
     for row in report["families"]:
         print(f"  {row['family']}: held-out pairwise accuracy {row['pairwise_accuracy']:.3f} "
               f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}] over {row['pairs_heldout']} pairs")
@@ -513,6 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--pooling", choices=["auto", "last", "response_mean"], default="auto",
                    help="what the head reads: the last token (HF's classifier), the mean over the response's "
                    "tokens (P2T reads it from config.json), or auto: whichever cross-validates best")
+    q.add_argument("--train-layers", type=int, default=0, help="top decoder layers trained with the head on "
+                   "cached lower-layer states, the epoch kept by a dev part of the train prompts (0: the head alone)")
+    q.add_argument("--epochs", type=int, default=2, help="passes over the pairs when --train-layers > 0")
+    q.add_argument("--layer-lr", type=float, default=2e-5, help="step size when --train-layers > 0")
     q.add_argument("--batch-size", type=int, default=8, help="responses per backbone forward")
     q.add_argument("--seed", type=int, default=0, help="held-out split and initialization seed")
     q.add_argument("--device", default="cpu", help="torch device")

@@ -15,7 +15,9 @@ from tokencredit.pipeline.credit.p2t import attribute, encode_for_reward_model
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_reward_model
 from tokencredit.pipeline.steps import Pipeline
 from tokencredit.pipeline.train.reward_model import (L2_GRID, Response, RewardModelConfig, choose_head, family_pairs,
-                                                     heldout_groups, mean_reward_pairs, pairwise_accuracy)
+                                                     heldout_groups, load_base, mean_reward_pairs, pairwise_accuracy,
+                                                     response_features)
+from tokencredit.pipeline.train.top_layers import all_scores, top_backbone, train_top_layers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,14 +58,17 @@ def tiny_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pooling", ["last", "response_mean"])
-def test_rm_train_on_the_tiny_policy_end_to_end(tiny_run, tmp_path, capsys, pooling):
+@pytest.mark.parametrize("pooling,train_layers", [("last", 0), ("response_mean", 0), ("last", 1)])
+def test_rm_train_on_the_tiny_policy_end_to_end(tiny_run, tmp_path, capsys, pooling, train_layers):
     out = tmp_path / "rm"
     assert main(["rm", "train", str(tiny_run), "--base", str(DEFAULT_POLICY), "--out", str(out), "--steps", "200",
-                 "--pooling", pooling]) == 0
+                 "--pooling", pooling, "--train-layers", str(train_layers), "--epochs", "1", "--layer-lr", "1e-3"]) == 0
     printed = capsys.readouterr().out
     assert f"use it as --reward-model {out}" in printed and "mean: held-out pairwise accuracy" in printed
     report = json.loads((out / "rm_train.json").read_text())
+    assert (report["dev_accuracy_per_epoch"] is None) == (train_layers == 0)
+    if train_layers:
+        assert len(report["dev_accuracy_per_epoch"]) == 2 and "dev accuracy per epoch" in printed
     assert report["pairs_train"] >= 8 and report["pairs_heldout"] >= 8 and list(out.glob("*.safetensors"))
     assert report["pooling"] == pooling
     assert json.loads((out / "config.json").read_text())["tokencredit_pooling"] == pooling
@@ -132,3 +137,50 @@ def test_rm_train_refuses_an_out_folder_it_did_not_write(tmp_path, capsys):
     (tmp_path / "rm" / "notes.txt").write_text("mine")
     assert main(["rm", "train", str(tmp_path / "run"), "--out", str(tmp_path / "rm")]) == 2
     assert "is not a reward model folder of rm train" in capsys.readouterr().err
+
+
+def tiny_classifier_and_states(n_layers: int):
+    """The tiny policy as a one-output classifier, and its cached states entering its top n_layers layers."""
+    model, tokenizer = load_base(str(DEFAULT_POLICY))
+    texts = ["yes yes yes", "no", "a list:\n- one\n- two", "stop.", "Sure, here it is", "x " * 20]
+    responses = [response(f"r{i}", "g", [0.0]) for i in range(len(texts))]
+    for r, text in zip(responses, texts):
+        r.text = text
+    features, cached = response_features(model, tokenizer, responses, batch_size=4,
+                                         cache_layer=model.config.num_hidden_layers - n_layers)
+    return model, features, cached
+
+
+@pytest.mark.parametrize("n_layers", [1, 4])
+def test_top_layers_on_cached_states_reproduce_the_full_forward(n_layers):
+    model, features, cached = tiny_classifier_and_states(n_layers)
+    torch.nn.init.normal_(model.score.weight, generator=torch.Generator().manual_seed(0))
+    top = top_backbone(model, n_layers)
+    for pooling in ("last", "response_mean"):
+        expected = features[pooling] @ model.score.weight[0]
+        assert torch.allclose(all_scores(model, top, cached, pooling, batch_size=4), expected, atol=1e-4)
+    with torch.no_grad():  # "last" is HF's own classifier forward
+        full = torch.stack([model(input_ids=torch.tensor([c.ids])).logits[0, 0] for c in cached])
+    assert torch.allclose(all_scores(model, top, cached, "last", batch_size=3), full, atol=1e-4)
+    with pytest.raises(ValueError, match="--train-layers 5: the base needs 1..4 decoder layers"):
+        top_backbone(model, 5)
+
+
+def test_train_top_layers_learns_an_order_the_frozen_head_lacks_and_keeps_the_best_dev_epoch():
+    """Pairs ordered by a token the zero head cannot see: training the top layer learns it; the modules
+    trained are the classifier's own (its full forward agrees), and a dev set it cannot fit keeps epoch 0."""
+    model, _, cached = tiny_classifier_and_states(1)
+    torch.nn.init.zeros_(model.score.weight)
+    fit = [(0, j) for j in range(1, 6)] + [(2, j) for j in (1, 3, 4, 5)]
+    history = train_top_layers(model, cached, fit, fit, "last", 1, epochs=8, lr=3e-3, pair_batch=4, seed=0)
+    assert history[0] == 0.5 and max(history) == 1.0  # a zero head ties every pair
+    scores = all_scores(model, top_backbone(model, 1), cached, "last", batch_size=6)
+    assert pairwise_accuracy(scores, fit) == max(history)
+    with torch.no_grad():
+        full = torch.stack([model(input_ids=torch.tensor([c.ids])).logits[0, 0] for c in cached])
+    assert torch.allclose(scores, full, atol=1e-4)
+    before = [p.clone() for p in model.parameters()]
+    history = train_top_layers(model, cached, fit, [(j, i) for i, j in fit], "last", 1, epochs=2, lr=3e-3,
+                               pair_batch=4, seed=0)
+    assert history[0] == max(history)  # the reversed dev order only gets worse: epoch 0 is kept
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -12,7 +12,8 @@ P2T reads; bench/bench_reward_model_features.py found it separates the labels be
 the L2 penalty are chosen by cross-validation over the train prompts. A frozen backbone gives each response
 one feature vector per pooling, so the backbone runs once per response and the head trains in seconds;
 TRL's RewardTrainer (which runs the backbone every step of every epoch) does not fit a CPU budget and adds
-nothing on a frozen backbone.
+nothing on a frozen backbone. `--train-layers N` then trains the top N decoder layers with the head on the
+states cached entering them (`top_layers.py`), the epoch kept by a dev part of the train prompts.
 The input layout is P2T's (`p2t.encode_for_reward_model`): the prompt rendered for the base's tokenizer,
 then the response text.
 """
@@ -43,6 +44,11 @@ class RewardModelConfig:
     batch_size: int = 8  # responses per backbone forward
     bootstrap: int = 1000  # resamples of the held-out groups for the accuracy's interval
     pooling: str = "auto"  # "last", "response_mean", or "auto": the one that cross-validates best
+    train_layers: int = 0  # top decoder layers trained with the head (top_layers.py); 0: the head alone
+    epochs: int = 2  # passes over the fit pairs when train_layers > 0
+    layer_lr: float = 2e-5  # Adam's step size for the top layers, norm and head
+    dev: float = 0.25  # fraction of the train groups that picks the epoch when train_layers > 0
+    pair_batch: int = 16  # pairs per step when train_layers > 0
 
     def __post_init__(self) -> None:
         from tokencredit.pipeline.credit.p2t import POOLINGS
@@ -51,7 +57,11 @@ class RewardModelConfig:
             raise ValueError(f"--pooling must be one of {('auto', *POOLINGS)}, got {self.pooling!r}")
         if not 0 < self.heldout < 1:
             raise ValueError(f"--heldout must be in (0, 1), got {self.heldout}")
-        for name in ("steps", "batch_size"):
+        if self.train_layers < 0 or self.epochs < 0:
+            raise ValueError(f"--train-layers and --epochs must be >= 0, got {self.train_layers}, {self.epochs}")
+        if not 0 < self.dev < 1:
+            raise ValueError(f"--dev must be in (0, 1), got {self.dev}")
+        for name in ("steps", "batch_size", "pair_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
@@ -161,26 +171,35 @@ def load_base(base: str, device: str = "cpu"):
 
 
 def response_features(model, tokenizer, responses: Sequence[Response], batch_size: int,
-                      on_progress: Callable[[int, int], None] | None = None) -> dict[str, Tensor]:
-    """{pooling: [N, h] float32} for each of P2T's poolings: the backbone's last hidden state pooled by the
-    weights P2T scores with (`p2t.pool_weights`), so a head w scores a response <w, feature> there too."""
+                      on_progress: Callable[[int, int], None] | None = None,
+                      cache_layer: int | None = None) -> tuple[dict[str, Tensor], list]:
+    """({pooling: [N, h] float32} for each of P2T's poolings, cached): the backbone's last hidden state pooled
+    by the weights P2T scores with (`p2t.pool_weights`), so a head w scores a response <w, feature> there too;
+    `cached` holds, when `cache_layer` is given, each response's hidden states entering that decoder layer
+    (`top_layers.Cached`), else nothing."""
     from tokencredit.pipeline.credit.p2t import POOLINGS, encode_for_reward_model, padded_batch, pool_weights
+    from tokencredit.pipeline.train.top_layers import Cached
 
     pad = model.config.pad_token_id
     device = model.get_input_embeddings().weight.device
     encoded = [encode_for_reward_model(tokenizer, r.prompt, r.text) for r in responses]
     features: dict[str, list[Tensor]] = {pooling: [] for pooling in POOLINGS}
+    cached = []
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start:start + batch_size]
         ids, mask, is_response = padded_batch([p for p, _, _ in batch], [r for _, r, _ in batch], pad, device)
         with torch.no_grad():
-            hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state.float()  # [B, L, h]
+            out = model.base_model(input_ids=ids, attention_mask=mask, output_hidden_states=cache_layer is not None)
+        hidden = out.last_hidden_state.float()  # [B, L, h]
         for pooling in POOLINGS:
             weights = pool_weights(ids, mask, is_response, pad, pooling)
             features[pooling].append(torch.einsum("blh,bl->bh", hidden, weights).cpu())
+        if cache_layer is not None:
+            cached += [Cached(p + r, len(p), out.hidden_states[cache_layer][j, :len(p) + len(r)].float().cpu())
+                       for j, (p, r, _) in enumerate(batch)]
         if on_progress is not None:
             on_progress(len(batch), sum(len(p) + len(r) for p, r, _ in batch))
-    return {pooling: torch.cat(found) for pooling, found in features.items()}
+    return {pooling: torch.cat(found) for pooling, found in features.items()}, cached
 
 
 def fit_head(features: Tensor, pairs: Sequence[tuple[int, int]], config: RewardModelConfig, l2: float) -> Tensor:
@@ -285,7 +304,7 @@ def bootstrap_interval(scores: Tensor, pairs: Sequence[tuple[int, int]], respons
     return low, high
 
 
-def save_reward_model(model, tokenizer, weights: Tensor, pooling: str, out: str | Path, report: dict) -> Path:
+def save_reward_model(model, tokenizer, pooling: str, out: str | Path, report: dict) -> Path:
     """Write the folder `--reward-model` takes (safetensors, tokenizer, config with the pooling P2T reads, and
     `rm_train.json`: how it was made and its held-out accuracy), atomically: into a sibling folder, then
     renamed over `out`."""
@@ -294,8 +313,6 @@ def save_reward_model(model, tokenizer, weights: Tensor, pooling: str, out: str 
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    with torch.no_grad():
-        model.score.weight.copy_(weights.to(model.score.weight)[None])
     setattr(model.config, POOLING_KEY, pooling)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
@@ -315,20 +332,29 @@ def check_out(out: str | Path) -> None:
 
 def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = RewardModelConfig(),
                        device: str = "cpu", progress: bool = True, allow_incomplete: bool = False) -> dict:
-    """Pairs from `run` -> features of the frozen base -> head -> held-out accuracy -> the folder `out`.
+    """Pairs from `run` -> features of the frozen base -> head (-> top layers) -> held-out accuracy -> the folder `out`.
     Returns the report (also in OUT/rm_train.json). Bad input raises ValueError before the base loads."""
     from tokencredit.pipeline.progress import Progress
+    from tokencredit.pipeline.train.top_layers import all_scores, top_backbone
 
     check_out(out)
     pairs = make_pairs(run, config, allow_incomplete)
     train, heldout = pairs.split(False), pairs.split(True)
     model, tokenizer = load_base(config.base, device)
+    layers = model.config.num_hidden_layers
     with Progress("rm features", total=len(pairs.responses), unit="response", enabled=progress) as bar:
-        features = response_features(model, tokenizer, pairs.responses, config.batch_size,
-                                      lambda n, tokens: bar.update(n, tokens))
+        features, cached = response_features(model, tokenizer, pairs.responses, config.batch_size,
+                                             lambda n, tokens: bar.update(n, tokens),
+                                             layers - config.train_layers if config.train_layers else None)
     pooling, l2 = choose_head(features, train, pairs.responses, config)
     weights = fit_head(features[pooling], train, config, l2)
+    with torch.no_grad():
+        model.score.weight.copy_(weights.to(model.score.weight)[None])
     scores = features[pooling] @ weights
+    dev_history = None
+    if config.train_layers:
+        dev_history = train_layers(model, cached, train, pairs, pooling, config, progress)
+        scores = all_scores(model, top_backbone(model, config.train_layers), cached, pooling, config.batch_size)
     trained = family_pairs(pairs.responses, {r.group_id for r in pairs.responses} - pairs.heldout)
     families = []
     for name, found in family_pairs(pairs.responses, pairs.heldout).items():
@@ -337,6 +363,22 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
                          "pairwise_accuracy": pairwise_accuracy(scores, found), "ci_low": low, "ci_high": high})
     report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout),
               "pooling": pooling, "l2": l2, "groups_heldout": sorted(pairs.heldout),
+              "dev_accuracy_per_epoch": dev_history,
               "train_accuracy": pairwise_accuracy(scores, train), "families": families}
-    save_reward_model(model, tokenizer, weights, pooling, out, report)
+    save_reward_model(model, tokenizer, pooling, out, report)
     return report
+
+
+def train_layers(model, cached: list, train: Sequence[tuple[int, int]], pairs: Pairs, pooling: str,
+                 config: RewardModelConfig, progress: bool) -> list[float]:
+    """Train the top config.train_layers layers with the head on a fit part of the train groups, the epoch
+    picked on the rest (`top_layers.train_top_layers`). Returns the dev accuracy per epoch (0: the head alone)."""
+    from tokencredit.pipeline.progress import Progress
+    from tokencredit.pipeline.train.top_layers import train_top_layers
+
+    dev_groups = heldout_groups(sorted({pairs.responses[c].group_id for c, _ in train}), config.dev, config.seed + 1)
+    fit = [p for p in train if pairs.responses[p[0]].group_id not in dev_groups]
+    dev = [p for p in train if pairs.responses[p[0]].group_id in dev_groups]
+    with Progress("rm top layers", total=config.epochs * len(fit), unit="pair", enabled=progress) as bar:
+        return train_top_layers(model, cached, fit, dev, pooling, config.train_layers, config.epochs,
+                                config.layer_lr, config.pair_batch, config.seed, bar.update)
