@@ -346,14 +346,17 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
         features, cached = response_features(model, tokenizer, pairs.responses, config.batch_size,
                                              lambda n, tokens: bar.update(n, tokens),
                                              layers - config.train_layers if config.train_layers else None)
-    pooling, l2 = choose_head(features, train, pairs.responses, config)
-    weights = fit_head(features[pooling], train, config, l2)
+    # with top layers to train, a dev quarter of the train groups is kept from the head too, so that epoch 0
+    # (the head alone) is scored on dev as fairly as the epochs after it
+    fit, dev = dev_split(train, pairs, config) if config.train_layers else (train, [])
+    pooling, l2 = choose_head(features, fit, pairs.responses, config)
+    weights = fit_head(features[pooling], fit, config, l2)
     with torch.no_grad():
         model.score.weight.copy_(weights.to(model.score.weight)[None])
     scores = features[pooling] @ weights
     dev_history = None
     if config.train_layers:
-        dev_history = train_layers(model, cached, train, pairs, pooling, config, progress)
+        dev_history = train_layers(model, cached, fit, dev, pooling, config, progress)
         scores = all_scores(model, top_backbone(model, config.train_layers), cached, pooling, config.batch_size)
     trained = family_pairs(pairs.responses, {r.group_id for r in pairs.responses} - pairs.heldout)
     families = []
@@ -363,22 +366,27 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
                          "pairwise_accuracy": pairwise_accuracy(scores, found), "ci_low": low, "ci_high": high})
     report = {"run": str(run), "config": asdict(config), "pairs_train": len(train), "pairs_heldout": len(heldout),
               "pooling": pooling, "l2": l2, "groups_heldout": sorted(pairs.heldout),
-              "dev_accuracy_per_epoch": dev_history,
+              "pairs_dev": len(dev), "dev_accuracy_per_epoch": dev_history,
               "train_accuracy": pairwise_accuracy(scores, train), "families": families}
     save_reward_model(model, tokenizer, pooling, out, report)
     return report
 
 
-def train_layers(model, cached: list, train: Sequence[tuple[int, int]], pairs: Pairs, pooling: str,
+def dev_split(train: Sequence[tuple[int, int]], pairs: Pairs,
+              config: RewardModelConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(fit, dev): the train pairs split by group, a config.dev fraction of the train groups on the dev side."""
+    dev_groups = heldout_groups(sorted({pairs.responses[c].group_id for c, _ in train}), config.dev, config.seed + 1)
+    return ([p for p in train if pairs.responses[p[0]].group_id not in dev_groups],
+            [p for p in train if pairs.responses[p[0]].group_id in dev_groups])
+
+
+def train_layers(model, cached: list, fit: Sequence[tuple[int, int]], dev: Sequence[tuple[int, int]], pooling: str,
                  config: RewardModelConfig, progress: bool) -> list[float]:
-    """Train the top config.train_layers layers with the head on a fit part of the train groups, the epoch
-    picked on the rest (`top_layers.train_top_layers`). Returns the dev accuracy per epoch (0: the head alone)."""
+    """Train the top config.train_layers layers with the head on the `fit` pairs, the epoch picked on `dev`
+    (`top_layers.train_top_layers`). Returns the dev accuracy per epoch (0: the head alone)."""
     from tokencredit.pipeline.progress import Progress
     from tokencredit.pipeline.train.top_layers import train_top_layers
 
-    dev_groups = heldout_groups(sorted({pairs.responses[c].group_id for c, _ in train}), config.dev, config.seed + 1)
-    fit = [p for p in train if pairs.responses[p[0]].group_id not in dev_groups]
-    dev = [p for p in train if pairs.responses[p[0]].group_id in dev_groups]
     with Progress("rm top layers", total=config.epochs * len(fit), unit="pair", enabled=progress) as bar:
         return train_top_layers(model, cached, fit, dev, pooling, config.train_layers, config.epochs,
                                 config.layer_lr, config.pair_batch, config.seed, bar.update)
