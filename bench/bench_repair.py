@@ -10,7 +10,8 @@ drawn uniformly from the response (GDPO's uniform credit) and a resample of the 
 resamples. A resample repairs when it fixes the reward without lowering another (`tokencredit.pipeline.repair.is_repair`).
 Every cut of a pair draws its resamples from the same seeds (common random numbers), so two credits that cut
 at the same token get the same resamples, computed once, and the comparison between cuts is paired.
-The annotated runs stay in `--work` (default `bench/.repair/`), so a stopped run resumes.
+The annotated runs and the resamples' outcomes stay in `--work` (default `bench/.repair/`), so a stopped run
+resumes.
 
 `--runs DIR` takes runs written by `bench/own_runs.py` (DIR/replay, DIR/verifier, DIR/both: one sample credited
 per locate) instead of annotating; `--values DIR` (`tokencredit values DIR/both`, as bench_localization_own.py
@@ -76,22 +77,52 @@ def p2t_cuts(run: str, targets) -> list[int]:
 
 
 def measure_cuts(sampler, tokenizer, targets, cuts: dict[str, list[int]], records, sampling, n: int,
-                 seed: int) -> dict[str, list[dict]]:
+                 seed: int, cache: Path | None = None, chunk: int = 96) -> dict[str, list[dict]]:
     """Per cut kind and target: repairs and resampled tokens. Each distinct (target, cut) is resampled once,
-    with the target's seeds whatever the cut (common random numbers)."""
+    with the target's seeds whatever the cut (common random numbers).
+
+    Results are appended to `cache` (JSON lines) a chunk of cuts at a time, so a stopped run resumes there."""
     from tokencredit.pipeline.repair import is_repair, resample, verify_texts
 
-    distinct = sorted({(i, c[i]) for c in cuts.values() for i in range(len(targets))})
-    print(f"resampling {len(distinct)} distinct cuts of {len(targets)} pairs x {n}", flush=True)
-    rows = [targets[i] for i, _ in distinct]
-    suffixes = resample(sampler, rows, [c for _, c in distinct], sampling, n, seed, batch_size=32)
-    texts = [[tokenizer.decode(list(t.token_ids[:c]) + s, skip_special_tokens=True) for s in row]
-             for t, (_, c), row in zip(rows, distinct, suffixes)]
-    scores = verify_texts(rows, texts, records, (), 5.0)
-    result = {key: {"repairs": sum(s is not None and is_repair(t.rewards, s, t.k) for s in row_scores),
-                    "tokens": sum(map(len, row))}
-              for key, t, row_scores, row in zip(distinct, rows, scores, suffixes)}
-    return {kind: [result[(i, c[i])] for i in range(len(targets))] for kind, c in cuts.items()}
+    distinct = sorted({(i, c[i]) for c in cuts.values() for i in range(len(targets))}, key=lambda d: (d[1], d))
+    done = _read_cache(cache)
+    todo = [d for d in distinct if _cache_key(targets, d) not in done]
+    print(f"resampling {len(distinct)} distinct cuts of {len(targets)} pairs x {n} "
+          f"({len(distinct) - len(todo)} already in the cache)", flush=True)
+    for start in range(0, len(todo), chunk):
+        part = todo[start:start + chunk]
+        rows = [targets[i] for i, _ in part]
+        suffixes = resample(sampler, rows, [c for _, c in part], sampling, n, seed, batch_size=32)
+        texts = [[tokenizer.decode(list(t.token_ids[:c]) + s, skip_special_tokens=True) for s in row]
+                 for t, (_, c), row in zip(rows, part, suffixes)]
+        scores = verify_texts(rows, texts, records, (), 5.0)
+        new = {_cache_key(targets, d): {"repairs": sum(s is not None and is_repair(t.rewards, s, t.k) for s in sc),
+                                        "tokens": sum(map(len, row))}
+               for d, t, sc, row in zip(part, rows, scores, suffixes)}
+        done.update(new)
+        if cache is not None:
+            with cache.open("a") as f:
+                f.writelines(json.dumps({"key": key, **value}) + "\n" for key, value in new.items())
+        print(f"resampled {len(distinct) - len(todo) + start + len(part)}/{len(distinct)} cuts", flush=True)
+    return {kind: [done[_cache_key(targets, (i, c[i]))] for i in range(len(targets))] for kind, c in cuts.items()}
+
+
+def _cache_key(targets, distinct: tuple[int, int]) -> str:
+    i, cut = distinct
+    return f"{targets[i].key}@{cut}"
+
+
+def _read_cache(cache: Path | None) -> dict[str, dict]:
+    if cache is None or not cache.exists():
+        return {}
+    done = {}
+    for line in cache.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill: resampled again
+            continue
+        done[row.pop("key")] = row
+    return done
 
 
 def family(target) -> str:
@@ -152,10 +183,20 @@ def run(args, out) -> list[dict]:
             **({"p2t": p2t_cuts(runs["replay"], targets)} if with_p2t(args) else {})}
     if not with_p2t(args):
         print(f"P2T left out: no reward model shares {args.model}'s tokenizer", flush=True)
-    results = measure_cuts(sampler, tokenizer, targets, cuts, records, sampling, args.resamples, args.seed)
+    results = measure_cuts(sampler, tokenizer, targets, cuts, records, sampling, args.resamples, args.seed,
+                           cache=None if args.quick else _cache_path(args, out))
     return [row for kind in (*KINDS, "decisive", "random", "full") if kind in cuts
             for row in rows_for(args.model or "tiny", kind, targets, results[kind], results["random"], results["full"],
                                 args.resamples)]
+
+
+def _cache_path(args, out: Path) -> Path:
+    """The resample cache of these settings: another sample, seed or resample count starts a new file."""
+    import hashlib
+
+    settings = json.dumps([sample_of(args), args.model, args.resamples, args.seed], sort_keys=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out / f"resamples-{hashlib.sha256(settings.encode()).hexdigest()[:12]}.jsonl"
 
 
 def _manifest_model(run: str) -> str | None:
