@@ -21,8 +21,9 @@ The pairs are then those the values folder measured, every cut on the same pairs
 Per (locate, reward family): `pairs`, `repair_rate` (repairs per resample at the credit's cut),
 `random_cut_rate`, `full_resample_rate`, and the tokens each resampled, so fixes per resampled token compare;
 `cut` says which cut the row's `repair_rate` is: `blamed` (a credit's top penalty: locate replay, verifier,
-both, p2t), `decisive` (locate `decisive`), `random` (locate `uniform`) or `whole` (locate `whole`), and
-`fixes_per_token` its repairs per resampled token.
+both, p2t), `decisive` (locate `decisive`), `random` (locate `uniform`) or `whole` (locate `whole`),
+`fixes_per_token` its repairs per resampled token, and `vs_random_ci`, `vs_whole_ci` 95% bootstrap intervals
+(over pairs) of its fixes per resampled token divided by the random cut's and the whole resample's.
 `--quick` runs the shipped tiny policy on a few demo prompts and writes nothing.
 """
 from __future__ import annotations
@@ -148,8 +149,27 @@ def rows_for(model: str, kind: str, targets, located, random_cut, full, n: int) 
                      "tokens_resampled": total(located, "tokens"),
                      "random_tokens_resampled": total(random_cut, "tokens"),
                      "full_tokens_resampled": total(full, "tokens"),
-                     "fixes_per_token": total(located, "repairs") / max(total(located, "tokens"), 1)})
+                     "fixes_per_token": total(located, "repairs") / max(total(located, "tokens"), 1),
+                     "vs_random_ci": ratio_interval(located, random_cut, members),
+                     "vs_whole_ci": ratio_interval(located, full, members)})
     return rows
+
+
+def ratio_interval(located, other, members: list[int], rounds: int = 2000, seed: int = 0) -> list[float] | None:
+    """95% percentile bootstrap interval, over pairs, of the cut's fixes per resampled token divided by the
+    other cut's (both cuts resample the same pairs, so a draw takes a pair's results for both)."""
+    import numpy as np
+
+    def per_token(results, draw):
+        repairs = np.array([results[i]["repairs"] for i in members])[draw].sum(1)
+        return repairs / np.maximum(np.array([results[i]["tokens"] for i in members])[draw].sum(1), 1)
+
+    draw = np.random.default_rng(seed).integers(len(members), size=(rounds, len(members)))
+    mine, theirs = per_token(located, draw), per_token(other, draw)
+    ratios = mine[theirs > 0] / theirs[theirs > 0]
+    if len(ratios) < rounds // 2:
+        return None
+    return [float(q) for q in np.quantile(ratios, [0.025, 0.975])]
 
 
 def run(args, out) -> list[dict]:
@@ -161,7 +181,7 @@ def run(args, out) -> list[dict]:
 
     if args.runs:
         runs = {locate: str(Path(args.runs) / locate) for locate in ("replay", "verifier", "both")}
-        args.model = _manifest_model(runs["replay"])
+        _settings_from(args, runs["replay"])
     else:
         runs = {locate: annotate(args, locate, out) for locate in ("replay", "verifier", "both")}
     records, _, _ = run_records(runs["replay"])
@@ -199,10 +219,16 @@ def _cache_path(args, out: Path) -> Path:
     return out / f"resamples-{hashlib.sha256(settings.encode()).hexdigest()[:12]}.jsonl"
 
 
-def _manifest_model(run: str) -> str | None:
+def _settings_from(args, run: str) -> None:
+    """Set args' model, prompts and sampling settings to those the run was annotated with (for --runs)."""
     from tokencredit.pipeline.dataset.writer import run_files
 
-    return run_files(run).manifest["config"].get("model")
+    config = run_files(run).manifest["config"]
+    args.model, args.prompts, args.split, args.limit = config.get("model"), config["prompts"], config["split"], \
+        config["limit"]
+    args.tasks = ",".join(config["tasks"])
+    args.n, args.temperature, args.max_new_tokens = (config["sampling"][key] for key in
+                                                     ("n", "temperature", "max_new_tokens"))
 
 
 def _sampling(run: str):
@@ -286,6 +312,18 @@ def merge_rows(old: list[dict], new: list[dict], sample: str) -> list[dict]:
     return kept + [{**row, "sample": sample} for row in new]
 
 
+def _interval(ci: list[float] | None) -> str:
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "[no interval]"
+
+
+def _relative(path: str) -> str:
+    """A prompt file as the repository names it (a registry name such as "demo" as it is)."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return path
+
+
 def write_results_md(table: list[dict], args) -> None:
     lines = []
     for r in table:
@@ -312,8 +350,10 @@ def write_results_md(table: list[dict], args) -> None:
         vs_random = mine / max(per_token(decisive["random_cut_rate"], res, decisive["random_tokens_resampled"]), 1e-12)
         vs_full = mine / max(per_token(decisive["full_resample_rate"], res, decisive["full_tokens_resampled"]), 1e-12)
         full_size = decisive["pairs"] >= 200
-        lines.append(f"decisive cut's fixes per resampled token: {vs_random:.2f}x the random cut's, {vs_full:.2f}x the "
-                     f"whole resample's on {decisive['pairs']} pairs (issue 26 targets 1.5x and 1x over >= 200 pairs: "
+        lines.append(f"decisive cut's fixes per resampled token: {vs_random:.2f}x the random cut's "
+                     f"{_interval(decisive['vs_random_ci'])}, {vs_full:.2f}x the whole resample's "
+                     f"{_interval(decisive['vs_whole_ci'])} on {decisive['pairs']} pairs (issue 26 targets 1.5x and 1x "
+                     f"over >= 200 pairs: "
                      + (f"{verdict(vs_random >= 1.5)}, {verdict(vs_full >= 1)}" if full_size else
                         "a SMALLER sample, no verdict") + ")")
     if not with_p2t(args):
@@ -323,7 +363,9 @@ def write_results_md(table: list[dict], args) -> None:
         "Failed (response, reward) pairs of the model's own samples, cut at each credit's top penalty (MRTPO replay, "
         "verifier spans, both, P2T) against a uniformly random cut and a whole-response resample, same resamples; "
         "`bench/results/repair.json`.",
-        "decisive" if args.values else "full", f"{sample_of(args)}; {args.prompts} {args.tasks} (split {args.split or 'all'}, {args.limit or 'all'} prompts), n {args.n}, "
+        "decisive" if args.values else "full",
+        f"{sample_of(args)}; {_relative(args.prompts)} {args.tasks} (split {args.split or 'all'}, "
+        f"{args.limit or 'all'} prompts), n {args.n}, "
         f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens}, {args.resamples} resamples per cut",
         " | ".join(lines),
         "issue 19: >= 200 pairs; both >= 1.5x the random cut's fixes per resampled token and >= the full resample's",
