@@ -172,7 +172,8 @@ def test_train_top_layers_learns_an_order_the_frozen_head_lacks_and_keeps_the_be
     model, _, cached = tiny_classifier_and_states(1)
     torch.nn.init.zeros_(model.score.weight)
     fit = [(0, j) for j in range(1, 6)] + [(2, j) for j in (1, 3, 4, 5)]
-    history = train_top_layers(model, cached, fit, fit, "last", 1, epochs=8, lr=3e-3, pair_batch=4, seed=0)
+    history = train_top_layers(model, cached, fit, fit, pairwise_accuracy, "last", 1, epochs=8, lr=3e-3, pair_batch=4,
+                               seed=0)
     assert history[0] == 0.5 and max(history) == 1.0  # a zero head ties every pair
     scores = all_scores(model, top_backbone(model, 1), cached, "last", batch_size=6)
     assert pairwise_accuracy(scores, fit) == max(history)
@@ -180,7 +181,7 @@ def test_train_top_layers_learns_an_order_the_frozen_head_lacks_and_keeps_the_be
         full = torch.stack([model(input_ids=torch.tensor([c.ids])).logits[0, 0] for c in cached])
     assert torch.allclose(scores, full, atol=1e-4)
     before = [p.clone() for p in model.parameters()]
-    history = train_top_layers(model, cached, fit, [(j, i) for i, j in fit], "last", 1, epochs=2, lr=3e-3,
-                               pair_batch=4, seed=0)
+    history = train_top_layers(model, cached, fit, [(j, i) for i, j in fit], pairwise_accuracy, "last", 1, epochs=2,
+                               lr=3e-3, pair_batch=4, seed=0)
     assert history[0] == max(history)  # the reversed dev order only gets worse: epoch 0 is kept
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

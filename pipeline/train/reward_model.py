@@ -388,5 +388,5 @@ def train_layers(model, cached: list, fit: Sequence[tuple[int, int]], dev: Seque
     from tokencredit.pipeline.train.top_layers import train_top_layers
 
     with Progress("rm top layers", total=config.epochs * len(fit), unit="pair", enabled=progress) as bar:
-        return train_top_layers(model, cached, fit, dev, pooling, config.train_layers, config.epochs,
+        return train_top_layers(model, cached, fit, dev, pairwise_accuracy, pooling, config.train_layers, config.epochs,
                                 config.layer_lr, config.pair_batch, config.seed, bar.update)

@@ -13,7 +13,7 @@ on dev.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -72,13 +72,12 @@ def all_scores(model, top, cached: Sequence[Cached], pooling: str, batch_size: i
 
 
 def train_top_layers(model, cached: Sequence[Cached], fit: Sequence[tuple[int, int]], dev: Sequence[tuple[int, int]],
-                     pooling: str, n: int, epochs: int, lr: float, pair_batch: int, seed: int,
-                     on_step=None) -> list[float]:
+                     accuracy: Callable[[Tensor, Sequence[tuple[int, int]]], float], pooling: str, n: int,
+                     epochs: int, lr: float, pair_batch: int, seed: int,
+                     on_step: Callable[[int, int], None] | None = None) -> list[float]:
     """Train the top n layers, final norm and head on Bradley-Terry over `fit` pairs (indices into `cached`);
-    keep the epoch (0 = as given) with the best pairwise accuracy on `dev`. Returns the dev accuracy per epoch.
-    on_step(pairs, tokens) is called after each step (its pairs and the tokens of their responses)."""
-    from tokencredit.pipeline.train.reward_model import pairwise_accuracy
-
+    keep the epoch (0 = as given) with the best accuracy(scores [N], pairs) on `dev`. Returns the dev accuracy
+    per epoch. on_step(pairs, tokens) is called after each step (its pairs and the tokens of their responses)."""
     top = top_backbone(model, n)
     params = [*top.layers.parameters(), *top.norm.parameters(), *model.score.parameters()]
     optimizer = torch.optim.Adam(params, lr=lr)
@@ -89,7 +88,7 @@ def train_top_layers(model, cached: Sequence[Cached], fit: Sequence[tuple[int, i
         found = all_scores(model, top, [cached[i] for i in dev_ids], pooling, 2 * pair_batch)
         score = torch.zeros(len(cached))
         score[dev_ids] = found
-        return pairwise_accuracy(score, dev)
+        return accuracy(score, dev)
 
     history = [dev_accuracy()]
     best = copy.deepcopy([p.detach() for p in params])
