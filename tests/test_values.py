@@ -1,10 +1,12 @@
 """Value curves (`tokencredit values`) on the shipped tiny policy: a cut's value is the mean score of its
-continuations (recomputed with the flat sampler, the prefix appended to the prompt), the decisive segment of a
-hand-made curve, a run killed by SIGKILL resumed without duplicates or gaps, the Prefect flow, bad input refused
+continuations (recomputed with the flat sampler, the prefix appended to the prompt), cut 0's is a fresh sample's
+with the same seeds, the decisive segment of a hand-made curve, a run killed by SIGKILL resumed without duplicates
+or gaps, the Prefect flow, bad input (options, a folder that is no run, a run without failed pairs) refused
 before a model loads, and `repair --cut decisive`."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +25,7 @@ from tokencredit.pipeline.sample.transformers_backend import load_sampler
 from tokencredit.pipeline.values import (ValuesConfig, connect_values, continuation_seed, decisive_segment,
                                          grid_cuts, mean_and_stderr, run_sampling, run_values, span_start_token)
 from tokencredit.schemas import DECISIVE, VALUES
+from tokencredit.verifiers import plugins
 
 ARGS = ["--k", "3", "--cuts", "3", "--pairs", "5", "--shard-size", "1", "--seed", "2", "--runner", "none"]
 CONFIG = ValuesConfig(k=3, cuts=3, pairs=5, shard_size=1, seed=2)
@@ -94,6 +97,50 @@ def test_a_cut_value_is_the_mean_score_of_flat_continuations(run, measured):
         assert row["value"] == pytest.approx(sum(scores) / 3)
         checked += 1
     assert checked == 2
+
+
+def test_the_value_at_cut_0_is_a_fresh_samples_pass_rate_with_the_same_seeds(run, measured):
+    """Cut 0 keeps nothing of the response: its continuations are fresh samples of the prompt under the run's
+    sampling settings, the same as the flat sampler draws from the continuation seeds."""
+    from tokencredit.pipeline.dataset.query import connect
+
+    records, _, _ = run_records(run)
+    _, sampling = run_sampling(str(run))
+    sampler, tokenizer = load_sampler(None)
+    at_zero = [r for r in rows(measured, "values") if r["position"] == 0 and r["k"]]
+    assert at_zero
+    for row in at_zero[:3]:
+        prompt_ids, task, gid, names = connect(run).execute(
+            "SELECT prompt_token_ids, task, group_id, reward_names FROM responses WHERE response_id = ?",
+            [row["response_id"]]).fetchone()
+        seeds = [continuation_seed(sampling.seed, row["response_id"], 0, j) for j in range(3)]
+        fresh, _ = sampler.generate([list(prompt_ids)] * 3, seeds, sampling)
+        scores = [verifiers.verify(records[gid], tokenizer.decode(t, skip_special_tokens=True)) for t in fresh]
+        if row["reward"] == "mean":
+            expected = [sum(s.score for s in found) / len(found) for found in scores]
+        else:
+            k = row["constraint_index"] if row["constraint_index"] is not None else names.index(row["reward"])
+            expected = [found[k].score for found in scores]
+        assert row["value"] == pytest.approx(sum(expected) / 3)
+
+
+@pytest.fixture(scope="module")
+def passing_run(tmp_path_factory):
+    """A run whose every reward passed: a plugin task whose one reward is always 1."""
+    folder = tmp_path_factory.mktemp("passing")
+    (folder / "always.py").write_text("def always(record, response):\n    yield 'ok', 1.0, 'Say anything.'\n")
+    prompts = folder / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a1", "task": "always", "prompt": "Say anything."}) + "\n")
+    run_annotation(AnnotateConfig(prompts=str(prompts), sampling=SamplingConfig(n=2, max_new_tokens=4),
+                                  verifiers=plugins.resolve([f"always={folder / 'always.py'}:always"])),
+                   str(folder / "run"), progress=False)
+    return folder / "run"
+
+
+def test_a_run_without_failed_pairs_is_one_clear_error(passing_run, tmp_path, capsys, no_model):
+    assert main(["values", str(passing_run), "--out", str(tmp_path / "v"), "--runner", "none"]) == 2
+    assert "the run has no failed (response, reward) pairs to measure" in capsys.readouterr().err
+    assert not (tmp_path / "v").exists()
 
 
 def test_curves_end_at_the_response_score_and_decisive_segments_are_their_largest_fall(run, measured):
