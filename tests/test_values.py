@@ -1,5 +1,6 @@
 """Value curves (`tokencredit values`) on the shipped tiny policy: a cut's value is the mean score of its
-continuations (recomputed with the flat sampler, the prefix appended to the prompt), cut 0's is a fresh sample's
+continuations (recomputed with the flat sampler, the prefix appended to the prompt) and, for a plugin reward the
+prefix decides, the prefix's verdict exactly; cut 0's is a fresh sample's
 with the same seeds, the decisive segment of a hand-made curve, a run killed by SIGKILL resumed without duplicates
 or gaps, the Prefect flow, bad input (options, a folder that is no run, a run without failed pairs) refused
 before a model loads, and `repair --cut decisive`."""
@@ -122,6 +123,37 @@ def test_the_value_at_cut_0_is_a_fresh_samples_pass_rate_with_the_same_seeds(run
             k = row["constraint_index"] if row["constraint_index"] is not None else names.index(row["reward"])
             expected = [found[k].score for found in scores]
         assert row["value"] == pytest.approx(sum(expected) / 3)
+
+
+INITIAL = """def initial(record, response):
+    first = response.lstrip()[:1]
+    yield "initial", float(first != "" and first in "<`"), "Start with a tag or a code fence."
+"""
+
+
+def test_a_value_is_known_where_the_prefix_decides_the_reward(tmp_path):
+    """A plugin reward decided by the response's first character: every cut past it keeps it, so its value is
+    exactly the prefix's verdict (stderr 0), whatever the continuations are."""
+    (tmp_path / "initial.py").write_text(INITIAL)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"i{i}", "task": "initial", "prompt": f"Say word {i}."}) + "\n"
+                               for i in range(4)))
+    run_annotation(AnnotateConfig(prompts=str(prompts), sampling=SamplingConfig(n=4, max_new_tokens=12, seed=1),
+                                  verifiers=plugins.resolve([f"initial={tmp_path / 'initial.py'}:initial"])),
+                   str(tmp_path / "run"), progress=False)
+    assert main(["values", str(tmp_path / "run"), "--out", str(tmp_path / "v"), "--k", "3", "--cuts", "4",
+                 "--passed", "--runner", "none"]) == 0
+    _, tokenizer = load_sampler(None)
+    from tokencredit.pipeline.dataset.query import connect
+
+    ids = dict(connect(tmp_path / "run").execute("SELECT response_id, token_ids FROM responses").fetchall())
+    decided = []
+    for row in rows(tmp_path / "v", "values"):
+        prefix = tokenizer.decode(ids[row["response_id"]][:row["position"]], skip_special_tokens=True).lstrip()
+        if row["reward"] == "initial" and row["k"] and prefix:
+            assert row["value"] == float(prefix[0] in "<`") and row["stderr"] == 0
+            decided.append(row["value"])
+    assert set(decided) == {0.0, 1.0}  # failed pairs (--passed: and passed ones) past their first character
 
 
 @pytest.fixture(scope="module")
