@@ -13,6 +13,7 @@ from other processes falls on both alike):
 
 The figure is seconds per continuation token (the tokens each side drew): the issue's target is values within 1.2x
 of the sampler's. The target's size is 64 failed pairs x 8 cuts x K 16; a smaller `--pairs` is reported as such.
+The figures so far are written after every chunk, so a stopped run leaves what it measured (labelled reduced).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def sampler_side(sampler, chunk, cut_maps, sampling, config) -> tuple[float, int
     return time.perf_counter() - started, tokens
 
 
-def measure(args) -> dict:
+def measure(args, on_chunk=None) -> dict:
     from tokencredit.pipeline.dataset.export import run_records
     from tokencredit.pipeline.sample.transformers_backend import load_sampler
     from tokencredit.pipeline.annotate import verify_samples
@@ -79,8 +80,16 @@ def measure(args) -> dict:
         for side in ((values, flat) if n % 2 == 0 else (flat, values)):
             side()
         print(f"chunk {n + 1}/{len(chunks)}: {json.dumps({k: round(v, 2) for k, v in totals.items()})}", flush=True)
+        result = summary(settings.get("model"), args, [c for chunk in chunks[:n + 1] for c in chunk], totals)
+        if on_chunk is not None:
+            on_chunk({**result, "pairs_planned": sum(len(c.pairs) for c in curves)})
+    return result
+
+
+def summary(model: str | None, args, curves, totals: dict) -> dict:
+    """The figures over the chunks measured so far (`curves`: their responses)."""
     per_token = {side: totals[f"{side}_s"] / max(totals[f"{side}_tokens"], 1) for side in ("values", "sampler")}
-    return {"model": settings.get("model"), "run": args.run, "pairs": sum(len(c.pairs) for c in curves),
+    return {"model": model, "run": args.run, "pairs": sum(len(c.pairs) for c in curves),
             "responses": len(curves), "cuts": args.cuts, "k": args.k, "batch_size": args.batch_size, **totals,
             "values_s_per_token": per_token["values"], "sampler_s_per_token": per_token["sampler"],
             "ratio": per_token["values"] / per_token["sampler"],
@@ -98,18 +107,23 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=2, help="responses per timed chunk")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    result = measure(args)
+    print(json.dumps(measure(args, on_chunk=lambda result: write(result, args)), indent=1))
+
+
+def write(result: dict, args) -> None:
+    """The figures so far into the JSON and RESULTS.md, after every chunk: a stopped run keeps what it measured
+    (labelled by the pairs it covered out of those planned)."""
     full = all(result[key] >= value for key, value in TARGET.items())
-    print(json.dumps(result, indent=1))
     RESULTS_JSON.write_text(json.dumps(result, indent=1) + "\n")
+    so_far = "" if result["pairs"] == result["pairs_planned"] else f" of {result['pairs_planned']} planned"
     upsert_result(
         "Value curves: time per continuation token (bench_values.py)",
         "`tokencredit values` end to end (cuts, continuations sharing each prefix's cache, verification, curves) "
         "against the sampler's `generate` on the same rows and batches, interleaved chunk by chunk; "
         "`bench/results/values_speed.json`.",
         "full" if full else "reduced",
-        f"{result['model']}; {result['pairs']} failed pairs ({result['responses']} responses), {args.cuts} grid cuts "
-        f"+ span/top cuts, K {args.k}, batch {args.batch_size}",
+        f"{result['model']}; {result['pairs']}{so_far} failed pairs ({result['responses']} responses), "
+        f"{args.cuts} grid cuts + span/top cuts, K {args.k}, batch {args.batch_size}",
         f"values {1000 * result['values_s_per_token']:.2f} ms/token, sampler {1000 * result['sampler_s_per_token']:.2f} "
         f"ms/token: {result['ratio']:.2f}x (sampling alone {result['sampling_only_ratio']:.2f}x); "
         f"{result['values_tokens']} / {result['sampler_tokens']} tokens",
