@@ -13,7 +13,8 @@ from other processes falls on both alike):
 
 The figure is seconds per continuation token (the tokens each side drew): the issue's target is values within 1.2x
 of the sampler's. The target's size is 64 failed pairs x 8 cuts x K 16; a smaller `--pairs` is reported as such.
-The figures so far are written after every chunk, so a stopped run leaves what it measured (labelled reduced).
+The figures so far are written after every chunk, so a stopped run leaves what it measured (labelled reduced);
+`--resume` continues it from the next chunk.
 """
 from __future__ import annotations
 
@@ -61,7 +62,11 @@ def measure(args, on_chunk=None) -> dict:
     sampler, tokenizer = load_sampler(settings.get("model"))
     totals = {"values_s": 0.0, "values_tokens": 0, "sampler_s": 0.0, "sampler_tokens": 0, "values_sampling_s": 0.0}
     chunks = [curves[i:i + args.chunk] for i in range(0, len(curves), args.chunk)]
+    done = resumed(args, sum(len(c.pairs) for c in curves), totals)
+    result = summary(settings.get("model"), args, [c for chunk in chunks[:done] for c in chunk], totals)
     for n, chunk in enumerate(chunks):
+        if n < done:
+            continue
         originals = verify_samples([_sample(c, c.response, c.response_id) for c in chunk], records, refs)
         cut_maps = [cut_sources(c, [list(s.spans) for s in v.rewards], tokenizer, args.cuts)
                     for c, v in zip(chunk, originals)]
@@ -82,8 +87,26 @@ def measure(args, on_chunk=None) -> dict:
         print(f"chunk {n + 1}/{len(chunks)}: {json.dumps({k: round(v, 2) for k, v in totals.items()})}", flush=True)
         result = summary(settings.get("model"), args, [c for chunk in chunks[:n + 1] for c in chunk], totals)
         if on_chunk is not None:
-            on_chunk({**result, "pairs_planned": sum(len(c.pairs) for c in curves)})
+            on_chunk({**result, "pairs_planned": sum(len(c.pairs) for c in curves), "chunk": args.chunk,
+                      "seed": args.seed, "chunks_done": n + 1})
     return result
+
+
+def resumed(args, planned: int, totals: dict) -> int:
+    """With --resume: the chunks values_speed.json already measured with these settings (their totals added to
+    `totals`), else 0."""
+    if not args.resume or not RESULTS_JSON.exists():
+        return 0
+    old = json.loads(RESULTS_JSON.read_text())
+    same = {"run": args.run, "cuts": args.cuts, "k": args.k, "batch_size": args.batch_size, "pairs_planned": planned,
+            "chunk": args.chunk, "seed": args.seed}
+    if any(old.get(key) != value for key, value in same.items()):
+        print(f"--resume: {RESULTS_JSON} measured other settings; starting over", flush=True)
+        return 0
+    for key in totals:
+        totals[key] = old[key]
+    print(f"--resume: {old['chunks_done']} chunks already measured", flush=True)
+    return old["chunks_done"]
 
 
 def summary(model: str | None, args, curves, totals: dict) -> dict:
@@ -106,6 +129,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128, help="continuations per forward (both sides)")
     parser.add_argument("--chunk", type=int, default=2, help="responses per timed chunk")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="continue after the chunks values_speed.json holds "
+                        "(the same run and settings)")
     args = parser.parse_args()
     print(json.dumps(measure(args, on_chunk=lambda result: write(result, args)), indent=1))
 
