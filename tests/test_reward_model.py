@@ -104,6 +104,13 @@ def test_rm_train_on_the_tiny_policy_end_to_end(tiny_run, tmp_path, capsys, pool
     assert len(raws) == 2 and all(len(raw) == len(ids) for raw, ids in raws)
 
 
+def test_rm_train_refuses_more_layers_than_the_base_has(tiny_run, tmp_path, capsys):
+    assert main(["rm", "train", str(tiny_run), "--base", str(DEFAULT_POLICY), "--out", str(tmp_path / "rm"),
+                 "--train-layers", "9"]) == 2
+    assert "--train-layers 9: the base needs 1..4 decoder layers" in capsys.readouterr().err
+    assert not (tmp_path / "rm").exists()
+
+
 def test_rm_train_chooses_the_pooling_and_l2_by_cross_validation_on_train_groups():
     """Features where only the response mean separates the pairs: "auto" picks it, a fixed pooling is kept."""
     generator = torch.Generator().manual_seed(0)

@@ -342,6 +342,8 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
     train, heldout = pairs.split(False), pairs.split(True)
     model, tokenizer = load_base(config.base, device)
     layers = model.config.num_hidden_layers
+    if config.train_layers:
+        top_backbone(model, config.train_layers)  # a bad --train-layers is refused before the forward
     with Progress("rm features", total=len(pairs.responses), unit="response", enabled=progress) as bar:
         features, cached = response_features(model, tokenizer, pairs.responses, config.batch_size,
                                              lambda n, tokens: bar.update(n, tokens),
