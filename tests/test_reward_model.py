@@ -14,9 +14,9 @@ from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingCo
 from tokencredit.pipeline.credit.p2t import attribute, encode_for_reward_model
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_reward_model
 from tokencredit.pipeline.steps import Pipeline
-from tokencredit.pipeline.train.reward_model import (L2_GRID, Response, RewardModelConfig, choose_head, family_pairs,
-                                                     heldout_groups, load_base, mean_reward_pairs, pairwise_accuracy,
-                                                     response_features)
+from tokencredit.pipeline.train.reward_model import (L2_GRID, Response, RewardModelConfig, check_top_layers,
+                                                     choose_head, family_pairs, heldout_groups, load_base,
+                                                     mean_reward_pairs, pairwise_accuracy, response_features)
 from tokencredit.pipeline.train.top_layers import all_scores, top_backbone, train_top_layers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,6 +171,10 @@ def test_top_layers_on_cached_states_reproduce_the_full_forward(n_layers):
     assert torch.allclose(all_scores(model, top, cached, "last", batch_size=3), full, atol=1e-4)
     with pytest.raises(ValueError, match="--train-layers 5: the base needs 1..4 decoder layers"):
         top_backbone(model, 5)
+    config = RewardModelConfig(base="tiny", train_layers=n_layers)  # rm train's own check before training
+    check_top_layers(model, cached, features["last"] @ model.score.weight[0], "last", config)
+    with pytest.raises(ValueError, match="does not reproduce its own scores from cached states"):
+        check_top_layers(model, cached, features["last"] @ model.score.weight[0] + 0.1, "last", config)
 
 
 def test_train_top_layers_learns_an_order_the_frozen_head_lacks_and_keeps_the_best_dev_epoch():

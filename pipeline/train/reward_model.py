@@ -358,6 +358,7 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
     scores = features[pooling] @ weights
     dev_history = None
     if config.train_layers:
+        check_top_layers(model, cached[:4], features[pooling][:4] @ weights, pooling, config)
         dev_history = train_layers(model, cached, fit, dev, pooling, config, progress)
         scores = all_scores(model, top_backbone(model, config.train_layers), cached, pooling, config.batch_size)
     trained = family_pairs(pairs.responses, {r.group_id for r in pairs.responses} - pairs.heldout)
@@ -372,6 +373,18 @@ def train_reward_model(run: str, out: str | Path, config: RewardModelConfig = Re
               "train_accuracy": pairwise_accuracy(scores, train), "families": families}
     save_reward_model(model, tokenizer, pooling, out, report)
     return report
+
+
+def check_top_layers(model, cached: list, expected: Tensor, pooling: str, config: RewardModelConfig) -> None:
+    """ValueError unless the top layers on cached states give the full forward's scores `expected` [B]: a
+    decoder whose forward does more to `inputs_embeds` than run its layers (Gemma scales them) cannot train so."""
+    from tokencredit.pipeline.train.top_layers import all_scores, top_backbone
+
+    found = all_scores(model, top_backbone(model, config.train_layers), cached, pooling, config.batch_size)
+    if not torch.allclose(found, expected, rtol=1e-3, atol=1e-3):
+        raise ValueError(f"--train-layers {config.train_layers}: base {config.base} does not reproduce its own scores "
+                         f"from cached states (max difference {float((found - expected).abs().max()):.3g}); "
+                         f"use --train-layers 0")
 
 
 def dev_split(train: Sequence[tuple[int, int]], pairs: Pairs,
