@@ -381,6 +381,7 @@ def check_top_layers(model, cached: list, expected: Tensor, pooling: str, config
     from tokencredit.pipeline.train.top_layers import all_scores, top_backbone
 
     found = all_scores(model, top_backbone(model, config.train_layers), cached, pooling, config.batch_size)
+    expected = expected.detach()
     if not torch.allclose(found, expected, rtol=1e-3, atol=1e-3):
         raise ValueError(f"--train-layers {config.train_layers}: base {config.base} does not reproduce its own scores "
                          f"from cached states (max difference {float((found - expected).abs().max()):.3g}); "
