@@ -507,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
     rm = p.add_subparsers(dest="rm_command", required=True)
     q = rm.add_parser("train", help="train a scalar reward model from a run's verifier labels: pairs of one "
                       "prompt's responses, the higher mean reward chosen; a linear head on the frozen base "
-                      "(its pooling and L2 chosen by cross-validation over the train prompts)",
+                      "(its pooling and L2 chosen by cross-validation over the train prompts), and with "
+                      "--train-layers the base's top layers too",
                       formatter_class=_HelpWithDefaults)
     q.add_argument("run", help="run directory written by annotate (complete)")
     q.add_argument("--base", default="smollm2-135m-instruct", help="registry name or local causal LM folder")
