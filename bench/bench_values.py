@@ -63,7 +63,8 @@ def measure(args, on_chunk=None) -> dict:
     totals = {"values_s": 0.0, "values_tokens": 0, "sampler_s": 0.0, "sampler_tokens": 0, "values_sampling_s": 0.0}
     chunks = [curves[i:i + args.chunk] for i in range(0, len(curves), args.chunk)]
     done = resumed(args, sum(len(c.pairs) for c in curves), totals)
-    result = summary(settings.get("model"), args, [c for chunk in chunks[:done] for c in chunk], totals)
+    result = summary(settings.get("model"), args, [c for chunk in chunks[:done] for c in chunk], totals) \
+        if done else None
     for n, chunk in enumerate(chunks):
         if n < done:
             continue
