@@ -160,12 +160,12 @@ def ratio_interval(located, other, members: list[int], rounds: int = 2000, seed:
     other cut's (both cuts resample the same pairs, so a draw takes a pair's results for both)."""
     import numpy as np
 
-    def per_token(results, draw):
+    def fixes_per_token(results, draw):
         repairs = np.array([results[i]["repairs"] for i in members])[draw].sum(1)
         return repairs / np.maximum(np.array([results[i]["tokens"] for i in members])[draw].sum(1), 1)
 
     draw = np.random.default_rng(seed).integers(len(members), size=(rounds, len(members)))
-    mine, theirs = per_token(located, draw), per_token(other, draw)
+    mine, theirs = fixes_per_token(located, draw), fixes_per_token(other, draw)
     ratios = mine[theirs > 0] / theirs[theirs > 0]
     if len(ratios) < rounds // 2:
         return None
