@@ -2,6 +2,7 @@
 curve falls most?
 
     python bench/bench_localization_own.py [--limit 64] [--pairs 200] [--k 16] [--cuts 8] [--quick]
+    python bench/bench_localization_own.py --pool tree [--tree-run RUN] [--pairs 200] [--k 16]
 
 SmolLM2 samples the closed-loop train prompts once (temperature 0.5, max_new_tokens 96) and the same verified
 responses are credited gdpo,mrtpo under each `--locate` (bench/own_runs.py). `tokencredit values` measures the
@@ -25,6 +26,11 @@ is chance) and per constraint kind:
 - starts_first_quarter, starts_at_first_token: how many of the row's pairs have their decisive segment start in
   the response's first quarter, and at its first token.
 
+`mc` needs tree-sampled groups, so `--pool tree` measures it on a run of its own (`--tree-run`, e.g. closed_loop.py's
+`bench/.closed_loop/pool-tree`, else WORK/tree sampled with `--tree R,L`): its failed pairs are other responses,
+scored beside chance and the first-token rule on the same pairs. Rows carry `pool` (`flat` or `tree`); a run
+replaces its own pool's rows and keeps the other's.
+
 `kind` is `all`, a constraint kind, or `rm_heldout`: the pairs whose prompt P2T's reward model held out (with
 `--reward-model`, a folder of `tokencredit rm train`, which may have trained on the other pairs' responses).
 
@@ -43,7 +49,7 @@ import time
 from pathlib import Path
 
 from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch threads)
-from own_runs import LOCATES, add_arguments, make_runs
+from own_runs import LOCATES, add_arguments, make_runs, make_tree_run
 
 RESULTS_JSON = ROOT / "bench" / "results" / "localization_own.json"
 TARGET_PAIRS, TARGET_K = 200, 16
@@ -180,26 +186,47 @@ def rows_for(model: str, pairs: list[dict], credits: dict[tuple[str, str], dict 
     return rows
 
 
-def measure(args) -> list[dict]:
+def measured_pairs(args, run: str, name: str) -> list[dict]:
+    """The decisive pairs of `run`'s value curves: `args.values` as it stands (a stopped `tokencredit values` run:
+    its complete shards), else a values run of `args.pairs` failed pairs into WORK (resumed if stopped). Sets
+    args.pairs to the failed pairs there are when fewer, and args.k to the K measured."""
     from tokencredit.pipeline.values import ValuesConfig, connect_values, run_pairs, run_values
 
-    args.out = args.work
-    runs = make_runs(args)
-    failed = sum(score < 1 for row in run_pairs(runs["both"])[0] for score in row[8])
+    failed = sum(score < 1 for row in run_pairs(run)[0] for score in row[8])
     if failed < args.pairs:
-        print(f"the runs have {failed} failed pairs, fewer than --pairs {args.pairs}: measuring them all", flush=True)
+        print(f"{run} has {failed} failed pairs, fewer than --pairs {args.pairs}: measuring them all", flush=True)
         args.pairs = failed
-    if args.values:  # a values folder of the both run as it stands (a stopped run: its complete shards)
-        values = args.values
-    else:
-        values = str(Path(args.work) / f"values-k{args.k}-c{args.cuts}-p{args.pairs}")
+    values = args.values or str(Path(args.work) / f"{name}values-k{args.k}-c{args.cuts}-p{args.pairs}")
+    if not args.values:
         started = time.perf_counter()
-        summary = run_values(runs["both"], values, ValuesConfig(k=args.k, cuts=args.cuts, pairs=args.pairs,
-                                                                 seed=args.seed, shard_size=2), progress=True)
+        summary = run_values(run, values, ValuesConfig(k=args.k, cuts=args.cuts, pairs=args.pairs, seed=args.seed,
+                                                       shard_size=2), progress=True)
         print(f"values: {summary['pairs']} pairs, {summary['continuations']} continuations, "
               f"{summary['continuation_tokens']} tokens, {time.perf_counter() - started:.0f} s this call", flush=True)
-    pairs = decisive_pairs(values)
-    args.k = min(k for (k,) in connect_values(values).execute("SELECT DISTINCT k FROM \"values\" WHERE k > 0").fetchall())
+    measured = connect_values(values).execute("SELECT DISTINCT k FROM \"values\" WHERE k > 0").fetchall()
+    args.k = min(k for (k,) in measured)
+    return decisive_pairs(values)
+
+
+def measure_tree(args) -> list[dict]:
+    """Rows of the tree run (`--tree-run`, else WORK/tree sampled with `--tree`): `mc` beside chance and the
+    first-token rule, on its own failed pairs (other responses than the flat runs')."""
+    args.out = args.work
+    run = args.tree_run or make_tree_run(args)
+    mc = token_credits(run).get("mc")
+    if mc is None:
+        raise SystemExit(f"--tree-run {run}: the run has no mc credit (tree-sampled groups credited gdpo,mc)")
+    pairs = measured_pairs(args, run, "tree-")
+    credits = {("mc", "-"): mc, ("gdpo", "uniform"): None, ("first_token", "-"): first_token_credit(pairs)}
+    return [{**row, "pool": "tree"} for row in rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed)]
+
+
+def measure(args) -> list[dict]:
+    """Rows of the flat runs (one per --locate, the same responses): every credit they hold on their failed
+    pairs."""
+    args.out = args.work
+    runs = make_runs(args)
+    pairs = measured_pairs(args, runs["both"], "")
     credits: dict[tuple[str, str], dict | None] = {}
     for locate in LOCATES:
         for name, tokens in token_credits(runs[locate]).items():
@@ -208,8 +235,8 @@ def measure(args) -> list[dict]:
     credits[("gdpo", "uniform")] = None
     credits[("first_token", "-")] = first_token_credit(pairs)
     held = rm_heldout(runs["replay"], pairs) if ("p2t", "-") in credits else None
-    return rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed,
-                    {"rm_heldout": held} if held is not None else None)
+    return [{**row, "pool": "flat"} for row in rows_for(args.model, pairs, credits, args.k, args.bootstrap,
+                                                         args.seed, {"rm_heldout": held} if held is not None else None)]
 
 
 def report(rows: list[dict]) -> list[str]:
@@ -228,35 +255,48 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", default=str(ROOT / "bench" / ".own"), help="folder of the runs and values")
     add_arguments(parser)
+    parser.add_argument("--pool", choices=("flat", "tree"), default="flat", help="flat: the runs per --locate "
+                        "(mrtpo, p2t); tree: a tree-sampled run credited gdpo,mc (mc)")
+    parser.add_argument("--tree-run", default=None, help="with --pool tree: an existing run of tree-sampled groups "
+                        "with the mc credit (e.g. closed_loop.py's bench/.closed_loop/pool-tree); else WORK/tree")
     parser.add_argument("--pairs", type=int, default=TARGET_PAIRS, help="failed pairs measured")
     parser.add_argument("--k", type=int, default=TARGET_K, help="continuations per cut")
     parser.add_argument("--cuts", type=int, default=8)
-    parser.add_argument("--values", default=None, help="an existing values folder of WORK/both (tokencredit values): "
-                        "its complete shards are measured as they stand, nothing is sampled")
+    parser.add_argument("--values", default=None, help="an existing values folder of the pool's run (tokencredit "
+                        "values): its complete shards are measured as they stand, nothing is sampled")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap rounds")
     parser.add_argument("--quick", action="store_true", help="the tiny policy on a few demo prompts; writes nothing")
     args = parser.parse_args()
+    pool = measure_tree if args.pool == "tree" else measure
     if args.quick:
         import tempfile
 
-        args.model, args.prompts, args.limit, args.n, args.max_new_tokens, args.pairs, args.k, args.cuts = \
-            None, "demo", 3, 4, 32, 6, 4, 4
+        args.model, args.prompts, args.limit, args.n, args.max_new_tokens, args.pairs, args.k, args.cuts, args.tree = \
+            None, "demo", 3, 4, 32, 6, 4, 4, (2, 2)
         with tempfile.TemporaryDirectory() as tmp:
             args.work = tmp
-            print("\n".join(report(measure(args))))
+            print("\n".join(report(pool(args))))
         return
-    rows = measure(args)
+    rows = pool(args)
     lines = report(rows)
     print("\n".join(lines))
-    RESULTS_JSON.write_text(json.dumps(rows, indent=1) + "\n")
+    kept = [r for r in json.loads(RESULTS_JSON.read_text()) if r.get("pool", "flat") != args.pool] \
+        if RESULTS_JSON.exists() else []
+    RESULTS_JSON.write_text(json.dumps(kept + rows, indent=1) + "\n")
+    (record_tree if args.pool == "tree" else record_flat)(args, rows, lines)
+
+
+def record_flat(args, rows: list[dict], lines: list[str]) -> None:
+    """The flat runs' RESULTS.md row, with the issue's verdict on the best credit."""
     best = max((r for r in rows if r["kind"] == "all" and r["credit"] not in ("gdpo", "first_token")),
                key=lambda r: r["top_in_decisive"])
     first = next(r for r in rows if r["kind"] == "all" and r["credit"] == "first_token")
     full = rows[0]["pairs"] >= TARGET_PAIRS and args.k >= TARGET_K
+    smaller = "; a SMALLER sample than the target 200 pairs x K 16: not a verdict on the target"
+    met = best["top_in_decisive"] >= 2 * best["chance"] and best["ci_low"] > best["chance"]
     lines.append(f"best {best['credit']}/{best['locate']}: {best['top_in_decisive'] / best['chance']:.2f}x chance, "
                  f"interval low {best['ci_low']:.3f} vs chance {best['chance']:.3f} (target 2x chance, interval "
-                 f"excluding chance: {verdict(best['top_in_decisive'] >= 2 * best['chance'] and best['ci_low'] > best['chance'])}"
-                 f"{'' if full else '; a SMALLER sample than the target 200 pairs x K 16: not a verdict on the target'})")
+                 f"excluding chance: {verdict(met)}{'' if full else smaller})")
     lines.append(f"the decisive segment starts in the response's first quarter for {first['starts_first_quarter']} of "
                  f"{first['pairs']} pairs, at its first token for {first['starts_at_first_token']}")
     lines.append(f"position-only controls: {best['credit']}'s own top positions shuffled over pairs score "
@@ -273,6 +313,27 @@ def main() -> None:
         " | ".join(lines),
         "issue 26: >= 200 pairs, K >= 16; the best credit's top token in the decisive segment >= 2x chance, "
         "interval excluding chance",
+    )
+
+
+def record_tree(args, rows: list[dict], lines: list[str]) -> None:
+    """The tree run's RESULTS.md row: mc's figure, reported as it is (the issue's verdict is on the best credit)."""
+    from tokencredit.pipeline.dataset.derived import run_sampling
+
+    settings, sampling = run_sampling(args.tree_run or str(Path(args.work) / "tree"))
+    pairs = rows[0]["pairs"]
+    upsert_result(
+        "Localization on the model's own samples: mc on tree-sampled groups (bench_localization_own.py --pool tree)",
+        "As the section above, on the failed pairs of a tree-sampled run credited gdpo,mc (other responses than "
+        "the flat runs'): `mc`'s most penalized token against chance and the first-token rule; rows with "
+        "`pool` = `tree` in `bench/results/localization_own.json`.",
+        "full" if pairs >= TARGET_PAIRS and args.k >= TARGET_K else "reduced",
+        f"{settings['limit']} train prompts, tree {tuple(sampling.tree)}, temperature {sampling.temperature}, "
+        f"max_new_tokens {sampling.max_new_tokens}, seed {sampling.seed}; {pairs} failed pairs, {args.cuts} grid "
+        f"cuts + span/top cuts, K {args.k}",
+        " | ".join(lines),
+        "issue 26: every credit's figure reported (the 2x-chance target is on the best credit, the flat row)"
+        + ("" if pairs >= TARGET_PAIRS else f"; {pairs} pairs, fewer than the target's 200"),
     )
 
 

@@ -7,7 +7,9 @@ verifier, both) writes the runs `OUT/replay`, `OUT/verifier`, `OUT/both` whose r
 the credit differs (the bench compares credits on the same pairs). With `--reward-model DIR` (e.g. one
 `tokencredit rm train` wrote) the replay run also holds P2T's credit, as bench_repair.py's own replay run does.
 Each run's manifest records its own config, so `tokencredit values OUT/both` reads the sampling settings the
-responses were drawn with. A run already complete under OUT is kept.
+responses were drawn with. A run already complete under OUT is kept. `make_tree_run` writes `OUT/tree`: the same
+prompts and settings sampled as trees (`--tree R,L`) and credited gdpo,mc, for the Monte-Carlo credit, which needs
+tree-sampled groups.
 """
 from __future__ import annotations
 
@@ -29,6 +31,23 @@ def config_for(args, locate: str):
                           reward_model=args.reward_model if locate == "replay" else None,
                           credit=CreditConfig(kinds=("gdpo", "mrtpo", "p2t") if locate == "replay" and args.reward_model
                                               else ("gdpo", "mrtpo"), locate=locate))
+
+
+def make_tree_run(args) -> str:
+    """OUT/tree: the prompts sampled as trees of `args.tree` branching, credited gdpo,mc (kept when complete)."""
+    import dataclasses
+
+    from tokencredit.pipeline.config import CreditConfig
+    from tokencredit.pipeline.steps import Pipeline
+
+    path = Path(args.out) / "tree"
+    if not (path / "manifest.json").exists():
+        flat = config_for(args, "replay")
+        config = dataclasses.replace(flat, reward_model=None, credit=CreditConfig(kinds=("gdpo", "mc")),
+                                     sampling=dataclasses.replace(flat.sampling, n=None, tree=args.tree))
+        Pipeline(config).run(str(path))
+        print(f"wrote {path}", flush=True)
+    return str(path)
 
 
 def make_runs(args) -> dict[str, str]:
@@ -60,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.5)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tree", type=lambda text: tuple(int(x) for x in text.split(",")), default=(4, 2),
+                        help="R,L: the tree run's branching (its groups have R x L leaves)")
     parser.add_argument("--reward-model", default=None, help="P2T's reward model for the replay run (a folder of "
                         "`tokencredit rm train`); without it the runs hold no P2T")
 
