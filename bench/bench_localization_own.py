@@ -209,10 +209,10 @@ def measured_pairs(args, run: str, name: str) -> list[dict]:
 
 
 def measure_tree(args) -> list[dict]:
-    """Rows of the tree run (`--tree-run`, else WORK/tree sampled with `--tree`): `mc` beside chance and the
-    first-token rule, on its own failed pairs (other responses than the flat runs')."""
+    """Rows of the tree run (`--tree-run`, else WORK/tree sampled with `--tree`, which then becomes args.tree_run):
+    `mc` beside chance and the first-token rule, on its own failed pairs (other responses than the flat runs')."""
     args.out = args.work
-    run = args.tree_run or make_tree_run(args)
+    run = args.tree_run = args.tree_run or make_tree_run(args)
     mc = token_credits(run).get("mc")
     if mc is None:
         raise SystemExit(f"--tree-run {run}: the run has no mc credit (tree-sampled groups credited gdpo,mc)")
@@ -320,7 +320,7 @@ def record_tree(args, rows: list[dict], lines: list[str]) -> None:
     """The tree run's RESULTS.md row: mc's figure, reported as it is (the issue's verdict is on the best credit)."""
     from tokencredit.pipeline.dataset.derived import run_sampling
 
-    settings, sampling = run_sampling(args.tree_run or str(Path(args.work) / "tree"))
+    settings, sampling = run_sampling(args.tree_run)
     pairs = rows[0]["pairs"]
     upsert_result(
         "Localization on the model's own samples: mc on tree-sampled groups (bench_localization_own.py --pool tree)",
