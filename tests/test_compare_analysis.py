@@ -1,0 +1,73 @@
+"""compare's statistics (tokencredit.pipeline.compare.analysis) checked by simulation: data with known variance
+components and a known effect, where the 95% interval must cover the effect 93-97% of the time."""
+import numpy as np
+import pytest
+
+from tokencredit.pipeline.compare.analysis import components, crossed_means, difference, intervals, mde_for
+
+# (var_seed, var_prompt, var_cell) shaped like the re-analysed closed-loop differences (bench/results/compare.json):
+# the cell term dominates, the seed term is small or 0 (two credits on one shared pool), the prompt term varies.
+SHAPES = [(0.0005, 0.005, 0.07), (0.0, 0.05, 0.065), (0.0, 0.0025, 0.055), (0.003, 0.002, 0.08)]
+EFFECT = 0.02
+
+
+def simulate(rng, replicates: int, seeds: int, prompts: int, var_seed: float, var_prompt: float, var_cell: float,
+             decodes: int = 1, var_decode: float = 0.0):
+    """[R, S, P, D] differences: the effect plus a seed, a prompt, a seed x prompt and a decode term."""
+    return (EFFECT + rng.normal(0, np.sqrt(var_seed), (replicates, seeds, 1, 1))
+            + rng.normal(0, np.sqrt(var_prompt), (replicates, 1, prompts, 1))
+            + rng.normal(0, np.sqrt(var_cell), (replicates, seeds, prompts, 1))
+            + rng.normal(0, np.sqrt(var_decode), (replicates, seeds, prompts, decodes)))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_interval_covers_the_effect_at_its_level(shape):
+    rng = np.random.default_rng(sum(int(1e4 * v) for v in shape))
+    replicates, seeds, prompts = 1000, 5, 256
+    cells = simulate(rng, replicates, seeds, prompts, *shape)[..., 0]
+    rows = intervals(cells)
+    coverage = float(((rows["ci_low"] <= EFFECT) & (EFFECT <= rows["ci_high"])).mean())
+    # the crossed seeds x prompts bootstrap of the older rows, beside it (first 500 replicates, 1000 draws each)
+    means = crossed_means(cells[:500], draws=1000, seed=1)
+    low, high = np.quantile(means, [0.025, 0.975], axis=-1)
+    crossed = float(((low <= EFFECT) & (EFFECT <= high)).mean())
+    true_se = np.sqrt(shape[0] / seeds + shape[1] / prompts + shape[2] / (seeds * prompts))
+    print(f"components {shape}: variance-components interval covers {coverage:.3f} of {replicates}; crossed "
+          f"bootstrap {crossed:.3f} of 500 (its standard error {means.std(axis=-1).mean() / true_se:.2f}x the "
+          f"true one, the estimator's {rows['se'].mean() / true_se:.2f}x)")
+    assert 0.93 <= coverage <= 0.97
+    # the detectable difference is the interval's: ~2.8 standard errors at 80% power, 5% two-sided
+    assert np.all(rows["mde"] > 2.8 * rows["se"])
+
+
+def test_components_recover_the_truth_and_decodes_split_off():
+    rng = np.random.default_rng(7)
+    truth = (0.002, 0.01, 0.04)
+    diff = simulate(rng, 400, 6, 200, *truth, decodes=3, var_decode=0.06)
+    found = [components(d) for d in diff]
+    assert np.mean([c.var_seed for c in found]) == pytest.approx(truth[0], rel=0.2)
+    assert np.mean([c.var_prompt for c in found]) == pytest.approx(truth[1], rel=0.1)
+    # the cell mean over 3 decodes holds the interaction and a third of the decode noise
+    assert np.mean([c.var_cell for c in found]) == pytest.approx(truth[2] + 0.06 / 3, rel=0.05)
+    assert np.mean([c.var_decode for c in found]) == pytest.approx(0.06, rel=0.05)
+
+
+def test_plan_mde_matches_the_interval_and_falls_with_prompts_and_decodes():
+    rng = np.random.default_rng(3)
+    cells = simulate(rng, 1, 5, 256, 0.0005, 0.005, 0.07)[0, ..., 0]
+    row = difference(cells[..., None] + 0.5, np.full((5, 256, 1), 0.5))
+    assert row["diff"] == pytest.approx(cells.mean())
+    # the planned detectable difference at the pilot's own size is the measured one
+    planned = mde_for(row["var_seed"], row["var_prompt"], row["var_cell"], 5, 256)
+    assert planned == pytest.approx(row["mde"], rel=0.05)
+    # more prompts shrink it; with a measured decode term, more decodes do too; without one they do not
+    pilot = mde_for(0.0005, 0.005, 0.07, 5, 256)
+    assert mde_for(0.0005, 0.005, 0.07, 5, 1024) < pilot
+    assert mde_for(0.0005, 0.005, 0.07, 5, 256, var_decode=0.05, decodes=3) < pilot
+    assert mde_for(0.0005, 0.005, 0.07, 5, 256, decodes=3) == pytest.approx(pilot)
+    assert len(row["per_seed_diff"]) == 5 and np.mean(row["per_seed_diff"]) == pytest.approx(row["diff"])
+
+
+def test_too_few_seeds_is_refused():
+    with pytest.raises(ValueError, match="2 seeds"):
+        components(np.zeros((1, 10)))
