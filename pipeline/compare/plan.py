@@ -1,0 +1,134 @@
+"""`compare --plan`: the seeds, held-out prompts and decodes a design needs for a target detectable difference,
+and what that costs, from a pilot's variance components and measured speeds.
+
+Detectable difference of S seeds x P prompts x D decodes: analysis.mde_for with the pilot's components (the
+largest over the differences planned for). Cost: every policy (arms x seeds + the start) decodes P x D responses
+of the pilot's measured tokens per response at the engine's measured tokens/s, and every (arm, seed) trains for
+the pilot's measured seconds. Units: tokens, seconds, hours.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokencredit.pipeline.compare.analysis import mde_for
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured: tokens per scored response, decode tokens/s of the scoring engine, seconds to train one
+    (arm, seed); and where each figure comes from."""
+
+    tokens_per_response: float
+    tokens_per_s: float
+    train_seconds: float
+    source: str
+
+
+def measured_costs(pilot: Path) -> Costs:
+    """From a compare folder: its scores' tokens and seconds, and its trainings' seconds (train.json)."""
+    scores = [json.loads(p.read_text()) for p in sorted((pilot / "scores").glob("*.json"))]
+    if not scores:
+        raise ValueError(f"--pilot {pilot}: no scored policy (scores/*.json) to measure the engine's speed on")
+    responses = sum(len(cells) for s in scores for cells in s["decodes"].values())
+    tokens, seconds = sum(s["tokens"] for s in scores), sum(s["seconds"] for s in scores)
+    trained = [json.loads(p.read_text())["seconds"] for p in (pilot / "train").glob("*/seconds.json")]
+    return Costs(tokens_per_response=tokens / responses, tokens_per_s=tokens / max(seconds, 1e-9),
+                 train_seconds=float(np.mean(trained)) if trained else 0.0,
+                 source=f"{pilot}: {len(scores)} scored policies ({tokens} tokens in {seconds:.0f} s), "
+                        f"{len(trained)} trainings")
+
+
+def plan(components: list[dict], target: float, arms: int, costs: Costs, *, seeds=range(2, 21),
+         prompts=(256, 512, 1024, 1536, 2048, 3072, 4096), decodes=(1, 2, 3, 4, 6, 8), max_prompts: int | None = None,
+         fixed: dict | None = None) -> dict:
+    """The cheapest (seeds, prompts, decodes) whose detectable difference is at most `target` for every
+    difference of `components` (rows with var_seed, var_prompt, var_cell, var_decode, decodes), with its
+    cost, and the cheapest for each seed count; `fixed` pins any of seeds/prompts/decodes."""
+    fixed = fixed or {}
+    grid = {"seeds": [fixed["seeds"]] if "seeds" in fixed else list(seeds),
+            "prompts": [fixed["prompts"]] if "prompts" in fixed else [p for p in prompts
+                                                                      if max_prompts is None or p <= max_prompts],
+            "decodes": [fixed["decodes"]] if "decodes" in fixed else list(decodes)}
+    options = []
+    for s, p, d in itertools.product(grid["seeds"], grid["prompts"], grid["decodes"]):
+        mdes = {f"{c['method']} - {c['baseline']}": float(mde_for(
+            c["var_seed"], c["var_prompt"], c["var_cell"], s, p, var_decode=c.get("var_decode"),
+            pilot_decodes=len(c["decodes"]) if isinstance(c["decodes"], list) else c["decodes"], decodes=d))
+            for c in components}
+        tokens = (arms * s + 1) * p * d * costs.tokens_per_response
+        seconds = tokens / costs.tokens_per_s + arms * s * costs.train_seconds
+        options.append({"seeds": s, "prompts": p, "decodes": d, "mde": mdes, "worst_mde": max(mdes.values()),
+                        "tokens": round(tokens), "hours": seconds / 3600})
+    feasible = sorted((o for o in options if o["worst_mde"] <= target), key=lambda o: o["hours"])
+    per_seeds = {}
+    for o in feasible:
+        per_seeds.setdefault(o["seeds"], o)
+    closest = min(options, key=lambda o: o["worst_mde"])
+    return {"target_mde": target, "arms": arms, "costs": vars(costs), "cheapest": feasible[0] if feasible else None,
+            "cheapest_per_seed_count": sorted(per_seeds.values(), key=lambda o: o["seeds"]),
+            "smallest_mde_in_grid": closest,
+            "assumption": "a pilot without a decode term (one decode per cell) is taken to gain nothing from more "
+                          "decodes; a measured one splits the cell term (analysis.mde_for)"}
+
+
+def plan_lines(result: dict) -> list[str]:
+    """The plan, printed."""
+    c = result["costs"]
+    lines = [f"target detectable difference {result['target_mde']} (80% power, two-sided 5%), {result['arms']} arms; "
+             f"costs: {c['tokens_per_response']:.1f} tokens per response at {c['tokens_per_s']:.1f} tokens/s, "
+             f"{c['train_seconds']:.0f} s per training ({c['source']})"]
+    if result["cheapest"] is None:
+        o = result["smallest_mde_in_grid"]
+        lines.append(f"no design in the grid reaches it; the smallest: {o['seeds']} seeds x {o['prompts']} prompts x "
+                     f"{o['decodes']} decodes, detectable {o['worst_mde']:.4f}, {o['hours']:.1f} h")
+        return lines
+    for o in [result["cheapest"], *result["cheapest_per_seed_count"]]:
+        lines.append(f"{o['seeds']} seeds x {o['prompts']} held-out prompts x {o['decodes']} decodes: detectable "
+                     + ", ".join(f"{k} {v:.4f}" for k, v in o["mde"].items())
+                     + f"; {o['tokens']:,} tokens, {o['hours']:.1f} h")
+    lines[1] = "cheapest: " + lines[1]
+    return lines
+
+
+def pilot_rows(pilot: Path, design_hash: str | None) -> list[dict]:
+    """The pilot's difference rows: a compare folder's compare.json, or a rows file (a list, or {"rows": [...]}),
+    those of one design where `design_hash` (a prefix) is given."""
+    path = pilot / "compare.json" if pilot.is_dir() else pilot
+    if not path.is_file():
+        raise ValueError(f"--pilot {pilot}: no compare.json (run `tokencredit compare` on the pilot first)")
+    data = json.loads(path.read_text())
+    rows = data["rows"] if isinstance(data, dict) else data
+    return [r for r in rows if design_hash is None or str(r.get("design_hash", "")).startswith(design_hash)]
+
+
+def cli_plan(design, args) -> list[str]:
+    """`compare DESIGN --plan --pilot P`: the plan for the design's comparisons (its primary ones where it has
+    any) at its [targets] mde."""
+    if args.pilot is None:
+        raise ValueError("--plan needs --pilot (a compare folder or rows file with the pilot's components)")
+    if "mde" not in design.targets:
+        raise ValueError(f"design {design.path} [targets] mde: required by --plan (the detectable difference to reach)")
+    pilot = Path(args.pilot)
+    rows = {(r["method"], r["baseline"]): r for r in pilot_rows(pilot, args.pilot_design)}
+    wanted = design.primary or design.comparisons
+    missing = [f"{m} - {b}" for m, b in wanted if (m, b) not in rows]
+    if missing:
+        raise ValueError(f"--pilot {pilot} has no row for {', '.join(missing)} (its rows: "
+                         f"{', '.join(f'{m} - {b}' for m, b in rows) or 'none'})")
+    folder = measured_costs(pilot) if pilot.is_dir() else None
+    tokens_per_s = args.tokens_per_s or design.targets.get("engine_tokens_per_s") or (folder and folder.tokens_per_s)
+    per_response = args.tokens_per_response or (folder and folder.tokens_per_response)
+    train_seconds = args.train_seconds if args.train_seconds is not None else (folder and folder.train_seconds)
+    if not tokens_per_s or not per_response or train_seconds is None:
+        raise ValueError("--plan: the engine's measured speed is unknown; give --tokens-per-s, "
+                         "--tokens-per-response and --train-seconds (or a pilot compare folder)")
+    source = folder.source if folder else "given on the command line"
+    costs = Costs(float(per_response), float(tokens_per_s), float(train_seconds), source)
+    result = plan([rows[p] for p in wanted], float(design.targets["mde"]), len(design.arms), costs,
+                  max_prompts=args.max_prompts)
+    return plan_lines(result)

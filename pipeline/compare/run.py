@@ -1,0 +1,190 @@
+"""The stages of `tokencredit compare`: annotate each pool, train each (arm, seed), score every policy.
+
+    DIR/registration.json      the design's hash and commit (registry), written before anything else
+    DIR/pools/NAME/            an annotate run (the product's, resumable shard by shard)
+    DIR/train/ARM-SEED/final   a train checkpoint (LoRA adapter)
+    DIR/scores/LABEL.json      one policy's rewards per held-out prompt and decode (LABEL: start or ARM-SEED)
+
+Each stage's output is written atomically as it finishes and a re-run skips what is there, so a run killed at any
+point (kill -9 included) resumes with the same rows: an annotate run resumes by shard; a training cut short is
+started again from its seed (no checkpoint is kept mid-run, so the resumed arm is the uninterrupted one); a policy
+is scored whole or not at all.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from tokencredit.pipeline.compare.design import Arm, Design, Pool
+from tokencredit.pipeline.compare.registry import now, register, write_json
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] compare: {message}", flush=True)
+
+
+def annotate_config(design: Design, pool: Pool | None, split: str, limit: int | None):
+    """The annotate stage's config of a pool (or, with pool None, of the held-out prompt set)."""
+    from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
+    from tokencredit.verifiers.plugins import resolve
+
+    sampling = (SamplingConfig(n=pool.n, tree=pool.tree, max_new_tokens=pool.max_new_tokens,
+                               temperature=pool.temperature, top_p=pool.top_p, seed=pool.seed,
+                               **({"branch": pool.branch} if pool.branch else {}))
+                if pool else SamplingConfig(max_new_tokens=design.scoring["max_new_tokens"]))
+    return AnnotateConfig(prompts=design.prompts["file"], format=design.prompts["format"],
+                          verifiers=resolve(design.prompts["verifier"]), split=split, limit=limit,
+                          backend=design.policy["backend"], model=design.policy["model"],
+                          device=design.policy["device"], shard_size=pool.shard_size if pool else 16,
+                          sampling=sampling,
+                          credit=CreditConfig(kinds=pool.credit if pool else ("gdpo",),
+                                              locate=pool.locate if pool else "replay"))
+
+
+def annotate_pool(design: Design, pool: Pool, out: Path, runner: str) -> Path:
+    """The pool's annotate run in DIR/pools/NAME (the product's annotate stage; it resumes by shard)."""
+    config = annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
+    folder = out / "pools" / pool.name
+    manifest = folder / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text()).get("complete"):
+        return folder
+    log(f"annotate pool {pool.name}")
+    if runner == "none":
+        from tokencredit.pipeline.annotate import run_annotation
+
+        run_annotation(config, str(folder), progress=False)
+    else:
+        from tokencredit.flows.annotate import run_annotate_flow
+
+        run_annotate_flow(config, str(folder), runner=runner)
+    return folder
+
+
+def train_arm(design: Design, arm: Arm, seed: int, pool: Path, out: Path) -> Path | None:
+    """DIR/train/ARM-SEED/final, trained from the base policy; None where rejection sampling has no passing
+    response to train on (the policy stays the base, as an RS round that accepts nothing)."""
+    from tokencredit.pipeline.train.trainer import TrainConfig, train
+
+    folder = out / "train" / f"{arm.name}-{seed}"
+    if (folder / "final").is_dir():
+        return folder / "final"
+    if arm.objective == "rs" and not passing(pool):
+        return None
+    shutil.rmtree(folder, ignore_errors=True)  # a training cut short starts again: the same seed, the same arm
+    steps = design.training["steps"]
+    log(f"train {arm.name} seed {seed}")
+    config = TrainConfig(data=str(pool), out=str(folder), advantage=arm.advantage, objective=arm.objective,
+                         model=design.policy["model"], steps=steps, batch_size=design.training["batch_size"],
+                         lr=design.training["lr"], seed=seed, device=design.policy["device"],
+                         lora=design.training["lora"], save_every=steps)
+    start = time.perf_counter()
+    final = train(config)
+    write_json(folder / "seconds.json", {"seconds": round(time.perf_counter() - start, 2)})  # --plan's cost
+    return final
+
+
+def passing(pool: Path) -> int:
+    from tokencredit.pipeline.dataset.query import connect
+
+    return connect(str(pool)).sql("SELECT count(*) FROM training WHERE passed_all").fetchall()[0][0]
+
+
+def heldout_records(design: Design):
+    """The held-out prompt set (records the product's loader accepts; rejected ones are not scored)."""
+    from tokencredit.pipeline.annotate import load_prompt_set
+
+    records, _ = load_prompt_set(annotate_config(design, None, design.prompts["heldout_split"],
+                                                 design.prompts["heldout_limit"]))
+    if not records:
+        raise ValueError(f"design [prompts]: no held-out record of split {design.prompts['heldout_split']!r} in "
+                         f"{design.prompts['file']}")
+    return records
+
+
+def load_scored_policy(design: Design, adapter: Path | None):
+    """(model, tokenizer) of the base policy, with a LoRA adapter (or a full checkpoint) merged in."""
+    from tokencredit.pipeline.models.loading import load_policy
+
+    device = design.policy["device"]
+    if adapter is None:
+        return load_policy(design.policy["model"], device=device)
+    if (adapter / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        model, tokenizer = load_policy(design.policy["model"], device=device)
+        return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval(), tokenizer
+    return load_policy(str(adapter), device=device)
+
+
+def score_policy(design: Design, label: str, adapter: Path | None, records, out: Path,
+                 arm: str | None = None, seed: int | None = None) -> dict:
+    """DIR/scores/LABEL.json: per held-out prompt and decode, the mean of its rewards and each reward's score;
+    the tokens and seconds the decodes took (the engine's measured speed, which `--plan` reads)."""
+    from tokencredit import verifiers
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.sample import make_sampler
+    from tokencredit.verifiers.plugins import resolve
+
+    path = out / "scores" / f"{label}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    log(f"score {label}")
+    backend, model = design.policy["backend"], design.policy["model"]
+    policy = load_scored_policy(design, adapter)
+    if backend == "transformers":
+        sampler = make_sampler(backend, model, device=design.policy["device"], policy=policy)
+    else:  # an engine that loads its own weights: the merged policy saved once, in DIR/policies
+        folder = out / "policies" / label
+        if not folder.is_dir():
+            tmp = folder.with_name(folder.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            policy[0].save_pretrained(tmp, safe_serialization=True)
+            policy[1].save_pretrained(tmp)
+            tmp.rename(folder)
+        sampler = make_sampler(backend, str(folder), device=design.policy["device"])
+    scoring, refs = design.scoring, resolve(design.prompts["verifier"])
+    by_id = {r.id: r for r in records}
+    runs = ([("greedy", SamplingConfig(n=1, temperature=0.0, seed=scoring["seed"],
+                                       max_new_tokens=scoring["max_new_tokens"], batch_size=scoring["batch_size"]))]
+            if scoring["greedy"] else [])
+    if scoring["sampled"]:
+        runs.append(("sampled", SamplingConfig(n=scoring["sampled"], temperature=scoring["temperature"],
+                                               seed=scoring["seed"], max_new_tokens=scoring["max_new_tokens"],
+                                               batch_size=scoring["batch_size"])))
+    decodes: dict[str, dict[str, dict]] = {}
+    tokens, start = 0, time.perf_counter()
+    for name, config in runs:
+        seen: dict[str, int] = {}
+        for sample in sampler.sample(records, config):
+            j = seen.get(sample.group_id, 0)
+            seen[sample.group_id] = j + 1
+            decode = name if name == "greedy" else f"sampled-{j + 1}"
+            scores = verifiers.verify(by_id[sample.group_id], sample.response, refs)
+            names = verifiers.reward_names(by_id[sample.group_id], refs)
+            decodes.setdefault(decode, {})[sample.group_id] = {
+                "reward": statistics.fmean(s.score for s in scores) if scores else 0.0,
+                "scores": {n: s.score for n, s in zip(names, scores)}}
+            tokens += len(sample.token_ids)
+    result = {"label": label, "arm": arm, "seed": seed, "scored_at": now(), "backend": backend,
+              "seconds": round(time.perf_counter() - start, 2), "tokens": tokens, "decodes": decodes}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, result)
+    return result
+
+
+def run_compare(design: Design, out: Path, runner: str = "none") -> dict:
+    """Every stage of the design into `out`, in an order that leaves whole seeds when stopped: the pools, the
+    start policy's scores, then seed by seed every arm trained and scored. Returns the registration."""
+    registration = register(design, out)
+    used = {arm.pool for arm in design.arms.values()}
+    pools = {name: annotate_pool(design, design.pools[name], out, runner) for name in design.pools if name in used}
+    records = heldout_records(design)
+    score_policy(design, "start", None, records, out)
+    for seed in design.seeds:
+        for arm in design.arms.values():
+            adapter = train_arm(design, arm, seed, pools[arm.pool], out)
+            score_policy(design, f"{arm.name}-{seed}", adapter, records, out, arm=arm.name, seed=seed)
+    return registration

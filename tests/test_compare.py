@@ -1,0 +1,208 @@
+"""`tokencredit compare`: the design file, pre-registration, the report's rows, --plan, and the command end to end
+on the tiny policy (resumed after kill -9 with identical rows; a changed design refused with one line)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokencredit.pipeline.compare.design import load_design
+from tokencredit.pipeline.compare.plan import Costs, plan
+from tokencredit.pipeline.compare.registry import git_commit, register, scored_before_commit
+from tokencredit.pipeline.compare.report import rows_for
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"
+
+# 2 arms, 2 seeds, 8 train prompts x 4 responses, 6 held-out prompts, greedy + 1 sampled decode: ~30 s on 2 cores
+TINY = f"""
+[policy]
+device = "cpu"
+
+[prompts]
+file = "{PROMPTS}"
+train_limit = 8
+heldout_limit = 6
+
+[pools.flat]
+n = 4
+temperature = 1.0
+max_new_tokens = 12
+seed = 7
+credit = ["gdpo", "mrtpo"]
+
+[arms.gdpo]
+pool = "flat"
+advantage = "gdpo"
+
+[arms.mrtpo]
+pool = "flat"
+advantage = "mrtpo"
+
+[training]
+seeds = [0, 1]
+steps = 3
+batch_size = 4
+lr = 5e-2
+lora = true
+
+[scoring]
+greedy = true
+sampled = 1
+temperature = 1.0
+max_new_tokens = 12
+
+[targets]
+mde = 0.05
+"""
+
+EXTRA_ARM = """
+[arms.rs]
+pool = "flat"
+objective = "rs"
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_a_bad_design_is_one_line_naming_the_key(tmp_path):
+    with pytest.raises(ValueError, match=r"\[training\]: unknown key 'step'"):
+        load_design(write(tmp_path / "d.toml", TINY.replace("steps = 3", "step = 3")))
+    with pytest.raises(ValueError, match=r"\[arms.mrtpo\] pool: 'tree' is not one of the pools"):
+        load_design(write(tmp_path / "d.toml", TINY.replace('pool = "flat"\nadvantage = "mrtpo"',
+                                                            'pool = "tree"\nadvantage = "mrtpo"')))
+    with pytest.raises(ValueError, match="at least two distinct seeds"):
+        load_design(write(tmp_path / "d.toml", TINY.replace("seeds = [0, 1]", "seeds = [0]")))
+    design = load_design(write(tmp_path / "d.toml", TINY))
+    assert design.comparisons == (("mrtpo", "gdpo"),) and design.decodes == ["greedy", "sampled-1"]
+
+
+def test_registration_refuses_a_changed_design_and_marks_added_arms_exploratory(tmp_path):
+    out = tmp_path / "run"
+    design = write(tmp_path / "d.toml", TINY)
+    first = register(load_design(design), out)
+    assert first["design_commit"] is None  # not in a repository: not pre-registered
+    assert register(load_design(design), out)["amendments"] == []  # the same design again
+    write(design, TINY + EXTRA_ARM)
+    amended = register(load_design(design), out)
+    assert [a["arms"] for a in amended["amendments"]] == [["rs"]]
+    write(design, TINY.replace("steps = 3", "steps = 4") + EXTRA_ARM)
+    with pytest.raises(ValueError, match="changes more than adding arms: score it into a new --out"):
+        register(load_design(design), out)
+    write(design, TINY.replace('[arms.mrtpo]\npool = "flat"\nadvantage = "mrtpo"\n', "") + EXTRA_ARM)
+    with pytest.raises(ValueError, match="changes more than adding arms"):  # an arm dropped is a change too
+        register(load_design(design), out)
+
+
+def test_the_design_commit_is_the_files_last_commit_when_unmodified(tmp_path):
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    design = write(tmp_path / "d.toml", TINY)
+    assert git_commit(design) == (None, None)  # untracked
+    subprocess.run(["git", "-C", str(tmp_path), "add", "d.toml"], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "commit", "-qm", "design"], check=True, env=env)
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    commit, when = git_commit(design)
+    assert commit == head.strip()
+    registration = register(load_design(design), tmp_path / "run")
+    assert registration["design_commit"] == commit
+    assert scored_before_commit(registration, "2000-01-01T00:00:00+00:00")
+    assert not scored_before_commit(registration, "2999-01-01T00:00:00+00:00")
+    write(design, TINY + "\n")
+    assert git_commit(design) == (None, None)  # modified since its commit
+
+
+def synthetic_scores(effect: float, seeds=(0, 1, 2), prompts=40, rng_seed=0) -> dict:
+    """Scores files' content for arms a and b, b's rewards lower by `effect` on average, plus noise."""
+    rng = np.random.default_rng(rng_seed)
+    base = rng.uniform(0.2, 0.8, prompts)
+    scores = {}
+    for arm, shift in (("a", effect), ("b", 0.0)):
+        for s in seeds:
+            cells = {d: {f"p{i}": {"reward": float(base[i] + shift + rng.normal(0, 0.1)),
+                                   "scores": {"c0_word_count": float(rng.random() < 0.5)}} for i in range(prompts)}
+                     for d in ("greedy", "sampled-1")}
+            scores[f"{arm}-{s}"] = {"arm": arm, "seed": s, "scored_at": "2026-01-01T00:00:00+00:00",
+                                    "decodes": cells}
+    return scores
+
+
+def test_report_rows_carry_the_keys_the_labels_and_the_estimate():
+    registration = {"design_hash": "abc", "design_commit": "c0ffee", "design_commit_time": "2026-06-01T00:00:00+00:00",
+                    "amendments": [{"arms": ["a"]}]}
+    rows = rows_for(synthetic_scores(0.1), registration, [("a", "b")], primary=[("a", "b")], target_mde=0.05)
+    (row,) = rows
+    assert {"method", "baseline", "diff", "ci_low", "ci_high", "mde", "per_seed_diff", "seeds", "prompts",
+            "decodes", "design_hash", "design_commit", "exploratory", "var_seed", "var_prompt", "var_cell"} <= set(row)
+    assert row["diff"] == pytest.approx(0.1, abs=0.03) and row["ci_low"] > 0
+    assert row["seeds"] == [0, 1, 2] and row["prompts"] == 40 and row["decodes"] == ["greedy", "sampled-1"]
+    assert row["exploratory"] and row["primary"] and row["var_decode"] > 0
+    # every policy was scored before the design's commit time: each is named
+    assert row["scored_before_commit"] == ["a-0", "a-1", "a-2", "b-0", "b-1", "b-2"]
+
+
+def test_plan_finds_the_cheapest_design_that_reaches_the_target():
+    pilot = [{"method": "a", "baseline": "b", "var_seed": 0.0002, "var_prompt": 0.005, "var_cell": 0.07,
+              "var_decode": 0.05, "decodes": 1}]
+    costs = Costs(tokens_per_response=70, tokens_per_s=1000, train_seconds=60, source="test")
+    result = plan(pilot, 0.015, arms=5, costs=costs)
+    best = result["cheapest"]
+    assert best["worst_mde"] <= 0.015
+    cheaper = [o for o in result["cheapest_per_seed_count"] if o["hours"] < best["hours"]]
+    assert not cheaper
+    assert best["tokens"] == round((5 * best["seeds"] + 1) * best["prompts"] * best["decodes"] * 70)
+    unreachable = plan(pilot, 0.001, arms=5, costs=costs)
+    assert unreachable["cheapest"] is None and unreachable["smallest_mde_in_grid"]["worst_mde"] > 0.001
+
+
+def run_cli(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "DO_NOT_TRACK": "1"}
+    return subprocess.Popen([sys.executable, "-m", "tokencredit.flows.cli", "compare", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def stable(out: Path) -> dict:
+    """What a run computed, less when and how fast: every policy's rewards, and the report's rows."""
+    scores = {p.stem: json.loads(p.read_text())["decodes"] for p in sorted((out / "scores").glob("*.json"))}
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    for row in rows:
+        row.pop("scored_before_commit")
+    return {"scores": scores, "rows": rows}
+
+
+@pytest.mark.slow
+def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_path):
+    design = write(tmp_path / "design.toml", TINY)
+    whole = run_cli(str(design), "--out", str(tmp_path / "whole"), "--runner", "none")
+    _, err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, err[-2000:]
+
+    killed = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none")
+    first_score, deadline = tmp_path / "killed" / "scores" / "gdpo-0.json", time.monotonic() + 600
+    while not first_score.is_file() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert killed.poll() is None, "the run ended before the kill"
+    os.kill(killed.pid, signal.SIGKILL)  # mid-run: the start policy and gdpo-0 scored, the rest not
+    killed.communicate()
+    assert not (tmp_path / "killed" / "compare.json").exists()
+    resumed = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none")
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-2000:]
+    assert "mrtpo - gdpo" in out and (tmp_path / "killed" / "compare.png").is_file()
+    assert stable(tmp_path / "killed") == stable(tmp_path / "whole")
+
+    write(design, TINY.replace("steps = 3", "steps = 4"))
+    refused = run_cli(str(design), "--out", str(tmp_path / "whole"), "--runner", "none")
+    _, err = refused.communicate(timeout=600)
+    assert refused.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "changes more than adding arms" in lines[0], err
