@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
+import threading
 
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
                                          RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig, parse_branch,
@@ -55,6 +57,54 @@ def _tree(text: str) -> tuple[int, ...]:
 def _branch(text: str) -> str:
     try:
         parse_branch(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+SEED_MAX = 2**63 - 1  # torch.manual_seed's and numpy's largest seed
+
+
+def _finite(text: str) -> float:
+    """A float option: NaN and infinities (also an overflow such as 1e400) are refused where they are parsed."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = _finite(text)
+    if not 0 < value <= threading.TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0 and at most {threading.TIMEOUT_MAX:.3g}, got {text!r}")
+    return value
+
+
+def _integer(low: int, high: int | None = None):
+    """An int option in [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {text!r}")
+        return value
+    return parse
+
+
+_seed = _integer(0, SEED_MAX)
+
+
+def _advantage(text: str) -> str:
+    from tokencredit.pipeline.dataset.training import parse_advantage  # imports DuckDB: only when a command runs
+
+    try:
+        parse_advantage(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
@@ -98,7 +148,7 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verifier", action="append", default=[], metavar="[TASK=]MODULE:CALLABLE",
                    help="a plugin verifier (repeatable): package.module:fn, file.py:fn or an installed "
                    "entry-point name; without TASK= it scores every record")
-    p.add_argument("--verifier-timeout", type=float, default=d.verifier_timeout_s,
+    p.add_argument("--verifier-timeout", type=_seconds, default=d.verifier_timeout_s,
                    help="seconds per response for its built-in verifiers, and as many for its plugins; past it the "
                    "response is a verifier_error")
     p.add_argument("--verifier-memory", type=_size, default=d.verifier_memory_bytes, metavar="SIZE",
@@ -123,10 +173,10 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--branch", type=_branch, default=s.branch, help="where a tree branches: sentence, fraction:F "
                    "(of --max-new-tokens) or entropy:Q (a token in the top Q of its node's entropies)")
     p.add_argument("--max-new-tokens", type=int, default=s.max_new_tokens, help="longest response, in tokens")
-    p.add_argument("--temperature", type=float, default=s.temperature, help="sampling temperature (0 = greedy)")
-    p.add_argument("--top-p", type=float, default=s.top_p, help="nucleus sampling mass")
-    p.add_argument("--seed", type=int, default=s.seed, help="sampling seed")
-    p.add_argument("--beta", type=float, default=c.beta, help="MRTPO mixing coefficient")
+    p.add_argument("--temperature", type=_finite, default=s.temperature, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=_finite, default=s.top_p, help="nucleus sampling mass")
+    p.add_argument("--seed", type=_seed, default=s.seed, help="sampling seed")
+    p.add_argument("--beta", type=_finite, default=c.beta, help="MRTPO mixing coefficient")
     p.add_argument("--relevance", choices=RELEVANCES, default=c.relevance,
                    help="MRTPO's per-token relevance from the replay (see pipeline/credit/relevance.py)")
     p.add_argument("--locate", choices=LOCATES, default=c.locate,
@@ -136,7 +186,7 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
                    help="P_\\k removes feedback section k (drop) or fills it with neutral text (null)")
     p.add_argument("--feedback-style", choices=FEEDBACK_STYLES, default=c.feedback_style,
                    help="replay feedback: what each verifier expected, or that and what it found")
-    p.add_argument("--relevance-floor", type=float, default=None,
+    p.add_argument("--relevance-floor", type=_finite, default=None,
                    help="mean relevance under which a pair gets uniform weights (default: the option's calibrated floor)")
     p.add_argument("--store-js", action="store_true", help="also store the JS distance beside another relevance")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="prompts per shard")
@@ -453,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("query", "run read-only SQL over a run directory's DuckDB views")
     p.add_argument("out", help="run directory")
     p.add_argument("sql", help="SELECT statement(s) over the views responses, credits, training")
-    p.add_argument("--max-rows", type=int, default=100, help="rows to print")
+    p.add_argument("--max-rows", type=_integer(1), default=100, help="rows to print")
     p.add_argument("--memory-limit", default=None,
                    help="DuckDB's memory limit, such as 4GB (default: DuckDB's, 80%% of the machine's memory)")
     _allow_incomplete(p)
@@ -464,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dest", default=None, help="HTML file (default OUT/report.html)")
     p.add_argument("--responses", type=int, default=2, help="responses shown token by token per task")
     p.add_argument("--ids", default=None, help="comma list of response ids to show (instead of the choice)")
-    p.add_argument("--floor", type=float, default=0.01,
+    p.add_argument("--floor", type=_finite, default=0.01,
                    help="advantages with |A| below this are drawn white, and the colour scale starts at it")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_report)
@@ -474,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run directory written by annotate (complete)")
     p.add_argument("--out", required=True, help="folder for the pairs (pairs/part-*.parquet) and repair.json")
     p.add_argument("--n", type=int, default=4, help="resamples per failure (a response and one reward it failed)")
-    p.add_argument("--seed", type=int, default=0, help="resampling seed")
+    p.add_argument("--seed", type=_seed, default=0, help="resampling seed")
     p.add_argument("--limit", type=int, default=None, help="failures to repair (default: all)")
     p.add_argument("--shard-size", type=int, default=16, help="failures per shard (the unit of resumption)")
     p.add_argument("--batch-size", type=int, default=32, help="resampled rows per forward")
@@ -497,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", type=int, default=None, help="failed (response, reward) pairs to measure, drawn with "
                    "--seed (default: all)")
     p.add_argument("--passed", action="store_true", help="also as many passed pairs: where their value rose")
-    p.add_argument("--seed", type=int, default=0, help="seed of the pair draw (continuations use the run's seed)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the pair draw (continuations use the run's seed)")
     p.add_argument("--shard-size", type=int, default=4, help="responses per shard (the unit of resumption)")
     p.add_argument("--batch-size", type=int, default=128, help="continuations per forward")
     p.add_argument("--device", default="cpu", help="torch device")
@@ -508,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("train", "train a policy from a run's training view")
     p.add_argument("--data", required=True, help="run directory written by annotate")
-    p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
+    p.add_argument("--advantage", type=_advantage, default="mrtpo", help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
     p.add_argument("--objective", choices=["pg", "sft", "rs"], default="pg",
                    help="policy gradient, weighted SFT, or rejection sampling (SFT on responses passing every reward)")
     p.add_argument("--model", default=None, help="registry name or local policy folder (default: the model the "
@@ -516,11 +566,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="checkpoint folder")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=16, help="responses per step")
-    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
-    p.add_argument("--seed", type=int, default=0, help="batch order and initialization seed")
+    p.add_argument("--lr", type=_finite, default=1e-4, help="AdamW learning rate")
+    p.add_argument("--seed", type=_seed, default=0, help="batch order and initialization seed")
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
-    p.add_argument("--kl-coef", type=float, default=0.0, help="weight of KL to the initial policy (0: none)")
+    p.add_argument("--kl-coef", type=_finite, default=0.0, help="weight of KL to the initial policy (0: none)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')")
     p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
@@ -542,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("run", help="run directory written by annotate (complete)")
     q.add_argument("--base", default="smollm2-135m-instruct", help="registry name or local causal LM folder")
     q.add_argument("--out", required=True, help="reward model folder (safetensors, tokenizer, config, rm_train.json)")
-    q.add_argument("--heldout", type=float, default=0.25, help="fraction of the prompts held out for the accuracy")
+    q.add_argument("--heldout", type=_finite, default=0.25, help="fraction of the prompts held out for the accuracy")
     q.add_argument("--steps", type=int, default=500, help="optimizer steps of the head")
     q.add_argument("--pooling", choices=["auto", "last", "response_mean"], default="auto",
                    help="what the head reads: the last token (HF's classifier), the mean over the response's "
@@ -550,9 +600,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--train-layers", type=int, default=0, help="top decoder layers trained with the head on "
                    "cached lower-layer states, the epoch kept by a dev part of the train prompts (0: the head alone)")
     q.add_argument("--epochs", type=int, default=2, help="passes over the pairs when --train-layers > 0")
-    q.add_argument("--layer-lr", type=float, default=2e-5, help="step size when --train-layers > 0")
+    q.add_argument("--layer-lr", type=_finite, default=2e-5, help="step size when --train-layers > 0")
     q.add_argument("--batch-size", type=int, default=8, help="responses per backbone forward")
-    q.add_argument("--seed", type=int, default=0, help="held-out split and initialization seed")
+    q.add_argument("--seed", type=_seed, default=0, help="held-out split and initialization seed")
     q.add_argument("--device", default="cpu", help="torch device")
     _allow_incomplete(q)
     q.set_defaults(func=cmd_rm_train)
@@ -560,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", "export a run for other trainers")
     p.add_argument("out", help="run directory")
     p.add_argument("--format", choices=["hf", "verl"], default="hf", help="datasets folder or verl Parquet")
-    p.add_argument("--advantage", default="mrtpo", help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
+    p.add_argument("--advantage", type=_advantage, default="mrtpo", help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
     p.add_argument("--dest", default=None, help="destination (default OUT/export-FORMAT)")
     p.add_argument("--prompts", default=None,
                    help="verl: the task JSONL file or folder of the run (default: the one its manifest names)")

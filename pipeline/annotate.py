@@ -30,7 +30,7 @@ from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 from tokencredit.pipeline.sample import make_sampler
 from tokencredit.pipeline.dataset.tables import credits_table, nodes_table, responses_table
-from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter
+from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_restartable
 from tokencredit.pipeline.identity import record_hashes, run_inputs
 
 
@@ -48,7 +48,13 @@ def code_version() -> str:
 
 def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[verifiers.Rejected]]:
     """The records to annotate and the rejected ones; a prompt too long for the model is rejected
-    here, before any tensor is allocated for it."""
+    here, before any tensor is allocated for it, and so is a --tree whose one tree cannot fit in memory."""
+    if config.sampling.tree is not None:
+        from tokencredit.pipeline.models.loading import DEFAULT_POLICY, resolve_model_path
+        from tokencredit.pipeline.sample.tree import check_tree_fits
+
+        model_config = json.loads((resolve_model_path(config.model, DEFAULT_POLICY) / "config.json").read_text())
+        check_tree_fits(config.sampling, model_config, config.device)
     records, rejected = verifiers.load_tasks(
         config.prompts, config.format, databases=config.databases, semantics=config.semantics,
         columns=dict(config.columns), plugin_tasks=tasks_of(config.verifiers), check=prompt_fits(config))
@@ -264,6 +270,8 @@ def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> lis
     record, a live writer in `out`, and (unless `restart`) another config or changed inputs there.
     Returns the rejected records."""
     records, rejected = load_prompt_set(config)
+    if restart:
+        check_restartable(out)
     writer = RunWriter(out)
     if not restart:
         writer.check_config(config.digest(), run_inputs(config, records))
@@ -312,7 +320,10 @@ def open_run(config: AnnotateConfig, out: str, records: Sequence[TaskRecord], n_
              rejected: Sequence[verifiers.Rejected], run_id: str | None = None, restart: bool = False) -> RunWriter:
     """Lock `out`, record the run (config, input checksums, record hashes), clean up what a crash left
     there, write the rejected records. A run of another config or of changed inputs in `out` is
-    refused, or deleted first with `restart`. The writer holds the lock on `out` until `writer.unlock()`."""
+    refused, or deleted first with `restart` (only a run: a folder of other files is refused, `check_restartable`).
+    The writer holds the lock on `out` until `writer.unlock()`."""
+    if restart:
+        check_restartable(out)
     writer = RunWriter(out)
     writer.lock()
     try:

@@ -212,13 +212,19 @@ _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**1
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
+MAX_BYTES = 2**63 - 1  # what RLIMIT_AS and friends can hold
+
+
 def parse_bytes(text: str) -> int:
     """'1GB' -> 1_000_000_000, '512MiB' -> 536_870_912, '2e9' -> 2_000_000_000 (bytes)."""
     found = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
     if not found or found[2].upper() not in _SIZE_UNITS:
         raise ValueError(f"{text!r} is not a size: expected a number of bytes with KB, MB, GB or KiB, MiB, "
                          "GiB, such as 2GB")
-    return int(float(found[1]) * _SIZE_UNITS[found[2].upper()])
+    size = float(found[1]) * _SIZE_UNITS[found[2].upper()]
+    if not size <= MAX_BYTES:  # 1e400GB overflows to inf
+        raise ValueError(f"{text!r} is past the largest size, {MAX_BYTES} bytes")
+    return int(size)
 
 
 DEMO_LIMIT = 16  # prompts per task of the demo set unless a limit is given

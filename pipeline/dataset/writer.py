@@ -24,6 +24,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import socket
 import uuid
 from pathlib import Path
@@ -53,6 +54,22 @@ class IncompleteRunError(ValueError):
     """A reader asked for a run whose manifest is not complete."""
 
 
+def check_restartable(out: str) -> None:
+    """Raise ValueError unless OUT holds a tokencredit run (its manifest.json), or nothing but what a run
+    start leaves (its empty table folders, its lock): `--restart` deletes a run, never a folder of other
+    files. Called before anything is written into OUT."""
+    fs, root = filesystem(out)
+    if fs.get_file_info(root).type == pafs.FileType.NotFound or _exists(fs, f"{root}/{MANIFEST}"):
+        return
+    found = [info.path[len(root) + 1:] for info in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+             if not (info.type == pafs.FileType.Directory and info.base_name in (*TABLES, SHARDS))
+             and info.path[len(root) + 1:] != LOCK]
+    if found:
+        shown = ", ".join(sorted(found)[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise ValueError(f"--restart: {out} holds no tokencredit run (no {MANIFEST}) but {len(found)} other "
+                         f"entries ({shown}); nothing was deleted: choose another --out")
+
+
 class RunLockedError(RuntimeError):
     """Another live process is writing the run directory."""
 
@@ -70,6 +87,10 @@ def _sha256(fs: pafs.FileSystem, path: str) -> str:
         while chunk := stream.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+_MARKER = re.compile(r"shard-\d{5}\.json")  # a shard's completion marker in OUT/_shards
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{8,}\.tmp")  # what `_write_atomic` names a file while writing it
 
 
 def _write_atomic(fs: pafs.FileSystem, path: str, write) -> None:
@@ -175,7 +196,7 @@ def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
     else:
         markers = fs.get_file_info(pafs.FileSelector(f"{root}/{SHARDS}", allow_not_found=True))
         entries = [_read_marker(fs, m.path) for m in markers
-                   if m.base_name.startswith("shard-") and m.base_name.endswith(".json")]
+                   if _MARKER.fullmatch(m.base_name)]
         if not allow_incomplete:
             total = manifest.get("n_shards")
             raise IncompleteRunError(
@@ -318,20 +339,25 @@ class RunWriter:
                              f"it started; annotate again with --restart to start a fresh run, or use a new --out")
 
     def clear(self) -> None:
-        """Delete the run this directory holds. Call it holding the lock. A crash midway leaves the old
-        run incomplete (readers refuse it) and no shard that counts as written without its files: the
-        manifest says incomplete first, then markers go, then part files, then the manifest."""
+        """Delete the run this directory holds (`--restart`), and only what the run wrote: its manifest,
+        record hashes, rejected records, the markers and part files of its shards (by their exact names, for
+        the shards its manifest and markers count) and its temporary files; anything else in OUT stays.
+        Call it holding the lock, after `check_restartable`. A crash midway leaves the old run incomplete
+        (readers refuse it) and no shard that counts as written without its files: the manifest says
+        incomplete first, then markers go, then part files, then the manifest."""
         if self.manifest.get("complete"):
             self.manifest["complete"] = False
             self._write_json(MANIFEST, self.manifest)
-        for folder in (SHARDS, *TABLES, ""):
-            for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"),
-                                                                allow_not_found=True)):
-                name = info.base_name
-                ours = (name.startswith(("shard-", "part-")) or (name.startswith(".") and name.endswith(".tmp"))
-                        or name in ("rejected.jsonl", RECORD_HASHES))
-                if info.type == pafs.FileType.File and ours:
-                    self.fs.delete_file(info.path)
+        shards = set(range(self.manifest.get("n_shards") or 0)) | {int(s) for s in self.manifest.get("shards") or {}}
+        markers = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{SHARDS}", allow_not_found=True))
+        shards |= {int(m.base_name[6:11]) for m in markers if _MARKER.fullmatch(m.base_name)}
+        ours = [self._marker(s) for s in sorted(shards)]
+        ours += [f"{name}/part-{s:05d}.parquet" for s in sorted(shards) for name in TABLES]
+        ours += ["rejected.jsonl", RECORD_HASHES]
+        for relpath in ours:
+            if self.fs.get_file_info(f"{self.root}/{relpath}").type == pafs.FileType.File:
+                self.fs.delete_file(f"{self.root}/{relpath}")
+        self._delete_temporaries()
         if _exists(self.fs, f"{self.root}/{MANIFEST}"):
             self.fs.delete_file(f"{self.root}/{MANIFEST}")
         self.manifest = {"schema_version": SCHEMA_VERSION}
@@ -357,11 +383,11 @@ class RunWriter:
         return redo
 
     def _delete_temporaries(self) -> None:
+        """Delete the temporary files `_write_atomic` leaves when killed (.NAME.<hex>.tmp), no other file."""
         for folder in ("", *TABLES, SHARDS):
             infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}".rstrip("/"), allow_not_found=True))
             for info in infos:
-                name = info.base_name
-                if info.type == pafs.FileType.File and name.startswith(".") and name.endswith(".tmp"):
+                if info.type == pafs.FileType.File and _TEMPORARY.fullmatch(info.base_name):
                     self.fs.delete_file(info.path)
 
     def _files_match(self, entry: dict[str, Any]) -> bool:

@@ -201,6 +201,8 @@ def continue_prefixes(sampler, prompts: Sequence[Sequence[int]],
     if not len(prompts) == len(prefixes) == len(seeds):
         raise ValueError(f"continue_prefixes: {len(prompts)} prompts, {len(prefixes)} prefixes and {len(seeds)} "
                          "seed lists; give one of each per prefix")
+    if hasattr(sampler, "continue_prefixes"):  # an engine that batches on its own (vllm_backend.VllmSampler)
+        return sampler.continue_prefixes(prompts, prefixes, seeds, config)
     out: list[list[tuple[list[int], list[float]]]] = [[([], []) for _ in s] for s in seeds]
     todo = [i for i in range(len(prefixes)) if seeds[i] and len(prefixes[i]) < config.max_new_tokens]
     longest = max((len(prompts[i]) + len(prefixes[i]) for i in todo), default=0)
@@ -224,3 +226,44 @@ def _batches(items: list[int], sizes: list[int], limit: int) -> list[list[int]]:
         batches[-1].append(item)
         total += size
     return batches
+
+
+# Bytes a sampled token of a leaf keeps in Python until its shard is written: its id and log-prob as list items
+# (an int and a float object, two list slots) and its share of the detokenized text.
+LEAF_TOKEN_BYTES = 80
+
+
+def tree_bytes(config: SamplingConfig, model_config: dict, width: int = 4) -> int:
+    """A lower bound on the memory sampling one tree of `config.tree` takes: its leaves decode in one batch
+    (`sample_trees` keeps a tree whole), each with a KV cache of `width`-byte floats over its `max_new_tokens`
+    (its prompt's not counted), the float32 logits and sampling buffers of a row (4 x vocabulary), and its tokens
+    kept until the shard is written (LEAF_TOKEN_BYTES each). model_config: the policy's config.json."""
+    layers = model_config["num_hidden_layers"]
+    heads = model_config.get("num_key_value_heads") or model_config["num_attention_heads"]
+    head_dim = model_config.get("head_dim") or model_config["hidden_size"] // model_config["num_attention_heads"]
+    tokens = config.max_new_tokens
+    row = 2 * layers * heads * head_dim * width * tokens + 4 * 4 * model_config["vocab_size"] + LEAF_TOKEN_BYTES * tokens
+    return config.leaves_per_tree * row
+
+
+def available_bytes(device: str) -> int | None:
+    """Memory free for sampling on `device`: CUDA's own count, else MemAvailable of /proc/meminfo (None where
+    unknown)."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def check_tree_fits(config: SamplingConfig, model_config: dict, device: str) -> None:
+    """ValueError naming --tree when one tree's leaves cannot fit the memory free on `device` (`tree_bytes`),
+    before anything is sampled."""
+    need, free = tree_bytes(config, model_config), available_bytes(device)
+    if free is not None and need > free:
+        raise ValueError(f"--tree {','.join(map(str, config.tree))}: one tree's {config.leaves_per_tree} leaves of up "
+                         f"to {config.max_new_tokens} tokens (--max-new-tokens) decode in one batch and need at least "
+                         f"{need / 1e9:.3g} GB; {device} has {free / 1e9:.3g} GB free: choose fewer leaves or "
+                         f"shorter responses")

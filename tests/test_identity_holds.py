@@ -1,0 +1,112 @@
+"""What a hostile re-test found about a run's identity (issue 39, items 4, 5, 8, 9): derived folders tied to their
+run, --restart that deletes only a run, a missing or cut part file named, and a prompt file edited behind the
+hash cache's back."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tokencredit.flows.cli import main
+
+FAST = ["--runner", "none", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"]
+
+
+@pytest.fixture(autouse=True)
+def own_hash_cache(tmp_path, monkeypatch):
+    """The checksum cache lives in $TOKENCREDIT_HOME: a test's own, not the user's."""
+    monkeypatch.setenv("TOKENCREDIT_HOME", str(tmp_path / "home"))
+
+
+def write_prompts(path: Path, prompts: list[str]) -> Path:
+    records = [{"id": f"r{i}", "task": "instructions", "prompt": p, "constraints": [{"kind": "title", "args": {}}]}
+               for i, p in enumerate(prompts)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+# ---------------------------------------------------------------- item 5: --restart deletes only a run
+
+def test_restart_refuses_a_folder_that_holds_no_run_and_deletes_nothing(tmp_path, capsys):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["Title one."])
+    out = tmp_path / "mine"
+    (out / "responses").mkdir(parents=True)
+    files = {"part-00000.parquet": b"user data", "shard-00001.json": b"{}", "responses/part-00000.parquet": b"x",
+             "notes.txt": b"mine"}
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    assert main(["annotate", "--out", str(out), "--prompts", str(prompts), "--restart", *FAST]) == 2
+    err = error_line(capsys)
+    assert "holds no tokencredit run" in err and "manifest.json" in err and "part-00000.parquet" in err
+    assert {name: (out / name).read_bytes() for name in files} == files
+    assert not (out / "manifest.json").exists() and not (out / "_shards").exists()
+
+
+def test_restart_of_a_run_keeps_files_the_run_did_not_write(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["Title one.", "Title two."])
+    out = tmp_path / "run"
+    assert main(["annotate", "--out", str(out), "--prompts", str(prompts), "--shard-size", "1", *FAST]) == 0
+    mine = {"part-00000.parquet": b"user data", "_shards/shard-notes.json": b"{}", "responses/part-extra.parquet": b"x",
+            "credits/.keep.tmp": b"kept", "shard-00000.json": b"{}"}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    assert main(["annotate", "--out", str(out), "--prompts", str(prompts), "--shard-size", "2", "--restart",
+                 *FAST]) == 0
+    assert {name: (out / name).read_bytes() for name in mine} == mine
+    assert sorted(p.name for p in (out / "_shards").iterdir()) == ["shard-00000.json", "shard-notes.json"]
+    assert json.loads((out / "manifest.json").read_text())["n_shards"] == 1
+
+
+# ---------------------------------------------------------------- item 9: what the hash cache trusts
+
+def edit_keeping_size_and_mtime(path: Path, old: bytes, new: bytes) -> None:
+    assert len(old) == len(new)
+    stat = path.stat()
+    data = path.read_bytes()
+    assert old in data
+    path.write_bytes(data.replace(old, new))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+def test_a_prompt_file_edited_to_the_same_size_and_mtime_is_not_resumed_with_old_rows(tmp_path, capsys):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["Title one.", "Title two."])
+    out = tmp_path / "run"
+    assert main(["annotate", "--out", str(out), "--prompts", str(prompts), *FAST]) == 0
+    edit_keeping_size_and_mtime(prompts, b"Title two.", b"Title TWO.")
+    capsys.readouterr()
+    assert main(["annotate", "--out", str(out), "--prompts", str(prompts), *FAST]) == 2
+    err = error_line(capsys)
+    assert str(prompts) in err and "changed" in err and "--restart" in err
+
+
+def test_the_hash_cache_of_a_large_file_trusts_its_times_and_a_sample_of_its_content(tmp_path, monkeypatch):
+    from tokencredit.pipeline import identity
+
+    monkeypatch.setattr(identity, "FULL_HASH_BYTES", 1000)  # weights-sized files, in small
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(bytes(range(256)) * 4096)  # 1 MiB: every byte inside one of the 16 sampled blocks
+    first = identity.file_checksums([weights])[str(weights)]["sha256"]
+    cache = json.loads((tmp_path / "home" / "hashes.json").read_text())
+    (key,) = cache
+    cache[key]["sha256"] = "f" * 64  # the cache is what a resume reads: no rehash while nothing changed
+    (tmp_path / "home" / "hashes.json").write_text(json.dumps(cache))
+    assert identity.file_checksums([weights])[str(weights)]["sha256"] == "f" * 64
+    edit_keeping_size_and_mtime(weights, bytes(range(100, 108)), b"edited!!")
+    assert identity.file_checksums([weights])[str(weights)]["sha256"] not in (first, "f" * 64)
+    # the sample alone catches an edit even when every time and the inode are as before (another file system)
+    cache = json.loads((tmp_path / "home" / "hashes.json").read_text())
+    stat = weights.stat()
+    (key,) = [k for k in cache if k.split("\x00")[4] == str(stat.st_ino) and k.split("\x00")[3] == str(stat.st_ctime_ns)]
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-8] + b"lastbyte")
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    forged = {"\x00".join([*key.split("\x00")[:3], str(weights.stat().st_ctime_ns), key.split("\x00")[4]]): cache[key]}
+    (tmp_path / "home" / "hashes.json").write_text(json.dumps(forged))
+    assert identity.file_checksums([weights])[str(weights)]["sha256"] == identity._sha256(weights)
