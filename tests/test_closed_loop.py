@@ -176,3 +176,33 @@ def test_quick_mode_runs_both_arms_and_keeps_nothing(tmp_path):
     assert "('offline', 'mc', 'gdpo_tree')" in done.stdout and "('iterated', 'mc', 'rs')" in done.stdout
     assert '"mc_landing"' in done.stdout
     assert sorted(p.name for p in (ROOT / "bench" / "results").iterdir()) == before
+
+
+def test_the_powered_prompt_set_is_the_builders_and_fresh():
+    built = prompt_set.build_powered()
+    stored = [json.loads(line) for line in (ROOT / "bench" / "closed_loop_prompts" / "powered.jsonl").open()]
+    assert built == stored
+    final = prompt_set.build("final")
+    held_out = [r for r in built if r["split"] == "test"]
+    assert [r for r in built if r["split"] == "train"] == [r for r in final if r["split"] == "train"]
+    assert len(held_out) == 1024 and sum(r["id"].startswith("unseen-") for r in held_out) == 256
+    assert len({r["prompt"] for r in held_out}) == 1024
+    assert not {r["prompt"] for r in held_out} & {r["prompt"] for r in final}  # none the older runs scored
+
+
+def test_compare_rows_of_the_older_designs_are_reproduced_from_their_stored_rewards():
+    from tokencredit.pipeline.compare.report import KEYS
+
+    stored = json.loads((ROOT / "bench" / "results" / "compare.json").read_text())
+    by_hash: dict[str, list] = {}
+    for row in stored:
+        by_hash.setdefault(row["design_hash"], []).append(row)
+    assert len(by_hash) == 2
+    for rows in by_hash.values():
+        first = rows[0]
+        name = "issue25" if first["design_commit"] else "issue18"  # issue 18's was not pre-registered
+        registration = {"design_hash": first["design_hash"], "design_commit": first["design_commit"],
+                        "design_commit_time": None,
+                        "amendments": [{"arms": closed_loop.OLDER_DESIGNS[name]["exploratory"]}]}
+        again = [{k: r[k] for k in KEYS} for r in closed_loop.older_rows(name, registration)]
+        assert json.loads(json.dumps(again)) == rows

@@ -2,6 +2,7 @@
 
     python bench/closed_loop_prompts/build.py pilot      # every candidate kind, train split only
     python bench/closed_loop_prompts/build.py final      # seen kinds in train/held-out, unseen kinds held out
+    python bench/closed_loop_prompts/build.py powered    # final's train prompts, 1,024 fresh held-out prompts
 
 Deterministic (fixed seeds, no downloads). A prompt is a request ("Write a short note about the harbor.")
 followed by each constraint's own sentence (`tokencredit.verifiers.checkers`, the sentence its feedback uses). The
@@ -109,12 +110,36 @@ def build(kind: str, seen: tuple[str, ...] = SEEN, unseen: tuple[str, ...] = UNS
     return rows
 
 
+def build_powered(n_held_out: int = 1024) -> list[dict]:
+    """The powered design's prompts (bench/compare_designs/powered.toml): the final set's train prompts, and
+    `n_held_out` held-out prompts drawn afresh (their own generator; a quarter unseen kinds, as in `final`),
+    none with the text of another prompt, of a train prompt or of the final set's 256 held-out prompts (which
+    the older experiments scored)."""
+    final = build("final")
+    taken = {r["prompt"] for r in final}
+    rng = random.Random("closed-loop-powered")
+    n_unseen = n_held_out // 4
+    rows = [r for r in final if r["split"] == "train"]
+    for i in range(n_held_out):
+        unseen = i >= n_held_out - n_unseen
+        rid = f"unseen-{i - (n_held_out - n_unseen):04d}" if unseen else f"heldout-{i:04d}"
+        while True:
+            kinds = (draw_kinds(rng, UNSEEN, min(len(UNSEEN), rng.choice([2, 3]))) if unseen
+                     else draw_kinds(rng, SEEN, rng.choice([2, 3, 4])))
+            row = record(rng, rid, "test", rng.choice(HELD_OUT_TOPICS), kinds)
+            if row["prompt"] not in taken:
+                break
+        taken.add(row["prompt"])
+        rows.append(row)
+    return rows
+
+
 def write(rows: list[dict], path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "final"
-    out = HERE / f"{'pilot' if which == 'pilot' else 'prompts'}.jsonl"
-    write(build(which), out)
+    out = HERE / f"{ {'pilot': 'pilot', 'powered': 'powered'}.get(which, 'prompts')}.jsonl"
+    write(build_powered() if which == "powered" else build(which), out)
     print(f"wrote {out}")

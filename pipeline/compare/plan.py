@@ -129,6 +129,13 @@ def cli_plan(design, args) -> list[str]:
                          "--tokens-per-response and --train-seconds (or a pilot compare folder)")
     source = folder.source if folder else "given on the command line"
     costs = Costs(float(per_response), float(tokens_per_s), float(train_seconds), source)
-    result = plan([rows[p] for p in wanted], float(design.targets["mde"]), len(design.arms), costs,
-                  max_prompts=args.max_prompts)
-    return plan_lines(result)
+    components = [rows[p] if args.var_decode is None or rows[p].get("var_decode") is not None
+                  else {**rows[p], "var_decode": args.var_decode} for p in wanted]
+    target = float(design.targets["mde"])
+    lines = plan_lines(plan(components, target, len(design.arms), costs, max_prompts=args.max_prompts))
+    if design.prompts["heldout_limit"]:  # the seeds this design needs at its own prompts and decodes
+        fixed = {"prompts": design.prompts["heldout_limit"], "decodes": len(design.decodes)}
+        found = plan(components, target, len(design.arms), costs, fixed=fixed)
+        lines += [f"at this design's {fixed['prompts']} held-out prompts x {fixed['decodes']} decodes:"]
+        lines += plan_lines(found)[1:2]
+    return lines
