@@ -1017,6 +1017,78 @@ def cmd_compare(args) -> list[dict]:
     return rows
 
 
+POWERED = ROOT / "bench" / "compare_designs" / "powered.toml"
+PLAN_JSON = ROOT / "bench" / "results" / "compare_plan.json"
+
+
+def measured_costs() -> dict:
+    """The plan's costs on this 2-core CPU from committed measurements: tokens per response and decode tokens/s
+    of SmolLM2 at temperature 0.5, batch 64 (closed_loop_pilot.json), and one training of 16 steps of batch 8
+    from the trainer's measured step time (train.json: batch 2 x 2 accumulated, scaled by responses per step)."""
+    pilot = next(r for r in json.loads((ROOT / "bench" / "results" / "closed_loop_pilot.json").read_text())
+                 if r["temperature"] == 0.5)
+    train = json.loads((ROOT / "bench" / "results" / "train.json").read_text())
+    per_step = train["smollm2"]["trainer_step_s"] / (train["batch_size"] * train["grad_accum"])
+    return {"tokens_per_response": pilot["tokens"] / (pilot["prompts"] * pilot["n"]),
+            "tokens_per_s": 1000 / pilot["ms_per_token"], "train_seconds": per_step * 8 * 16,
+            "source": "closed_loop_pilot.json (SmolLM2, T 0.5, batch 64, 2-core CPU) and train.json (trainer step)"}
+
+
+def cmd_plan(args) -> dict:
+    """compare --plan for the powered design (bench/compare_designs/powered.toml) from the Monte-Carlo credit
+    experiment's components (compare_details.json), the MRTPO experiment's measured decode term, and the costs
+    measured on this CPU; bench/results/compare_plan.json."""
+    import tempfile
+
+    from tokencredit.pipeline.compare.design import load_design
+    from tokencredit.pipeline.compare.plan import Costs, plan, plan_lines
+
+    text = POWERED.read_text()
+    seeds_line = next(line for line in text.splitlines() if line.startswith("seeds = "))
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", dir=POWERED.parent) as tmp:  # seeds are what is planned
+        tmp.write(text.replace(seeds_line, "seeds = [100, 101]"))
+        tmp.flush()
+        design = load_design(tmp.name)
+    details = json.loads(COMPARE_DETAILS_JSON.read_text())
+    pilot = {(r["method"], r["baseline"]): r for r in details if r["design"] == "issue25"}
+    decode = next(r for r in details if (r["design"], r["method"], r["baseline"]) == ("issue18", "mrtpo", "gdpo"))
+    costs = Costs(**measured_costs())
+    target = float(design.targets["mde"])
+    fixed = {"prompts": design.prompts["heldout_limit"], "decodes": len(design.decodes)}
+    out = {"target_mde": target, "arms": len(design.arms), "costs": vars(costs), "var_decode": decode["var_decode"]}
+    for key, components in (("measured_decode_term", [{**pilot[p], "var_decode": decode["var_decode"]}
+                                                      for p in design.primary]),
+                            ("no_decode_gain", [pilot[p] for p in design.primary])):
+        cheapest = plan(components, target, len(design.arms), costs, max_prompts=4096)
+        at_design = plan(components, target, len(design.arms), costs, fixed=fixed, seeds=range(2, 61))
+        for line in plan_lines(cheapest)[1:3] + [f"at {fixed}:"] + plan_lines(at_design)[1:2]:
+            log(f"{key}: {line}")
+        out[key] = {"cheapest": cheapest["cheapest"], "at_design": at_design["cheapest"]}
+    chosen = out["measured_decode_term"]["at_design"]
+    out.update(seeds=chosen["seeds"], prompts=chosen["prompts"], decodes=chosen["decodes"],
+               tokens=chosen["tokens"], hours=chosen["hours"], worst_mde=chosen["worst_mde"],
+               mde=chosen["mde"])
+    PLAN_JSON.write_text(json.dumps(out, indent=1) + "\n")
+    from common import upsert_result
+
+    alt = out["no_decode_gain"]["at_design"]
+    upsert_result(
+        "compare --plan: the powered closed-loop design (closed_loop.py plan)",
+        "`bench/compare_designs/powered.toml` (committed before any scoring) sized with compare's plan from the "
+        "Monte-Carlo credit experiment's variance components (compare_details.json) and the MRTPO experiment's "
+        "measured decode term; costs measured on this CPU (closed_loop_pilot.json, train.json). Not run: see the "
+        "hours. Rows: `bench/results/compare_plan.json`.",
+        "plan", f"{out['arms']} arms; {chosen['prompts']} held-out prompts x {chosen['decodes']} decodes; target "
+                f"detectable {target}; {costs.tokens_per_response:.1f} tokens per response at "
+                f"{costs.tokens_per_s:.1f} tokens/s, {costs.train_seconds:.0f} s per training",
+        f"{chosen['seeds']} seeds: detectable " + ", ".join(f"{k} {v:.4f}" for k, v in chosen["mde"].items())
+        + f"; {chosen['tokens']:,} tokens, {chosen['hours']:.1f} h on this CPU (without the decode term: "
+          f"{alt['seeds']} seeds, {alt['hours']:.1f} h)",
+        f"run on this machine in the session: not possible ({chosen['hours']:.1f} h of scoring and training on "
+        "2 shared cores); blocked")
+    return out
+
+
 def write_results_md_compare(details: list[dict]) -> None:
     from common import upsert_result
 
@@ -1210,7 +1282,7 @@ def main() -> None:
     import common  # noqa: F401 - sets the torch thread count (BENCH_THREADS) before torch runs anything
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["pilot", "offline", "iterated", "dev", "report", "quick", "compare"])
+    parser.add_argument("command", choices=["pilot", "offline", "iterated", "dev", "report", "quick", "compare", "plan"])
     parser.add_argument("--model", default=SMOLLM2)
     parser.add_argument("--device", default="cpu", help="torch device (cuda: the full-size run on a GPU)")
     parser.add_argument("--temperatures", default="0.5,0.7,1.0")
@@ -1259,7 +1331,8 @@ def main() -> None:
     use_experiment(args.experiment)
     STATE.mkdir(parents=True, exist_ok=True)
     {"pilot": cmd_pilot, "offline": cmd_offline, "iterated": cmd_iterated, "dev": cmd_dev, "report": cmd_report,
-     "quick": cmd_quick, "compare": cmd_compare}[args.command](args)
+     "quick": cmd_quick, "compare": cmd_compare,
+     "plan": cmd_plan}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def arm_lines(scores: dict[str, dict]) -> list[str]:
+    """Markdown: each arm's mean held-out reward over every prompt and decode it was scored on, per seed, and
+    the start policy's."""
+    lines = ["| policy | mean reward | per seed |", "| --- | --- | --- |"]
+    arms: dict[str, dict[int, float]] = {}
+    for label, result in scores.items():
+        mean = float(np.mean([c["reward"] for cells in result["decodes"].values() for c in cells.values()]))
+        if result.get("arm") is None:
+            lines.append(f"| {label} | {mean:.4f} | |")
+        else:
+            arms.setdefault(result["arm"], {})[result["seed"]] = mean
+    for arm, seeds in sorted(arms.items()):
+        lines.append(f"| {arm} | {np.mean(list(seeds.values())):.4f} | "
+                     + ", ".join(f"{s}: {v:.3f}" for s, v in sorted(seeds.items())) + " |")
+    return lines
+
+
 def verdict(row: dict) -> str:
     """'detected above 0', 'detected below 0', or 'not detected (detectable difference M)'."""
     if row["ci_low"] > 0:
@@ -129,12 +146,13 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * max(len(rows), 1)))
+    fig, ax = plt.subplots(figsize=(6.5, 1.4 + 0.5 * len(rows)))
     for y, r in enumerate(rows):
         ax.errorbar(r["diff"], y, xerr=[[r["diff"] - r["ci_low"]], [r["ci_high"] - r["diff"]]], fmt="o",
                     color="tab:gray" if r["exploratory"] else "tab:blue", capsize=3)
         ax.plot(r["per_seed_diff"], [y + 0.2] * len(r["per_seed_diff"]), "x", color="tab:orange", ms=4)
     ax.axvline(0, color="black", lw=0.8)
+    ax.set_ylim(-0.6, len(rows) - 0.2)
     ax.set_yticks(range(len(rows)), [f"{r['method']} - {r['baseline']}" + (" (expl.)" if r["exploratory"] else "")
                                      for r in rows])
     ax.set_xlabel("held-out reward difference (95% interval; x: per seed)")
@@ -154,7 +172,7 @@ def write_report(out: Path, design, registration: dict) -> list[dict]:
                                       "registration": {k: v for k, v in registration.items() if k != "content"}})
     commit = registration["design_commit"] or "none (the design file was not committed: not pre-registered)"
     text = [f"# compare: {design.path}", "",
-            f"Design sha256 {registration['design_hash']}, commit {commit}.", "",
+            f"Design sha256 {registration['design_hash']}, commit {commit}.", "", *arm_lines(scores), "",
             table(rows), "", *(f"- {r['method']} - {r['baseline']}: {verdict(r)}" for r in rows), "",
             "## Per reward kind (exploratory)", "", "| difference | kind | prompts | estimate [95%] |", "| --- | --- | --- | --- |",
             *(f"| {k['method']} - {k['baseline']} | {k['kind']} | {k['prompts']} | {k['diff']:+.4f} "
