@@ -12,7 +12,8 @@ lowering another. A repair and its original are a preference pair (chosen, rejec
     OUT/_shards/shard-00003.json   its marker, written last: a shard counts as done only with its marker
     OUT/repair.json                the config and, per reward, the failures, how many were repaired and the
                                    repair rate, once every shard is written
-    OUT/config.json                the config of the run in OUT; a different one is refused
+    OUT/config.json                the run (path and identity) and config of OUT; another, or the same folder's
+                                   run written again (annotate --restart), is refused
 
 `cut="decisive"` (`repair --cut decisive --values DIR`) cuts instead at the start of the decisive segment of the
 failure's value curve (`tokencredit values`: where V_k falls most), for the failures measured there.
@@ -35,7 +36,8 @@ from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
 from tokencredit.pipeline.credit.penalty import penalty_cut
-from tokencredit.pipeline.dataset.derived import DerivedJob, DerivedKind, DerivedStore, run_derived, run_sampling
+from tokencredit.pipeline.dataset.derived import (DerivedJob, DerivedKind, DerivedStore, check_derived_from,
+                                                  run_derived, run_sampling)
 from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic
 
 PAIRS = pa.schema([
@@ -296,6 +298,8 @@ class RepairJob(DerivedJob):
 def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
     """Read the run (complete) and its failures, record the config in OUT, and split the failures into shards."""
     settings, sampling = run_sampling(run)
+    if config.cut == "decisive":  # value curves of this run as it is now, not of another or an earlier one
+        check_derived_from(config.values, run, "values", "--values")
     targets = failed_targets(run, None if config.cut == "decisive" else config.limit)
     if config.cut == "decisive":
         targets = decisive_targets(targets, config.values)[:config.limit]
@@ -304,10 +308,12 @@ def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
 
 def finish_repair(job: RepairJob, markers: Sequence[dict]) -> dict:
     """Write OUT/repair.json (config, per-reward figures, totals) and return it."""
-    summary = {"run": job.run, "config": dataclasses.asdict(job.config), "shards": len(job.shards),
-               "pairs_written": sum(m["rows"] for m in markers), "by_reward": summarize(markers),
+    store = RepairStore(job.out, job.run, job.config)
+    summary = {"run": job.run, "run_identity": store.identity, "config": dataclasses.asdict(job.config),
+               "shards": len(job.shards), "pairs_written": sum(m["rows"] for m in markers),
+               "by_reward": summarize(markers),
                "files": [PART.format(m["shard"]) for m in sorted(markers, key=lambda m: m["shard"]) if m["rows"]]}
-    RepairStore(job.out, job.run, job.config).write_json("repair.json", summary)
+    store.write_json("repair.json", summary)
     return summary
 
 

@@ -15,8 +15,9 @@ The decisive segment of a failed pair is the [c_i, c_i+1) of consecutive cuts wh
     OUT/values/part-00003.parquet     the curves of shard 3 (schemas.VALUES)
     OUT/decisive/part-00003.parquet   its decisive segments (schemas.DECISIVE)
     OUT/_shards/shard-00003.json      its marker, written last (checksums of both parts, counts)
-    OUT/config.json                   the run and config of OUT; another is refused
-    OUT/values.json                   the summary, once every shard is written
+    OUT/config.json                   the run (path and identity: config hash, inputs, dataset checksum) and config
+                                      of OUT; another, or the same folder's run written again, is refused
+    OUT/values.json                   the summary, once every shard is written (with the run's identity)
 
 Continuation j of cut c of a response draws from seed `continuation_seed(run seed, response id, c, j)`, so a
 resumed run (shards whose marker and part checksums hold are kept) writes the same values as an uninterrupted one.
@@ -341,9 +342,11 @@ def finish_values(job: ValuesJob, markers: Sequence[dict]) -> dict:
         for key, value in marker["counts"].items():
             totals[key] = totals.get(key, 0) + value
     ordered = sorted(markers, key=lambda m: m["shard"])
-    summary = {"run": job.run, "config": dataclasses.asdict(job.config), "shards": len(job.shards), **totals,
+    store = ValuesStore(job.out, job.run, job.config)
+    summary = {"run": job.run, "run_identity": store.identity, "config": dataclasses.asdict(job.config),
+               "shards": len(job.shards), **totals,
                "files": {name: [PART.format(table=name, shard=m["shard"]) for m in ordered] for name in VALUE_TABLES}}
-    ValuesStore(job.out, job.run, job.config).write_json("values.json", summary)
+    store.write_json("values.json", summary)
     return summary
 
 

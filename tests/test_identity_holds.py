@@ -63,6 +63,87 @@ def test_restart_of_a_run_keeps_files_the_run_did_not_write(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["n_shards"] == 1
 
 
+# ---------------------------------------------------------------- item 4: derived folders tied to their run
+
+VALUES = ["--k", "2", "--cuts", "2", "--pairs", "2", "--shard-size", "1", "--runner", "none"]
+DEMO = ["--limit", "2", "--tasks", "instructions", "--n", "4", "--max-new-tokens", "16", "--credit", "gdpo,mrtpo",
+        "--runner", "none"]
+
+
+def files_of(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory):
+    """Two runs of the same prompts (the same record ids) with other seeds, and value curves of the first."""
+    folder = tmp_path_factory.mktemp("derived")
+    os.environ["TOKENCREDIT_HOME"] = str(folder / "home")
+    try:
+        assert main(["annotate", "--out", str(folder / "a"), "--seed", "3", *DEMO]) == 0
+        assert main(["annotate", "--out", str(folder / "b"), "--seed", "4", *DEMO]) == 0
+        assert main(["values", str(folder / "a"), "--out", str(folder / "va"), *VALUES]) == 0
+    finally:
+        del os.environ["TOKENCREDIT_HOME"]
+    return folder
+
+
+@pytest.mark.parametrize("inside", ["", "values", "responses/v"])
+def test_an_out_equal_to_or_inside_the_run_is_refused_before_anything_is_written(demo_runs, inside, capsys):
+    run = demo_runs / "a"
+    before = files_of(run)
+    out = run / inside if inside else run
+    for command in (["values", str(run), "--out", str(out), *VALUES],
+                    ["repair", str(run), "--out", str(out), "--runner", "none", "--n", "1"]):
+        capsys.readouterr()
+        assert main(command) == 2
+        err = error_line(capsys)
+        assert "--out" in err and "run folder" in err and str(run) in err
+        assert files_of(run) == before
+
+
+def test_values_record_the_run_identity(demo_runs):
+    manifest = json.loads((demo_runs / "a" / "manifest.json").read_text())
+    for name in ("config.json", "values.json"):
+        recorded = json.loads((demo_runs / "va" / name).read_text())
+        identity = recorded["identity" if name == "config.json" else "run_identity"]
+        assert identity["config_hash"] == manifest["config_hash"]
+        assert identity["dataset_checksum"] == manifest["dataset_checksum"]
+
+
+def test_repair_refuses_the_values_of_another_run_with_the_same_record_ids(demo_runs, tmp_path, capsys):
+    assert main(["repair", str(demo_runs / "b"), "--out", str(tmp_path / "r"), "--cut", "decisive", "--values",
+                 str(demo_runs / "va"), "--runner", "none", "--n", "1"]) == 2
+    err = error_line(capsys)
+    assert "--values" in err and "of another run" in err and str(demo_runs / "a") in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("command", [["train", "--data", "{v}", "--out", "{tmp}/ckpt", "--steps", "1"],
+                                     ["export", "{v}", "--dest", "{tmp}/e"],
+                                     ["query", "{v}", "SELECT 1"]])
+def test_train_export_and_query_name_a_derived_folder_and_its_run(demo_runs, tmp_path, command, capsys):
+    argv = [a.format(v=demo_runs / "va", tmp=tmp_path) for a in command]
+    assert main(argv) == 2
+    err = error_line(capsys)
+    assert str(demo_runs / "va") in err and "derived from the run" in err and str(demo_runs / "a") in err
+
+
+def test_derived_folders_of_an_earlier_run_in_the_same_folder_are_refused(tmp_path, capsys):
+    run, values = tmp_path / "run", tmp_path / "v"
+    assert main(["annotate", "--out", str(run), "--seed", "3", *DEMO]) == 0
+    assert main(["values", str(run), "--out", str(values), *VALUES]) == 0
+    assert main(["annotate", "--out", str(run), "--seed", "7", "--restart", *DEMO]) == 0
+    capsys.readouterr()
+    assert main(["values", str(run), "--out", str(values), *VALUES]) == 2  # resuming it would mix two runs' curves
+    err = error_line(capsys)
+    assert "earlier run" in err and str(run) in err
+    assert main(["repair", str(run), "--out", str(tmp_path / "r"), "--cut", "decisive", "--values", str(values),
+                 "--runner", "none", "--n", "1"]) == 2
+    err = error_line(capsys)
+    assert "--values" in err and "earlier run" in err
+
+
 # ---------------------------------------------------------------- item 9: what the hash cache trusts
 
 def edit_keeping_size_and_mtime(path: Path, old: bytes, new: bytes) -> None:

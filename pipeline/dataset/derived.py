@@ -19,30 +19,89 @@ import pyarrow.fs as pafs
 from tokencredit.pipeline.dataset.writer import _read_json, _write_atomic, filesystem
 
 
+def run_identity(run: str) -> dict:
+    """What ties a folder derived from a complete run to that run: its id, config hash, a hash of its inputs'
+    checksums and its dataset checksum. A run written again into the same folder (`annotate --restart`, another
+    seed or an edited prompt file) has another identity, so what was derived from the earlier one is refused."""
+    from tokencredit.pipeline.dataset.writer import run_files
+
+    manifest = run_files(run).manifest
+    inputs = json.dumps(manifest.get("inputs") or {}, sort_keys=True).encode()
+    return {"run_id": manifest.get("run_id"), "config_hash": manifest.get("config_hash"),
+            "inputs_sha256": hashlib.sha256(inputs).hexdigest(), "dataset_checksum": manifest.get("dataset_checksum")}
+
+
+def _root(path: str) -> str:
+    """A folder as one string however it is named: the resolved path, or the URI without a trailing slash."""
+    return path.rstrip("/") if "://" in path else filesystem(path)[1]
+
+
+def check_outside(out: str, run: str) -> None:
+    """ValueError when `out` is the run folder or inside it: a derived folder's files (config.json, _shards/) would
+    mix with the run's. Raised before anything is written."""
+    out_root, run_root = _root(out), _root(run)
+    if out_root == run_root or out_root.startswith(run_root + "/"):
+        raise ValueError(f"--out {out} is {'the run folder' if out_root == run_root else 'inside the run folder'} "
+                         f"{run}; choose a folder outside the run")
+
+
+def check_derived_from(folder: str, run: str, holds: str, option: str) -> dict:
+    """The config.json of `folder` (written by `DerivedStore`) once it says the folder was derived from `run` as it
+    is now (`run_identity`); else ValueError naming `option`: not such a folder, another run, or an earlier run
+    in the same run folder."""
+    fs, root = filesystem(folder)
+    known = _read_json(fs, f"{root}/config.json")
+    if not isinstance(known, dict) or "run" not in known:
+        raise ValueError(f"{option} {folder} holds no {holds} (no config.json of tokencredit's); make it with "
+                         f"tokencredit {holds} {run} --out DIR")
+    problem = _identity_problem(known, _root(run), run_identity(run))
+    if problem:
+        raise ValueError(f"{option} {folder} holds {holds} of {problem}; make them again with tokencredit {holds} {run} "
+                         f"--out DIR")
+    return known
+
+
+def _identity_problem(known: dict, run_root: str, identity: dict) -> str | None:
+    """Why a derived folder's recorded run (`known`: its config.json) is not `run_root` with `identity`, or None."""
+    if known.get("run") != run_root:
+        return f"another run ({known.get('run')})"
+    recorded = known.get("identity")
+    if recorded != identity:
+        was = (f"run id {recorded.get('run_id')}, dataset {str(recorded.get('dataset_checksum'))[:12]}"
+               if isinstance(recorded, dict) else "no run identity recorded")
+        return (f"an earlier run in {run_root} ({was}; the folder now holds run id {identity['run_id']}, dataset "
+                f"{str(identity['dataset_checksum'])[:12]}: written again since, e.g. by annotate --restart)")
+    return None
+
+
 class DerivedStore:
     """OUT's files: its `folders` (created; a killed write's temporary files removed) and `config.json`, which
-    ties OUT to one run and config: another is refused (`holds` names what OUT holds, in the message)."""
+    ties OUT to one run (its path and `run_identity`) and config: another is refused before anything is written
+    (`holds` names what OUT holds, in the message), and so is an OUT equal to or inside the run folder."""
 
     folders: tuple[str, ...] = ()
     holds = "output"
 
     def __init__(self, out: str, run: str, config):
+        check_outside(out, run)
         self.out = out
         self.fs, self.root = filesystem(out)
+        run, identity = _root(run), run_identity(run)  # the same run however a working directory names it
+        self.digest = hashlib.sha256(json.dumps({"run": run, "identity": identity, **dataclasses.asdict(config)},
+                                                sort_keys=True).encode()).hexdigest()
+        known = _read_json(self.fs, f"{self.root}/config.json")
+        if known is not None and known.get("digest") != self.digest:
+            problem = _identity_problem(known, run, identity) or f"another config ({known.get('config')})"
+            raise ValueError(f"{out} holds {self.holds} of another run or config: {problem}; choose another --out")
         for folder in (*self.folders, "_shards"):
             self.fs.create_dir(f"{self.root}/{folder}", recursive=True)
             for info in self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{folder}")):
                 if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):  # a killed write's leftover
                     self.fs.delete_file(info.path)
-        run = run if "://" in run else filesystem(run)[1]  # the same run however a working directory names it
-        self.digest = hashlib.sha256(json.dumps({"run": run, **dataclasses.asdict(config)},
-                                                sort_keys=True).encode()).hexdigest()
-        known = _read_json(self.fs, f"{self.root}/config.json")
-        if known is not None and known.get("digest") != self.digest:
-            raise ValueError(f"{out} holds {self.holds} of another run or config ({known.get('run')}, "
-                             f"{known.get('config')}); choose another --out")
+        self.identity = identity
         if known is None:
-            self.write_json("config.json", {"run": run, "config": dataclasses.asdict(config), "digest": self.digest})
+            self.write_json("config.json", {"run": run, "identity": identity, "config": dataclasses.asdict(config),
+                                            "digest": self.digest})
 
     def write_json(self, relpath: str, obj: dict) -> None:
         payload = json.dumps(obj, indent=2, sort_keys=True).encode()
@@ -112,11 +171,13 @@ class DerivedKind:
     tokens: Callable[[dict], int]  # a shard marker -> the tokens it sampled, for progress
 
 
-def run_derived(kind: DerivedKind, run: str, out: str, config, device: str = "cpu", progress: bool = True) -> dict:
-    """Every shard of `kind` not yet done under `out`, in this process; returns the summary."""
+def run_derived(kind: DerivedKind, run: str, out: str, config, device: str = "cpu", progress: bool = True,
+                backend: str = "transformers") -> dict:
+    """Every shard of `kind` not yet done under `out`, in this process; returns the summary. `backend`: the
+    sampler's (`sample.load_sampler`)."""
     from tokencredit.pipeline.dataset.export import run_records
     from tokencredit.pipeline.progress import Progress
-    from tokencredit.pipeline.sample.transformers_backend import load_sampler
+    from tokencredit.pipeline.sample import load_sampler
 
     job = kind.prepare(run, out, config)
     records, _, refs = run_records(run)
@@ -124,7 +185,7 @@ def run_derived(kind: DerivedKind, run: str, out: str, config, device: str = "cp
     with Progress(kind.name, total=sum(map(len, job.shards)), unit=kind.unit, enabled=progress) as bar:
         for shard, items in enumerate(job.shards):
             if models is None and store.done(shard) is None:  # load the policy only when a shard needs it
-                models = load_sampler(job.model, device)
+                models = load_sampler(backend, job.model, device)
             markers.append(job.run_shard(shard, records, refs, models))
             bar.update(len(items), tokens=kind.tokens(markers[-1]))
     return kind.finish(job, markers)

@@ -190,6 +190,13 @@ def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
     fs, root = filesystem(out)
     manifest = _read_manifest(fs, root)
     if manifest is None:
+        try:
+            derived = _read_json(fs, f"{root}/config.json")
+        except ValueError:  # someone else's config.json
+            derived = None
+        if isinstance(derived, dict) and isinstance(derived.get("run"), str):  # `tokencredit values` or `repair`
+            raise FileNotFoundError(f"{out} is not a tokencredit run directory (no {MANIFEST}): it holds what "
+                                    f"tokencredit values or repair derived from the run {derived['run']}; pass a run")
         raise FileNotFoundError(f"{out} is not a tokencredit run directory (no {MANIFEST})")
     if manifest.get("complete"):
         entries = list(manifest["shards"].values())
