@@ -6,6 +6,12 @@
     python bench/closed_loop.py dev       [--variants gdpo,mrtpo,...]      # one change per hypothesis
     python bench/closed_loop.py report                                     # json, plot, RESULTS.md
     python bench/closed_loop.py quick                                      # CI: both arms, a few steps, tiny
+    python bench/closed_loop.py compare    # both experiments' offline arms by compare's statistics: compare.json
+    python bench/closed_loop.py plan       # compare --plan for bench/compare_designs/powered.toml
+
+The experiments' offline arms are compare designs (bench/compare_designs/issue18.toml, issue25.toml): a new run is
+`tokencredit compare bench/compare_designs/NAME.toml --out DIR`, and `compare` re-analyses the stored per-prompt
+rewards with compare's variance-components intervals (the crossed bootstrap below kept beside them as a column).
 
 Design (the README and RESULTS.md follow the numbers whatever they are). The 2026-12-04 CPU run was not
 pre-registered: the midpoint, `mrtpo_both`, the dev screen and the iterated arm's second seed were added after
@@ -64,6 +70,8 @@ import shutil
 import statistics
 import time
 from pathlib import Path
+
+from tokencredit.pipeline.compare import analysis
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "bench" / "closed_loop_prompts"
@@ -497,25 +505,8 @@ def paired(a: dict[str, float], b: dict[str, float], ids: list[str], draws: int 
             "ci_high": float(np.quantile(means, 0.975)), "mde": float(2.8 * se), "prompts": len(diff)}
 
 
-def crossed_means(cells, draws: int = 10_000, seed: int = 0):
-    """Bootstrap replicates of the mean of seeds x prompts arrays, seeds and prompts resampled together.
-
-    cells: [..., S, P] (every leading array resampled with the same draws, so replicates of a ratio pair
-    up). Each replicate draws P prompts and S seeds with replacement, independently, and averages the
-    S x P drawn cells; returns [..., draws]. The prompts are drawn first, with the generator `paired`
-    uses, so with one seed the replicates are `paired`'s over the same prompts.
-    """
-    import numpy as np
-
-    cells = np.asarray(cells, dtype=float)
-    n_seeds, n_prompts = cells.shape[-2:]
-    rng = np.random.default_rng(seed)
-    prompts = rng.integers(0, n_prompts, size=(draws, n_prompts))
-    seeds = rng.integers(0, n_seeds, size=(draws, n_seeds))
-    counts = np.bincount((np.arange(draws)[:, None] * n_prompts + prompts).ravel(),
-                         minlength=draws * n_prompts).reshape(draws, n_prompts)
-    per_seed = cells @ counts.T / n_prompts  # [..., S, draws]: each seed's mean over the drawn prompts
-    return per_seed[..., seeds.T, np.arange(draws)].mean(axis=-2)
+# The crossed seeds x prompts bootstrap of the older rows is compare's column (`ci_low_crossed`, ...): one function.
+crossed_means = analysis.crossed_means
 
 
 def crossed_difference(a, b, start, draws: int = 10_000, seed: int = 0) -> dict:

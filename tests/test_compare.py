@@ -200,6 +200,12 @@ def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_
     assert "mrtpo - gdpo" in out and (tmp_path / "killed" / "compare.png").is_file()
     assert stable(tmp_path / "killed") == stable(tmp_path / "whole")
 
+    # the finished run is a pilot: --plan reads its components and its measured speeds and training seconds
+    planned = run_cli(str(design), "--out", str(tmp_path / "next"), "--plan", "--pilot", str(tmp_path / "whole"))
+    out, err = planned.communicate(timeout=600)
+    assert planned.returncode == 0, err[-2000:]
+    assert "5 scored policies" in out and "4 trainings" in out and "at this design's 6 held-out prompts" in out
+
     write(design, TINY.replace("steps = 3", "steps = 4"))
     refused = run_cli(str(design), "--out", str(tmp_path / "whole"), "--runner", "none")
     _, err = refused.communicate(timeout=600)
