@@ -24,7 +24,13 @@ is chance) and per constraint kind:
   in most pairs, so position alone beats chance; `first_token` (a rule blaming each response's first token) is
   the plainest such credit;
 - starts_first_quarter, starts_at_first_token: how many of the row's pairs have their decisive segment start in
-  the response's first quarter, and at its first token.
+  the response's first quarter, and at its first token;
+- prior_first_token, prior_linear: the position priors on the same pairs, the first-token rule (1 where the decisive
+  segment starts at token 0) and a linearly decreasing weight (the chance that a token drawn with weight T - t
+  lies in the segment); minus_prior_first, minus_prior_first_ci_low, minus_prior_first_ci_high: the credit's
+  top_in_decisive less the first-token rule's, with a paired 95% bootstrap interval over pairs. The target is
+  judged against the stronger of chance and the two priors (`--fill-priors` adds the keys that rows stored
+  without their pairs determine: the priors' point difference; the rest needs a rerun).
 
 `mc` needs tree-sampled groups, so `--pool tree` measures it on a run of its own (`--tree-run`, e.g. closed_loop.py's
 `bench/.closed_loop/pool-tree`, else WORK/tree sampled with `--tree R,L`): its failed pairs are other responses,
@@ -130,6 +136,64 @@ def position_baseline(pairs: list[dict], tops: list[list[float]]) -> float:
     return total / (len(pairs) * (len(pairs) - 1))
 
 
+def priors_of(pair: dict) -> tuple[float, float]:
+    """The position priors' scores on one pair, what a credit that knows only position gets: (the first-token rule:
+    1 when the decisive segment starts at token 0; the linear prior: the chance that a token drawn with weight
+    T - t, linearly decreasing, lies in [start, end))."""
+    start, end, length = pair["start"], pair["end"], pair["length"]
+    weight = sum(length - t for t in range(start, end))
+    return float(start == 0), weight / (length * (length + 1) / 2)
+
+
+def prior_keys(pairs: list[dict], members: list[int], top: list[float], rounds: int, seed: int) -> dict:
+    """The credit against the position priors on the same pairs: prior_first_token and prior_linear (their mean
+    scores), minus_prior_first (the credit's top_in_decisive less the first-token rule's) with a paired bootstrap
+    interval (the pairs resampled once for both, i.e. the per-pair differences resampled)."""
+    priors = [priors_of(pairs[i]) for i in members]
+    diffs = [t - first for t, (first, _) in zip(top, priors)]
+    low, high = bootstrap(diffs, rounds, seed)
+    return {"prior_first_token": sum(f for f, _ in priors) / len(priors),
+            "prior_linear": sum(lin for _, lin in priors) / len(priors),
+            "minus_prior_first": sum(diffs) / len(diffs),
+            "minus_prior_first_ci_low": low, "minus_prior_first_ci_high": high}
+
+
+def stronger_null(row: dict) -> tuple[str, float]:
+    """The stronger of the nulls a row is judged against: uniform chance, the first-token rule, the linear prior."""
+    nulls = {"chance": row["chance"], "first_token": row.get("prior_first_token"), "linear": row.get("prior_linear")}
+    return max(((name, value) for name, value in nulls.items() if value is not None), key=lambda item: item[1])
+
+
+def met_against_stronger_null(row: dict) -> bool:
+    """The target (top token in the decisive segment at least 2x the null, its interval excluding the null), judged
+    against the stronger null; against the first-token rule the interval is the paired one of the difference."""
+    name, value = stronger_null(row)
+    if name == "first_token":
+        excluded = row.get("minus_prior_first_ci_low") is not None and row["minus_prior_first_ci_low"] > 0
+    else:
+        excluded = row["ci_low"] > value
+    return row["top_in_decisive"] >= 2 * value and excluded
+
+
+def fill_priors_from_rows(rows: list[dict]) -> list[dict]:
+    """For rows measured before the prior keys existed, whose per-pair values were not kept: prior_first_token is the
+    first_token row's top_in_decisive on the same pool and kind (the same pairs), minus_prior_first the difference of
+    the two means; the paired interval and prior_linear need the pairs, so they are None and `priors_note` says so."""
+    first = {(r.get("pool", "flat"), r["kind"]): r["top_in_decisive"] for r in rows if r["credit"] == "first_token"}
+    out = []
+    for row in rows:
+        if "prior_first_token" in row or (row.get("pool", "flat"), row["kind"]) not in first:
+            out.append(row)
+            continue
+        prior = first[(row.get("pool", "flat"), row["kind"])]
+        out.append({**row, "prior_first_token": prior, "prior_linear": None,
+                    "minus_prior_first": row["top_in_decisive"] - prior, "minus_prior_first_ci_low": None,
+                    "minus_prior_first_ci_high": None,
+                    "priors_note": "filled from the stored rows (per-pair values not kept): the paired interval and "
+                                   "prior_linear need a rerun"})
+    return out
+
+
 def first_token_credit(pairs: list[dict]) -> dict:
     """A rule that blames each response's first token: the position-only credit to beat."""
     return {"*": {p["response_id"]: [-1.0] + [0.0] * (p["length"] - 1) for p in pairs}}
@@ -182,7 +246,8 @@ def rows_for(model: str, pairs: list[dict], credits: dict[tuple[str, str], dict 
                          "starts_first_quarter": sum(4 * pairs[i]["start"] < pairs[i]["length"] for i in members),
                          "starts_at_first_token": sum(pairs[i]["start"] == 0 for i in members),
                          "position_baseline": chance if tokens is None else position_baseline(
-                             [pairs[i] for i in members], [scored[i][2] for i in members])})
+                             [pairs[i] for i in members], [scored[i][2] for i in members]),
+                         **prior_keys(pairs, members, top, rounds, seed)})
     return rows
 
 
@@ -246,7 +311,10 @@ def report(rows: list[dict]) -> list[str]:
             where = "" if r["kind"] == "all" else " on the reward model's held-out prompts"
             lines.append(f"{r['credit']}/{r['locate']}{where}: top in decisive {r['top_in_decisive']:.3f} "
                          f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}], mass {r['mass_in_decisive']:.3f}, chance "
-                         f"{r['chance']:.3f}, its positions shuffled over pairs {r['position_baseline']:.3f} "
+                         f"{r['chance']:.3f}, its positions shuffled over pairs {r['position_baseline']:.3f}, "
+                         f"first-token rule {r['prior_first_token']:.3f} (credit minus it "
+                         f"{r['minus_prior_first']:+.3f} [{r['minus_prior_first_ci_low']:+.3f}, "
+                         f"{r['minus_prior_first_ci_high']:+.3f}]), linear prior {r['prior_linear']:.3f} "
                          f"({r['pairs']} pairs, K {r['k']})")
     return lines
 
@@ -266,7 +334,13 @@ def main() -> None:
                         "values): its complete shards are measured as they stand, nothing is sampled")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap rounds")
     parser.add_argument("--quick", action="store_true", help="the tiny policy on a few demo prompts; writes nothing")
+    parser.add_argument("--fill-priors", action="store_true", help="add the prior keys that the stored rows determine "
+                        "(without per-pair values) to localization_own.json, and stop")
     args = parser.parse_args()
+    if args.fill_priors:
+        RESULTS_JSON.write_text(json.dumps(fill_priors_from_rows(json.loads(RESULTS_JSON.read_text())), indent=1)
+                                + "\n")
+        return
     pool = measure_tree if args.pool == "tree" else measure
     if args.quick:
         import tempfile
@@ -293,10 +367,11 @@ def record_flat(args, rows: list[dict], lines: list[str]) -> None:
     first = next(r for r in rows if r["kind"] == "all" and r["credit"] == "first_token")
     full = rows[0]["pairs"] >= TARGET_PAIRS and args.k >= TARGET_K
     smaller = "; a SMALLER sample than the target 200 pairs x K 16: not a verdict on the target"
-    met = best["top_in_decisive"] >= 2 * best["chance"] and best["ci_low"] > best["chance"]
+    null, value = stronger_null(best)
+    met = met_against_stronger_null(best)
     lines.append(f"best {best['credit']}/{best['locate']}: {best['top_in_decisive'] / best['chance']:.2f}x chance, "
-                 f"interval low {best['ci_low']:.3f} vs chance {best['chance']:.3f} (target 2x chance, interval "
-                 f"excluding chance: {verdict(met)}{'' if full else smaller})")
+                 f"{best['top_in_decisive'] / value:.2f}x the stronger null ({null} {value:.3f}); target 2x the "
+                 f"stronger null, interval excluding it: {verdict(met)}{'' if full else smaller}")
     lines.append(f"the decisive segment starts in the response's first quarter for {first['starts_first_quarter']} of "
                  f"{first['pairs']} pairs, at its first token for {first['starts_at_first_token']}")
     lines.append(f"position-only controls: {best['credit']}'s own top positions shuffled over pairs score "

@@ -1,0 +1,230 @@
+"""The documentation's figures: each rendered figure equals its bench/results row; a results table holds no number that
+no row produced; the README's results table is the renderer's; no issue numbers; the README stays short."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import jinja2
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(p for p in DOCS.rglob("*.md"))
+
+
+def load_figures():
+    spec = importlib.util.spec_from_file_location("docs_figures", DOCS / "figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def figures():
+    return load_figures()
+
+
+def render(figures, page: Path) -> tuple[str, list[dict]]:
+    """The page as mkdocs-macros renders it (Jinja with the module's macros), and the figures it rendered."""
+    figures.RENDERED.clear()
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    for name in ("result", "result_ci", "result_ratio", "result_table", "cli_reference", "schema_table"):
+        env.globals[name] = getattr(figures, name)
+    text = env.from_string(page.read_text()).render()
+    return text, list(figures.RENDERED)
+
+
+def raw(file: str):
+    return json.loads((ROOT / "bench" / "results" / file).read_text())
+
+
+def lookup(file: str, key, where: dict):
+    """The value independently of the renderer: the one row of `file` matching `where`, then `key`."""
+    data = raw(file)
+    if isinstance(data, list):
+        matches = [r for r in data if all(r.get(k) == v for k, v in where.items())]
+        assert len(matches) == 1, f"{file} {where}: {len(matches)} rows"
+        data = matches[0]
+    for part in key.split(".") if isinstance(key, str) else key:
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+def parse(text: str):
+    """A rendered figure back to numbers: '0.383', '+0.015', '1.56', '97%', '6,258', '[0.91, 1.44]', 'n/a'."""
+    text = text.strip()
+    if text == "n/a":
+        return None, 0
+    if text.startswith("["):
+        parts = [parse(p) for p in text[1:-1].split(", ")]
+        return [p[0] for p in parts], min(p[1] for p in parts)
+    scale = 100 if text.endswith("%") else 1
+    number = text.rstrip("%").replace(",", "")
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    return float(number) / scale, decimals + (2 if scale == 100 else 0)
+
+
+def agrees(text: str, value) -> bool:
+    if isinstance(value, (bool, str)):
+        return text == str(value)
+    parsed, decimals = parse(text)
+    if value is None or parsed is None:
+        return value is None and parsed is None
+    if isinstance(value, list):
+        return isinstance(parsed, list) and len(parsed) == len(value) and all(
+            abs(p - v) <= 0.5 * 10 ** -decimals + 1e-9 for p, v in zip(parsed, value))
+    return abs(parsed - value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def check(entry: dict) -> None:
+    if "over" in entry:
+        over = entry["over"]
+        value = lookup(entry["file"], entry["key"], entry["where"]) / lookup(over["file"], over["key"], over["where"])
+    elif "row" in entry:
+        assert entry["row"] in raw(entry["file"]), f"{entry['file']}: a table row that is not in the file"
+        value = entry["row"]
+        for part in entry["key"].split(".") if isinstance(entry["key"], str) else entry["key"]:
+            value = value[part]
+    else:
+        value = lookup(entry["file"], entry["key"], entry["where"])
+    if entry.get("scale") is not None and value is not None:
+        value = [v * entry["scale"] for v in value] if isinstance(value, list) else value * entry["scale"]
+    assert agrees(entry["text"], value), f"{entry['file']} {entry['key']} {entry['where']}: rendered " \
+                                         f"{entry['text']!r}, the row holds {value!r}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_every_rendered_figure_equals_its_row(figures, page):
+    _, rendered = render(figures, page)
+    for entry in rendered:
+        check(entry)
+
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?%?")
+
+
+def tables(text: str) -> list[list[str]]:
+    """The Markdown tables of a text (outside fenced code), each as its lines."""
+    out, current, fenced = [], [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced and line.startswith("|"):
+            current.append(line)
+        elif current:
+            out.append(current)
+            current = []
+    return out + ([current] if current else [])
+
+
+MEASURED_CELL = re.compile(r"[-+]?\d[\d,]*\.\d+[x%]?(?: \[[^\]]*\])?|[-+]?\d+%")
+
+
+def loose_numbers(table: list[str], figures: set[str]) -> list[str]:
+    """The numbers in a table's body cells (the label column, code spans and link targets left out) that are not
+    rendered figures, in a table that holds rendered figures. In a table without one, a cell that is nothing but a
+    measured-looking number (0.65, 1.49x, 97%, +0.015 [-0.004, +0.035]) marks a hand-copied results table; prose
+    cells (a version, a bound) are left alone."""
+    found = []
+    for line in table[2:]:
+        cells = [c for c in line.strip().strip("|").split("|")][1:]
+        for cell in cells:
+            cell = re.sub(r"`[^`]*`|\]\([^)]*\)", "", cell)
+            if not figures:
+                bare = cell.strip().strip("*").strip()
+                if MEASURED_CELL.fullmatch(bare):
+                    found.append(bare)
+                continue
+            for rendered in sorted(figures, key=len, reverse=True):
+                cell = cell.replace(rendered, " ")
+            found += NUMBER.findall(cell)
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES + [ROOT / "README.md"], ids=lambda p: p.name if p.parent == ROOT else str(
+    p.relative_to(DOCS)))
+def test_results_tables_hold_only_numbers_that_rows_produced(figures, page):
+    text, rendered = render(figures, page) if page.parent != ROOT else (page.read_text(), [])
+    if page.parent == ROOT:
+        figures.RENDERED.clear()
+        figures.headline_table()
+        rendered = list(figures.RENDERED)
+    texts = {e["text"] for e in rendered}
+    parts = {p for t in texts for p in re.split(r"[\[\], ]+", t) if p}
+    for table in tables(text):
+        has_figures = any(t in "\n".join(table) for t in texts if len(t) > 1)
+        loose = loose_numbers(table, (texts | parts) if has_figures else set())
+        assert not loose, f"{page.name}: numbers in a results table that no row produced: {loose}\n" + \
+                          "\n".join(table[:3])
+
+
+def test_a_bad_placeholder_is_an_error_naming_the_file_and_the_selector(figures):
+    with pytest.raises(figures.FigureError, match=r"localization_own\.json: 0 rows match credit='nope'"):
+        figures.result("localization_own.json", "top_in_decisive", credit="nope")
+    with pytest.raises(figures.FigureError, match=r"localization_own\.json: \d+ rows match credit='p2t'"):
+        figures.result("localization_own.json", "top_in_decisive", credit="p2t")
+    with pytest.raises(figures.FigureError, match="has no key 'nope'"):
+        figures.result("speed.json", "nope")
+    with pytest.raises(figures.FigureError, match="no such results file"):
+        figures.result("nope.json", "x")
+
+
+def test_a_changed_row_changes_the_rendered_figure(figures, tmp_path, monkeypatch):
+    """The renderer reads the rows, not a copy: a changed value is rendered as the new value."""
+    (tmp_path / "x.json").write_text(json.dumps([{"credit": "a", "v": 0.1234}, {"credit": "b", "v": 0.5}]))
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    figures.load.cache_clear()
+    try:
+        assert figures.result("x.json", "v", credit="a") == "0.123"
+        assert figures.result_ci("x.json", "v", "v", "v", fmt="+.2f", credit="b") == "+0.50 [+0.50, +0.50]"
+        (tmp_path / "x.json").write_text(json.dumps([{"credit": "a", "v": 0.9}]))
+        figures.load.cache_clear()
+        assert figures.result("x.json", "v", credit="a") == "0.900"
+        assert "| a | 0.900 |" in figures.result_table("x.json", columns=[["credit", "credit"], ["v", "v"]])
+    finally:
+        figures.load.cache_clear()
+
+
+def test_the_figures_check_catches_a_figure_that_differs_from_its_row(figures):
+    entry = {"file": "speed.json", "key": "mrtpo_over_gdpo", "where": {}, "text": "1.49"}
+    with pytest.raises(AssertionError, match="the row holds"):
+        check(entry)
+    assert loose_numbers(["| a | b |", "|---|---|", "| x | **0.65** |", "| y | verl 0.9 caps it below 5.11 |"],
+                         set()) == ["0.65"]
+    assert loose_numbers(["| a | b |", "|---|---|", "| x | 0.383 [0.318, 0.448] and 0.5 |"],
+                         {"0.383", "0.318", "0.448"}) == ["0.5"]
+
+
+def test_the_readme_results_table_is_the_renderers(figures):
+    text = (ROOT / "README.md").read_text()
+    assert figures.readme_with_table(text) == text, "README.md's results table is stale: python docs/figures.py --readme"
+
+
+def test_readme_is_short_and_no_page_names_an_issue_number():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+    for path in [ROOT / "README.md", *PAGES]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert not re.search(r"issue [0-9]", line, flags=re.I), f"{path.name}:{number}: {line}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_every_page_starts_with_what_the_reader_can_do(page):
+    lines = [line for line in page.read_text().splitlines() if line.strip()]
+    assert lines[0].startswith("# "), f"{page.name}: starts with its title"
+    assert lines[1].startswith("After reading this page you"), f"{page.name}: the sentence after the title says " \
+                                                               "what the reader can do after reading it"
+
+
+def test_the_cli_reference_and_the_schema_tables_come_from_the_code(figures):
+    from tokencredit import schemas
+    from tokencredit.flows.cli import build_parser
+
+    reference = figures.cli_reference()
+    for action in build_parser()._subparsers._group_actions[0].choices:
+        assert f"## `tokencredit {action}`" in reference
+    table = figures.schema_table("CREDITS")
+    assert table.count("\n") == len(schemas.CREDITS) + 1
+    assert "| `constraint_index` | `int32` | yes | which constraint of an instruction record; NULL elsewhere |" in table
