@@ -81,6 +81,10 @@ def test_a_bad_design_is_one_line_naming_the_key(tmp_path):
                                                             'pool = "tree"\nadvantage = "mrtpo"')))
     with pytest.raises(ValueError, match="at least two distinct seeds"):
         load_design(write(tmp_path / "d.toml", TINY.replace("seeds = [0, 1]", "seeds = [0]")))
+    with pytest.raises(ValueError, match=r"\[training\] seeds: 'abc'; expected a list of integers"):
+        load_design(write(tmp_path / "d.toml", TINY.replace("seeds = [0, 1]", 'seeds = "abc"')))
+    with pytest.raises(ValueError, match=r"\[scoring\] sampled: -1; expected an integer >= 0"):
+        load_design(write(tmp_path / "d.toml", TINY.replace("sampled = 1", "sampled = -1")))
     design = load_design(write(tmp_path / "d.toml", TINY))
     assert design.comparisons == (("mrtpo", "gdpo"),) and design.decodes == ["greedy", "sampled-1"]
 

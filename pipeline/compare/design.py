@@ -93,6 +93,27 @@ def _check_keys(where: str, table: dict, allowed: set[str]) -> None:
         raise ValueError(f"design [{where}]: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
 
 
+def _check_types(where: str, table: dict, types: dict) -> None:
+    """ValueError naming the table and key of a value of the wrong type (bools are not numbers here)."""
+    for key, kind in types.items():
+        if key not in table:
+            continue
+        value = table[key]
+        if kind == "seeds":
+            good = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                   for v in value)
+        elif kind is bool:
+            good = isinstance(value, bool)
+        elif kind is int:
+            good = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        else:
+            good = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        if not good:
+            expected = {"seeds": "a list of integers >= 0", bool: "true or false", int: "an integer >= 0",
+                        float: "a number > 0"}[kind]
+            raise ValueError(f"design [{where}] {key}: {value!r}; expected {expected}")
+
+
 def _pairs(where: str, value, arms: dict) -> tuple[tuple[str, str], ...]:
     pairs = []
     for pair in value:
@@ -113,6 +134,11 @@ def load_design(path: str | Path) -> Design:
     _check_keys("top level", raw, {*SECTIONS, "pools", "arms"})
     for section, allowed in SECTIONS.items():
         _check_keys(section, raw.get(section, {}), allowed)
+    _check_types("training", raw.get("training", {}), {"seeds": "seeds", "steps": int, "batch_size": int,
+                                                       "lr": float, "lora": bool})
+    _check_types("scoring", raw.get("scoring", {}), {"greedy": bool, "sampled": int, "temperature": float,
+                                                     "seed": int, "max_new_tokens": int, "batch_size": int})
+    _check_types("targets", raw.get("targets", {}), {"mde": float, "engine_tokens_per_s": float})
     # the sampling engine of the pools and of scoring: annotate's default unless the design names one
     policy = {"model": None, "device": "cpu", "backend": AnnotateConfig.backend, **raw.get("policy", {})}
     prompts = {"format": "native", "train_split": "train", "heldout_split": "test", "train_limit": None,
@@ -124,6 +150,8 @@ def load_design(path: str | Path) -> Design:
     pools = {}
     for name, table in raw.get("pools", {}).items():
         _check_keys(f"pools.{name}", table, POOL_KEYS)
+        _check_types(f"pools.{name}", table, {"n": int, "temperature": float, "max_new_tokens": int, "seed": int,
+                                               "shard_size": int})
         tree = tuple(table["tree"]) if "tree" in table else None
         credit = tuple(table.get("credit", ["gdpo"]))
         pools[name] = Pool(name=name, n=None if tree else int(table.get("n", 8)), tree=tree,
