@@ -195,6 +195,8 @@ def _builtin_scores(samples, of: Sequence[TaskRecord], plugin_refs: Sequence[Plu
                     timeout_s: float) -> list[list[RewardScore] | str]:
     """Each response's built-in rewards, computed on a thread and awaited at most `timeout_s`, or the
     reason they failed (a record no verifier scores fails here, before any plugin runs)."""
+    if any(record.task == "instructions" for record in of):
+        verifiers.text.load()  # seconds of imports on first use, which no response's bound may count
     call, scores = BoundedCaller(timeout_s), []
     try:
         for sample, record in zip(samples, of):

@@ -59,8 +59,9 @@ class SamplingConfig:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()  # a response ends at the token that completes one of these strings
     seed: int = 0
-    # rows (prompt x sample) per forward; None: the backend's choice from the model's size and free memory
-    # (transformers_backend.auto_batch: AUTO_BATCH rows unless memory is short)
+    # rows (prompt x sample) per forward; None: the backend's choice from the model's size and the context, never
+    # from the memory free at the time (transformers_backend.auto_batch: AUTO_BATCH rows unless a fixed budget
+    # holds fewer), so that a run's batches, hence its tokens, follow from its config
     batch_size: int | None = None
     # Tree-sampled groups (method.md 3b): (R, L) or (R, L1, L2) branching per level, R * L leaves per prompt
     # in place of `n` flat samples; None: flat sampling.

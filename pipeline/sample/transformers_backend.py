@@ -33,32 +33,26 @@ from tokencredit.pipeline.sample.rows import Row, build_sample, check_records, r
 # 128 0.0108, 256 0.0110 (the issue measured 32 at 1.32x 128's time): past 64 the time is flat, and 128
 # keeps the margin where prompts are short; larger batches only hold more memory.
 AUTO_BATCH = 128
-AUTO_MEMORY_SHARE = 0.25  # of the free memory that the KV caches and logits of one batch may take
+# Bytes the KV caches and logits of one batch may take when SamplingConfig.batch_size is None. A fixed budget, not
+# a share of the memory free at the time: the batch a row is sampled in moves its logits' last bits and so its
+# tokens, so the batches must follow from the config and the model alone. Sized from the free memory (a quarter of
+# it), a run beside other jobs with under 6 GiB free sampled 24 SmolLM2 prompts x 4 (128 new tokens) in batches of
+# 64 instead of one of 96, and 7 of the 96 responses came out other tokens from token 5 to 114 on (docs/engine.md,
+# "Speed and determinism"). A batch too large for a busy machine's memory now fails loudly; `--batch-size` sets one.
+AUTO_BATCH_BYTES = 4 << 30
 
 
 def auto_batch(model, context_tokens: int) -> int:
     """Rows per forward for `model` with responses of up to `context_tokens` (prompt + response): AUTO_BATCH,
-    or the largest power of two whose KV cache and logits fit AUTO_MEMORY_SHARE of the free memory (the
-    device's, else the machine's available RAM) when that is fewer."""
+    or the largest power of two whose KV cache and logits fit AUTO_BATCH_BYTES when that is fewer."""
     config = model.config
     layers = config.num_hidden_layers
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     width = next(model.parameters()).element_size()
     per_row = 2 * layers * heads * head_dim * width * context_tokens + 4 * 4 * config.vocab_size
-    rows = int(AUTO_MEMORY_SHARE * free_memory(model.device) // per_row)
+    rows = int(AUTO_BATCH_BYTES // per_row)
     return max(1, min(AUTO_BATCH, 1 << max(0, rows.bit_length() - 1)))
-
-
-def free_memory(device: torch.device) -> int:
-    """Bytes free on `device`: CUDA's own count, else MemAvailable of /proc/meminfo (or 8 GiB where unknown)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return 8 << 30
 
 
 # Tokens whose order is sorted first when sampling; the rest of the vocabulary is sorted only for the rows
