@@ -233,3 +233,78 @@ def test_plan_command_sizes_the_design_from_a_pilots_rows(tmp_path, capsys):
     assert not (tmp_path / "x").exists()  # a plan registers and scores nothing
     assert main([*args, "--pilot-design", "other"]) == 2
     assert "has no row for mrtpo - gdpo" in capsys.readouterr().err
+
+
+EVERY_ARM = f"""
+[prompts]
+file = "{PROMPTS}"
+train_limit = 6
+heldout_limit = 4
+
+[pools.flat]
+n = 4
+temperature = 1.0
+max_new_tokens = 12
+seed = 7
+credit = ["gdpo", "mrtpo"]
+
+[pools.tree]
+tree = [2, 2]
+temperature = 1.0
+max_new_tokens = 12
+seed = 7
+credit = ["gdpo", "mc"]
+
+[arms.gdpo]
+pool = "flat"
+
+[arms.gdpo_tree]
+pool = "tree"
+advantage = "gdpo"
+
+[arms.mc]
+pool = "tree"
+advantage = "mc"
+
+[arms.rs]
+pool = "flat"
+objective = "rs"
+
+[arms.sft]
+pool = "flat"
+objective = "sft"
+advantage = "mrtpo:0.5,gdpo:0.5"
+
+[training]
+seeds = [0, 1]
+steps = 2
+batch_size = 4
+lr = 5e-2
+
+[scoring]
+sampled = 1
+max_new_tokens = 12
+
+[analysis]
+comparisons = [["mc", "gdpo_tree"], ["mc", "gdpo"], ["rs", "gdpo"], ["sft", "gdpo"]]
+"""
+
+
+@pytest.mark.slow
+def test_compare_trains_every_kind_of_arm_and_an_arm_with_nothing_to_train_on_is_the_base(tmp_path):
+    design = write(tmp_path / "design.toml", EVERY_ARM)
+    run = run_cli(str(design), "--out", str(tmp_path / "run"), "--runner", "none")
+    out, err = run.communicate(timeout=900)
+    assert run.returncode == 0, err[-2000:]
+    rows = json.loads((tmp_path / "run" / "compare.json").read_text())["rows"]
+    assert [(r["method"], r["baseline"]) for r in rows] == [("mc", "gdpo_tree"), ("mc", "gdpo"), ("rs", "gdpo"),
+                                                             ("sft", "gdpo")]
+    scores = {p.stem: json.loads(p.read_text())["decodes"] for p in (tmp_path / "run" / "scores").glob("*.json")}
+    assert len(scores) == 1 + 5 * 2
+    trained = {p.parent.name for p in (tmp_path / "run" / "train").glob("*/final")}
+    assert {"gdpo_tree-0", "mc-0", "gdpo-0"} <= trained  # the tree pool's arms and the flat one trained
+    markers = sorted((tmp_path / "run" / "train").glob("*/untrained.json"))
+    assert markers  # the tiny policy passes every reward of no pool response: rejection sampling has no data
+    for marker in markers:  # nothing to train on: the base policy
+        assert "no response has tokens to train on" in json.loads(marker.read_text())["reason"]
+        assert scores[marker.parent.name] == scores["start"]

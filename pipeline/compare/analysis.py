@@ -12,7 +12,10 @@ variance var_seed / S + var_prompt / P + var_cell / (S P) is estimated with the 
 mean squares, the interval is Student's t with Satterthwaite's degrees of freedom. The crossed seeds x prompts
 bootstrap (each replicate resamples seeds and prompts) counts the cell term about three times (once in each
 resampled margin and once in the cells): it is kept as a column for the older rows, which used it, and it
-over-covers (tests/test_compare_analysis.py prints both coverages).
+over-covers where the cell term dominates and under-covers where a real seed term meets few seeds
+(tests/test_compare_analysis.py prints both coverages). Where the seed and the prompt components are both 0 the
+variance-components interval is conservative (its variance is floored at the cells' own share; about 0.98 in
+simulation).
 
 Units: rewards in [0, 1]; variances in reward units squared.
 """

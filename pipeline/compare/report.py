@@ -113,10 +113,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def arm_lines(scores: dict[str, dict]) -> list[str]:
-    """Markdown: each arm's mean held-out reward over every prompt and decode it was scored on, per seed, and
-    the start policy's."""
-    lines = ["| policy | mean reward | per seed |", "| --- | --- | --- |"]
+def arm_lines(scores: dict[str, dict], untrained: set[str] = frozenset()) -> list[str]:
+    """Markdown: each arm's mean held-out reward over every prompt and decode it was scored on, per seed (a seed
+    in `untrained`, ARM-SEED, had nothing to train on and is the base policy: marked *), and the start's."""
+    lines = ["| policy | mean reward | per seed (* untrained: the base policy) |", "| --- | --- | --- |"]
     arms: dict[str, dict[int, float]] = {}
     for label, result in scores.items():
         mean = float(np.mean([c["reward"] for cells in result["decodes"].values() for c in cells.values()]))
@@ -126,7 +126,8 @@ def arm_lines(scores: dict[str, dict]) -> list[str]:
             arms.setdefault(result["arm"], {})[result["seed"]] = mean
     for arm, seeds in sorted(arms.items()):
         lines.append(f"| {arm} | {np.mean(list(seeds.values())):.4f} | "
-                     + ", ".join(f"{s}: {v:.3f}" for s, v in sorted(seeds.items())) + " |")
+                     + ", ".join(f"{s}: {v:.3f}" + ("*" if f"{arm}-{s}" in untrained else "")
+                                 for s, v in sorted(seeds.items())) + " |")
     return lines
 
 
@@ -172,7 +173,8 @@ def write_report(out: Path, design, registration: dict) -> list[dict]:
                                       "registration": {k: v for k, v in registration.items() if k != "content"}})
     commit = registration["design_commit"] or "none (the design file was not committed: not pre-registered)"
     text = [f"# compare: {design.path}", "",
-            f"Design sha256 {registration['design_hash']}, commit {commit}.", "", *arm_lines(scores), "",
+            f"Design sha256 {registration['design_hash']}, commit {commit}.", "",
+            *arm_lines(scores, {p.parent.name for p in (out / "train").glob("*/untrained.json")}), "",
             table(rows), "", *(f"- {r['method']} - {r['baseline']}: {verdict(r)}" for r in rows), "",
             "## Per reward kind (exploratory)", "", "| difference | kind | prompts | estimate [95%] |", "| --- | --- | --- | --- |",
             *(f"| {k['method']} - {k['baseline']} | {k['kind']} | {k['prompts']} | {k['diff']:+.4f} "

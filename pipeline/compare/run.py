@@ -64,14 +64,15 @@ def annotate_pool(design: Design, pool: Pool, out: Path, runner: str) -> Path:
 
 
 def train_arm(design: Design, arm: Arm, seed: int, pool: Path, out: Path) -> Path | None:
-    """DIR/train/ARM-SEED/final, trained from the base policy; None where rejection sampling has no passing
-    response to train on (the policy stays the base, as an RS round that accepts nothing)."""
+    """DIR/train/ARM-SEED/final, trained from the base policy; None where the pool has nothing this arm trains
+    on (rejection sampling with no response passing every reward, SFT with no positive weight): the policy stays
+    the base, as a round that accepts nothing, and DIR/train/ARM-SEED/untrained.json says why."""
     from tokencredit.pipeline.train.trainer import TrainConfig, train
 
     folder = out / "train" / f"{arm.name}-{seed}"
     if (folder / "final").is_dir():
         return folder / "final"
-    if arm.objective == "rs" and not passing(pool):
+    if (folder / "untrained.json").is_file():
         return None
     shutil.rmtree(folder, ignore_errors=True)  # a training cut short starts again: the same seed, the same arm
     steps = design.training["steps"]
@@ -81,15 +82,17 @@ def train_arm(design: Design, arm: Arm, seed: int, pool: Path, out: Path) -> Pat
                          lr=design.training["lr"], seed=seed, device=design.policy["device"],
                          lora=design.training["lora"], save_every=steps)
     start = time.perf_counter()
-    final = train(config)
+    try:
+        final = train(config)
+    except ValueError as error:
+        if "no response has tokens to train on" not in str(error):
+            raise
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / "untrained.json", {"reason": str(error)})
+        log(f"{arm.name} seed {seed} stays the base policy: {error}")
+        return None
     write_json(folder / "seconds.json", {"seconds": round(time.perf_counter() - start, 2)})  # --plan's cost
     return final
-
-
-def passing(pool: Path) -> int:
-    from tokencredit.pipeline.dataset.query import connect
-
-    return connect(str(pool)).sql("SELECT count(*) FROM training WHERE passed_all").fetchall()[0][0]
 
 
 def heldout_records(design: Design):
