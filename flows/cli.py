@@ -441,7 +441,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.report_only:
         registration = register(design, out)
     else:
-        from tokencredit.pipeline.compare.run import run_compare
+        from tokencredit.flows.compare import run_compare
 
         registration = run_compare(design, out, runner=args.runner)
     rows = write_report(out, design, registration)

@@ -1,4 +1,5 @@
-"""The stages of `tokencredit compare`: annotate each pool, train each (arm, seed), score every policy.
+"""The stages of `tokencredit compare` (wired by tokencredit.flows.compare): a pool's annotate config, the
+training of each (arm, seed), the scoring of every policy.
 
     DIR/registration.json      the design's hash and commit (registry), written before anything else
     DIR/pools/NAME/            an annotate run (the product's, resumable shard by shard)
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 from tokencredit.pipeline.compare.design import Arm, Design, Pool
-from tokencredit.pipeline.compare.registry import now, register, write_json
+from tokencredit.pipeline.compare.registry import now, write_json
 
 
 def log(message: str) -> None:
@@ -44,23 +45,14 @@ def annotate_config(design: Design, pool: Pool | None, split: str, limit: int | 
                                               locate=pool.locate if pool else "replay"))
 
 
-def annotate_pool(design: Design, pool: Pool, out: Path, runner: str) -> Path:
-    """The pool's annotate run in DIR/pools/NAME (the product's annotate stage; it resumes by shard)."""
-    config = annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
-    folder = out / "pools" / pool.name
+def pool_folder(out: Path, pool: Pool) -> Path:
+    return out / "pools" / pool.name
+
+
+def pool_complete(folder: Path) -> bool:
+    """Whether the pool's annotate run has finished (a complete run is kept whatever wrote it)."""
     manifest = folder / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text()).get("complete"):
-        return folder
-    log(f"annotate pool {pool.name}")
-    if runner == "none":
-        from tokencredit.pipeline.annotate import run_annotation
-
-        run_annotation(config, str(folder), progress=False)
-    else:
-        from tokencredit.flows.annotate import run_annotate_flow
-
-        run_annotate_flow(config, str(folder), runner=runner)
-    return folder
+    return manifest.is_file() and bool(json.loads(manifest.read_text()).get("complete"))
 
 
 def train_arm(design: Design, arm: Arm, seed: int, pool: Path, out: Path) -> Path | None:
@@ -176,18 +168,3 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, result)
     return result
-
-
-def run_compare(design: Design, out: Path, runner: str = "none") -> dict:
-    """Every stage of the design into `out`, in an order that leaves whole seeds when stopped: the pools, the
-    start policy's scores, then seed by seed every arm trained and scored. Returns the registration."""
-    registration = register(design, out)
-    used = {arm.pool for arm in design.arms.values()}
-    pools = {name: annotate_pool(design, design.pools[name], out, runner) for name in design.pools if name in used}
-    records = heldout_records(design)
-    score_policy(design, "start", None, records, out)
-    for seed in design.seeds:
-        for arm in design.arms.values():
-            adapter = train_arm(design, arm, seed, pools[arm.pool], out)
-            score_policy(design, f"{arm.name}-{seed}", adapter, records, out, arm=arm.name, seed=seed)
-    return registration

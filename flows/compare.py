@@ -1,0 +1,44 @@
+"""`tokencredit compare`'s wiring: register the design, annotate each pool (the annotate flow, or in this process
+with runner 'none'), then seed by seed train and score every arm (tokencredit.pipeline.compare.run)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokencredit.pipeline.compare.design import Design
+from tokencredit.pipeline.compare.registry import register
+from tokencredit.pipeline.compare.run import (annotate_config, heldout_records, log, pool_complete, pool_folder,
+                                              score_policy, train_arm)
+
+
+def annotate_pool(design: Design, name: str, out: Path, runner: str) -> Path:
+    """The pool's annotate run in DIR/pools/NAME: the product's annotate stage, which resumes by shard."""
+    pool = design.pools[name]
+    folder = pool_folder(out, pool)
+    if pool_complete(folder):
+        return folder
+    log(f"annotate pool {name}")
+    config = annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
+    if runner == "none":
+        from tokencredit.pipeline.annotate import run_annotation
+
+        run_annotation(config, str(folder), progress=False)
+    else:
+        from tokencredit.flows.annotate import run_annotate_flow
+
+        run_annotate_flow(config, str(folder), runner=runner)
+    return folder
+
+
+def run_compare(design: Design, out: Path, runner: str = "threads") -> dict:
+    """Every stage of the design into `out`, in an order that leaves whole seeds when stopped: the registration,
+    the pools, the start policy's scores, then seed by seed every arm trained and scored. The registration."""
+    registration = register(design, out)
+    used = {arm.pool for arm in design.arms.values()}
+    pools = {name: annotate_pool(design, name, out, runner) for name in design.pools if name in used}
+    records = heldout_records(design)
+    score_policy(design, "start", None, records, out)
+    for seed in design.seeds:
+        for arm in design.arms.values():
+            adapter = train_arm(design, arm, seed, pools[arm.pool], out)
+            score_policy(design, f"{arm.name}-{seed}", adapter, records, out, arm=arm.name, seed=seed)
+    return registration
