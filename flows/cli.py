@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 
+from tokencredit.pipeline.interrupts import interruptible
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
                                          RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig, parse_branch,
                                          parse_bytes)
@@ -36,6 +37,9 @@ from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DE
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
 PREFECT_START_TIMEOUT_S = 300
 USER_ERRORS = (ValueError, OSError, RuntimeError, ImportError)
+# The commands that write a run or a folder derived from one: an interrupt ends them at once, and rerunning
+# resumes (`tokencredit.pipeline.interrupts`)
+INTERRUPTIBLE = ("annotate", "values", "repair", "train", "rm", "export", "compare")
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -207,11 +211,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
-    from tokencredit.verifiers.plugins import resolve
+    from tokencredit.verifiers.isolation import resolve  # imported in a worker: a plugin's import cannot end this process
 
     return AnnotateConfig(
         prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
-        columns=args.columns, verifiers=resolve(args.verifier), verifier_timeout_s=args.verifier_timeout,
+        columns=args.columns, verifiers=resolve(args.verifier, args.verifier_memory), verifier_timeout_s=args.verifier_timeout,
         verifier_memory_bytes=args.verifier_memory,
         tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None,
         split=args.split, limit=AUTO_LIMIT if args.limit is None else (args.limit or None), backend=args.backend,
@@ -672,8 +676,11 @@ def main(argv: list[str] | None = None) -> int:
     _prefect_settings()
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except KeyboardInterrupt:
+        if args.command not in INTERRUPTIBLE:
+            return args.func(args)
+        with interruptible(args.command):  # SIGINT/SIGTERM: one line, nothing half-written, exit 130/143
+            return args.func(args)
+    except KeyboardInterrupt:  # before the handlers are in place, or a command that resumes nothing
         print(f"tokencredit {args.command}: interrupted", file=sys.stderr)
         return 130
     except USER_ERRORS as error:

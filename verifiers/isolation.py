@@ -40,11 +40,13 @@ from tokencredit.schemas.records import RewardScore, TaskRecord
 from tokencredit.verifiers import plugin_scores, plugins, sandbox
 
 _START_TIMEOUT_S = 60.0  # an interpreter's start on a loaded machine; not counted in any call's time
+IMPORT_TIMEOUT_S = 60.0  # a plugin's import (torch, say), in a worker; not counted in any call's time
 _MAX_IDLE = 8
 _HEADER = struct.Struct("<Q")
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
-_PARENT_POLL_S = 1.0
 _FIRST_NAP_S, _LAST_NAP_S = 0.0005, 0.02  # between looks for a worker's reply
+_MEASURE_EVERY_S = 0.05  # between measurements of a worker's process tree while a call runs, and after each
+OUTPUT_PER_CALL = 64_000  # bytes of a verifier's stdout/stderr shown per call; the rest is counted and dropped
 
 
 class VerifierFailed(Exception):
@@ -60,15 +62,58 @@ class _Gone(Exception):
     """The worker process ended (or its pipe broke) during a call."""
 
 
+class _OverMemory(Exception):
+    """The worker's process tree held more than its bound; str(e) says how much, in how many processes."""
+
+
+def check_memory_bound(memory_bytes: int) -> None:
+    """ValueError (one line) when the hard data limit this process runs under (`ulimit -d`, which a worker
+    inherits and cannot raise) is below `memory_bytes`: the bound could not be set as asked."""
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    if hard != resource.RLIM_INFINITY and hard < memory_bytes:
+        raise ValueError(f"--verifier-memory {memory_bytes / 1e6:g} MB is above the hard data limit of this "
+                         f"process, {hard / 1e6:g} MB (ulimit -Hd {hard // 1024}): lower --verifier-memory to at "
+                         f"most that, or raise the hard limit")
+
+
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(bytes, processes) of `pid` and every live process under it: each one's resident anonymous and
+    shared-memory pages and its swap (RssAnon + RssShmem + VmSwap: what it allocated, shared mappings included;
+    not the files and libraries it maps). Pages two processes share (a fork's, one shared mapping) count in
+    each: the sum errs high, never low. The kernel keeps these counts: reading them costs ~0.1 ms a process."""
+    total, pids = 0, [pid, *descendants(pid)]
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as status:
+                total += sum(int(line.split()[1]) * 1024 for line in status
+                             if line.startswith(("RssAnon:", "RssShmem:", "VmSwap:")))
+        except (OSError, ValueError, IndexError):  # ended while we looked
+            continue
+    return total, len(pids)
+
+
 class _Worker:
-    """One worker process and its pipes."""
+    """One worker process, its pipes, and the thread that forwards what its verifiers print."""
 
     def __init__(self, memory_bytes: int):
+        check_memory_bound(memory_bytes)
         self.memory_bytes = memory_bytes
         self.loaded: set = set()  # the plugin refs imported there
-        # Unbuffered pipes: a reply read ahead into a buffer would be invisible to select()
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(memory_bytes)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, start_new_session=True, bufsize=0)
+        self._next_measure = 0.0
+        # The worker's guard process waits for end-of-file on `alive`: only this process holds the other end
+        alive, self._alive = os.pipe()
+        try:
+            # Unbuffered pipes: a reply read ahead into a buffer would be invisible to select()
+            token = f"[tokencredit: end of call {os.urandom(8).hex()}]"
+            self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(memory_bytes), str(alive), token],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         start_new_session=True, bufsize=0, pass_fds=(alive,))
+        except BaseException:
+            os.close(self._alive)
+            raise
+        finally:
+            os.close(alive)
+        self.output = _Output(self.proc.stderr, token.encode())
         try:
             _send(self.proc.stdin, list(sys.path))  # plugins import as they would in this process
             if not self._answers_within(_START_TIMEOUT_S) or _receive(self.proc.stdout) != ("ready",):
@@ -88,27 +133,41 @@ class _Worker:
         except OSError:
             raise _Gone from None
 
-    def reply(self, seconds: float):
-        """The worker's next reply; TimeoutError past `seconds`, _Gone if the worker ended."""
-        if not self._answers_within(seconds):
+    def reply(self, seconds: float, measure: bool = False):
+        """The worker's next reply; TimeoutError past `seconds`, _Gone if the worker ended, and with `measure`
+        _OverMemory when its process tree holds more than its bound (looked at every _MEASURE_EVERY_S)."""
+        if not self._answers_within(seconds, measure):
             raise TimeoutError
         reply = _receive(self.proc.stdout)
         if reply is None:
             raise _Gone
         return reply
 
-    def _answers_within(self, seconds: float) -> bool:
+    def _answers_within(self, seconds: float, measure: bool = False) -> bool:
         # Polled, with a growing nap, rather than woken by each reply: a wake-up per reply makes the
         # two processes take turns on a busy core, and most calls take well under a millisecond.
         deadline, nap = time.monotonic() + seconds, _FIRST_NAP_S
         fd = self.proc.stdout.fileno()
-        while not select.select([fd], [], [], 0)[0]:
+        while True:
+            if select.select([fd], [], [], 0)[0]:
+                if measure:  # also when the reply is there: the call that left a grown tree is the one blamed
+                    self._measure(force=True)
+                return True
+            if measure:
+                self._measure()
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             time.sleep(min(nap, left))
             nap = min(nap * 2, _LAST_NAP_S)
-        return True
+
+    def _measure(self, force: bool = False) -> None:
+        if not force and time.monotonic() < self._next_measure:
+            return
+        held, processes = tree_memory(self.proc.pid)
+        self._next_measure = time.monotonic() + _MEASURE_EVERY_S
+        if held > self.memory_bytes:
+            raise _OverMemory(f"{held / 1e6:.0f} MB in {processes} process{'es' if processes > 1 else ''}")
 
     def ended_how(self) -> str:
         code = self.proc.wait()
@@ -127,6 +186,65 @@ class _Worker:
         self.proc.wait()
         self.proc.stdin.close()
         self.proc.stdout.close()
+        if self._alive is not None:
+            os.close(self._alive)
+            self._alive = None
+
+
+class _Output:
+    """A worker's stdout and stderr, forwarded to this process's stderr by a thread: at most OUTPUT_PER_CALL
+    bytes a call, the rest counted, dropped, and said in one line (a verifier that prints megabytes a call
+    must not fill a job's log). The worker ends each call's output with `token`, so that the count is per call
+    however far this thread lags behind the replies."""
+
+    def __init__(self, stream, token: bytes):
+        self.token, self.shown, self.dropped = token, 0, 0
+        threading.Thread(target=self._forward, args=(stream,), name="verifier-output", daemon=True).start()
+
+    def _forward(self, stream) -> None:
+        pending, keep = b"", len(self.token) - 1  # a token may arrive split between two reads
+        with stream:
+            while chunk := stream.read(1 << 16):
+                pending += chunk
+                while (at := pending.find(self.token)) >= 0:
+                    self._show(pending[:at])
+                    self._end_call()
+                    pending = pending[at + len(self.token):]
+                cut = max(len(pending) - keep, 0)
+                self._show(pending[:cut])
+                pending = pending[cut:]
+        self._show(pending)
+        self._end_call()
+
+    def _show(self, data: bytes) -> None:
+        room = max(OUTPUT_PER_CALL - self.shown, 0)
+        self.shown += min(room, len(data))
+        self.dropped += max(len(data) - room, 0)
+        if room and data:
+            _to_stderr(data[:room])
+
+    def _end_call(self) -> None:
+        if self.dropped:
+            _to_stderr(f"\n[a plugin verifier's output: {self.dropped:,} more bytes of one call dropped; "
+                       f"{OUTPUT_PER_CALL // 1000} KB a call are shown]\n".encode())
+        self.shown = self.dropped = 0
+
+
+def _to_stderr(data: bytes) -> None:
+    try:
+        if hasattr(sys.stderr, "buffer"):
+            sys.stderr.buffer.write(data)
+        else:  # a stream of text only (a test's capture)
+            sys.stderr.write(data.decode(errors="replace"))
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed: the output has nowhere to go
+        pass
+
+
+def memory_reason(memory_bytes: int, detail: str) -> str:
+    """A verifier call past its memory bound, as the response's status gives it."""
+    return (f"memory: the verifiers needed more than {memory_bytes / 1e6:g} MB on this response "
+            f"(--verifier-memory); {detail}")
 
 
 class VerifierPool:
@@ -154,23 +272,28 @@ class VerifierPool:
         return results
 
     def _run(self, items: Sequence[tuple[TaskRecord, str]], refs: tuple) -> list[list[RewardScore] | VerifierFailed]:
-        """The results of `items` up to and including the first one that ends the worker."""
+        """The results of `items` up to and including the first one that ends the worker (or leaves it
+        threads that could touch the next response)."""
         worker = self._worker = self._worker or _take(self.memory_bytes)
+        self._load(worker, refs)
         results = []
         try:
-            self._load(worker, refs)
             worker.send(("verify", list(items), refs))  # one pickle: a record shared by n responses goes once
             for _ in items:
-                kind, value = worker.reply(self.timeout_s)
+                kind, value, leftover = worker.reply(self.timeout_s, measure=True)
                 if kind == "memory":
                     self._recycle()  # an allocation failed somewhere: its state is not to be trusted
-                    return results + [VerifierFailed(f"memory: the verifiers needed more than "
-                                                     f"{self.memory_bytes / 1e6:g} MB on this response "
-                                                     f"(--verifier-memory); {value}")]
+                    return results + [VerifierFailed(memory_reason(self.memory_bytes, value))]
                 results.append(value if kind == "ok" else VerifierFailed(value))
+                if leftover:  # the call left threads running: the next response gets a fresh worker
+                    self._recycle()
+                    return results
         except TimeoutError:
             self._recycle()
             results.append(VerifierFailed(timeout_reason(self.timeout_s)))
+        except _OverMemory as held:
+            self._recycle()
+            results.append(VerifierFailed(memory_reason(self.memory_bytes, f"its processes held {held}")))
         except _Gone:
             how = worker.ended_how()
             self._recycle()
@@ -178,12 +301,20 @@ class VerifierPool:
         return results
 
     def _load(self, worker: _Worker, plugin_refs) -> None:
-        """Import the plugins in the worker before any call's clock runs: an import (torch, say) may
-        take longer than a call may."""
-        missing = [ref for ref in plugin_refs if ref not in worker.loaded]
-        if missing:
-            worker.ask(("load", tuple(missing)), _START_TIMEOUT_S)
-            worker.loaded.update(missing)
+        """Import the plugins in the worker, one at a time, before any call's clock runs: an import (torch, say)
+        may take longer than a call may. An import that ends the worker or runs past IMPORT_TIMEOUT_S stops the
+        run: every call would fail the same way. PluginError names the plugin."""
+        for ref in plugin_refs:
+            if ref in worker.loaded:
+                continue
+            try:
+                worker.ask(("load", (ref,)), IMPORT_TIMEOUT_S)
+            except (_Gone, TimeoutError) as error:
+                how = (f"ran past {IMPORT_TIMEOUT_S:g} s" if isinstance(error, TimeoutError)
+                       else f"ended the verifier process, which {worker.ended_how()}")
+                self._recycle()
+                raise plugins.PluginError(f"verifier {ref.target}: importing it {how}") from None
+            worker.loaded.add(ref)
 
     def _recycle(self) -> None:
         self._worker.kill()
@@ -202,6 +333,64 @@ class VerifierPool:
             worker.kill()
             return
         _give_back(worker)
+
+
+def verify(record: TaskRecord, response: str, plugin_refs: Sequence[plugins.PluginRef], timeout_s: float,
+           memory_bytes: int) -> list[RewardScore]:
+    """`verifiers.verify(record, response, plugin_refs)` with each importable plugin run in a worker process under
+    `timeout_s` and `memory_bytes`, as annotate runs it (a verifier object, `plugins.of_object`, has no import
+    path and runs in this process). A plugin that fails, or runs past a bound, raises PluginError saying why."""
+    from tokencredit import verifiers
+
+    scores = verifiers.builtin_scores(record, response)
+    with VerifierPool(timeout_s, memory_bytes) as pool:
+        for ref in verifiers.applying_plugins(record, plugin_refs):
+            if isinstance(ref, plugins.ObjectRef):
+                scores += plugins.score(ref, record, response)
+                continue
+            found = pool.score_all([(record, response)], (ref,))[0]
+            if isinstance(found, VerifierFailed):
+                raise plugins.PluginError(f"record {record.id!r}: verifier {ref.target}: {found}")
+            scores += found
+    return verifiers.checked(record, response, scores)
+
+
+def resolve(specs: Sequence[str], memory_bytes: int) -> tuple[plugins.PluginRef, ...]:
+    """`plugins.resolve(specs)` in a worker process under `memory_bytes` and IMPORT_TIMEOUT_S per plugin: an
+    import that exits, crashes, hangs or starts a daemon costs a PluginError naming the plugin, never this
+    process, and what it started ends with the worker."""
+    return tuple(_in_worker(memory_bytes, [(spec, ("resolve", spec)) for spec in specs]))
+
+
+def check_loadable(refs: Sequence[plugins.PluginRef], memory_bytes: int) -> None:
+    """PluginError naming the first of `refs` that cannot be imported with its recorded source, imported in a
+    worker process as `resolve` imports them."""
+    for error in _in_worker(memory_bytes, [(ref.target, ("load", (ref,))) for ref in refs]):
+        if error is not None:
+            raise plugins.PluginError(error)
+
+
+def _in_worker(memory_bytes: int, requests: Sequence[tuple[str, tuple]]) -> list:
+    """The replies' values to `requests` (each labelled by its plugin), asked of one fresh worker, killed after
+    them with everything under it."""
+    if not requests:
+        return []
+    worker, values = _Worker(memory_bytes), []
+    try:
+        for label, request in requests:
+            try:
+                kind, value = worker.ask(request, IMPORT_TIMEOUT_S)
+            except TimeoutError:
+                raise plugins.PluginError(f"verifier {label}: importing it ran past {IMPORT_TIMEOUT_S:g} s") from None
+            except _Gone:
+                raise plugins.PluginError(f"verifier {label}: importing it ended the process, which "
+                                          f"{worker.ended_how()}") from None
+            if kind == "error":
+                raise plugins.PluginError(value)
+            values.append(value)
+        return values
+    finally:
+        worker.kill()
 
 
 _idle: list[_Worker] = []
@@ -237,7 +426,7 @@ def kill_descendants(pid: int, spare: set[int] = frozenset()) -> None:
     """SIGKILL every live process under `pid` but those in `spare` (and what is under them), looking
     again until none is left (one may fork meanwhile)."""
     for _ in range(20):
-        found = _descendants(pid, spare)
+        found = descendants(pid, spare)
         if not found:
             return
         for child in found:
@@ -247,11 +436,11 @@ def kill_descendants(pid: int, spare: set[int] = frozenset()) -> None:
                 pass
 
 
-def _descendants(pid: int, spare: set[int] = frozenset()) -> list[int]:
+def descendants(pid: int, spare: set[int] = frozenset()) -> list[int]:
     """The live (not zombie) processes under `pid`, but `spare` and their own."""
     found, todo = [], [pid]
     while todo:
-        below = [child for child in _children(todo.pop()) if child not in spare and not _is_zombie(child)]
+        below = [child for child in _children(todo.pop()) if child not in spare and not is_gone(child)]
         found += below
         todo += below
     return found
@@ -269,7 +458,8 @@ def _children(pid: int) -> list[int]:
     return children
 
 
-def _is_zombie(pid: int) -> bool:
+def is_gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, waiting for its parent to reap it)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # the name in () may hold spaces
@@ -306,40 +496,106 @@ def _read_exactly(stream, n: int) -> bytes | None:
 
 # ---------------------------------------------------------------- the worker process
 
-def _serve(memory_bytes: int) -> None:
-    # The replies get a pipe of their own: a verifier's print() goes to stderr, never into them.
+def _serve(memory_bytes: int, alive: int, token: str) -> None:
+    global _guard
+    # The replies get a pipe of their own: a verifier's print() goes to stderr (the caller forwards it,
+    # capped), never into them.
     requests, replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)
     sys.path[:] = _receive(requests)
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    # the soft limit only: the SQL sandbox's workers (our children) set their own, lower, limits
-    resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, resource.getrlimit(resource.RLIMIT_DATA)[1]))
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    # The hard limit too: a verifier cannot lift it, and the processes it starts inherit it (the SQL
+    # sandbox's workers lower theirs); `_Worker._measure` bounds the tree's sum, shared mappings included.
+    resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
+    _guard = _start_guard(alive, requests, replies)
     _send(replies, ("ready",))
+    threads = threading.active_count()
+    def reply(message) -> None:  # the output so far is that call's: the caller counts it up to `token`
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a verifier closed it
+                pass
+        os.write(2, token.encode())
+        _send(replies, message)
+
     while (request := _receive(requests)) is not None:
         if request[0] == "reap":
             _reap()
             _send(replies, ("reaped", None))
         elif request[0] == "load":
-            _send(replies, ("loaded", _load(request[1])))
+            reply(("loaded", _load(request[1])))
+            threads = threading.active_count()  # what an import starts is the plugin's own, for every call
+        elif request[0] == "resolve":
+            reply(_resolve(request[1]))
         else:
             _, items, refs = request
             for record, response in items:
-                reply = _verify(record, response, refs)
-                _send(replies, reply)
-                if reply[0] == "memory":
+                kind, value = _verify(record, response, refs)
+                leftover = threading.active_count() > threads  # a thread this call started, still running
+                reply((kind, value, leftover))
+                if kind == "memory" or leftover:
                     break  # the caller ends this process
     _reap(keep_sql=False)
+    _kill(_guard)
 
 
-def _load(refs) -> None:
+_guard = 0  # the guard process's id, in the worker
+
+
+def _start_guard(alive: int, *keep_closed) -> int:
+    """Fork the worker's guard: a process that waits for end-of-file on `alive`, whose other end only the
+    caller holds, and then kills the worker and everything under it. It notices a caller killed with
+    SIGKILL at once, and ends a worker whose verifier holds the GIL (a thread of the worker could not run)."""
+    worker = os.getpid()
+    pid = os.fork()
+    if pid:
+        os.close(alive)
+        return pid
+    try:
+        quiet = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(quiet, fd)
+        for stream in keep_closed:  # the replies' pipe must see end-of-file when the worker ends
+            os.close(stream.fileno())
+        while os.read(alive, 1):
+            pass
+        kill_descendants(worker, spare={os.getpid()})
+        _kill(worker)
+    finally:
+        os._exit(0)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _load(refs) -> str | None:
+    """Import each plugin; why the first that cannot be imported cannot (PluginError's line), else None."""
     for ref in refs:
         try:
             plugins.load(ref)
-        except Exception:  # noqa: BLE001 - the call that follows fails the same way, and says so
-            pass
+        except Exception as error:  # noqa: BLE001 - a plugin's import may raise anything
+            return _import_failure(ref.target, error)
+    return None
+
+
+def _resolve(spec: str) -> tuple[str, object]:
+    try:
+        return "resolved", plugins.resolve([spec])[0]
+    except Exception as error:  # noqa: BLE001 - a plugin's import may raise anything
+        return "error", _import_failure(spec, error)
+
+
+def _import_failure(target: str, error: Exception) -> str:
+    if isinstance(error, plugins.PluginError):
+        return str(error).encode("utf-8", "backslashreplace").decode()
+    return f"verifier {target}: importing it raised {describe(error)}"
 
 
 def _verify(record: TaskRecord, response: str, refs) -> tuple[str, object]:
@@ -357,8 +613,9 @@ def describe(error: BaseException) -> str:
     no error but an exit or an interrupt."""
     if not isinstance(error, Exception):
         return f"{type(error).__name__}({', '.join(map(repr, error.args))})"
-    notes = "; ".join(getattr(error, "__notes__", ()))
-    return f"{type(error).__name__}: {error}" + (f" ({notes})" if notes else "")
+    notes = "; ".join(map(str, getattr(error, "__notes__", ())))
+    text = f"{type(error).__name__}: {error}" + (f" ({notes})" if notes else "")
+    return text.encode("utf-8", "backslashreplace").decode()  # a lone surrogate in a message: stored escaped
 
 
 def _reap(keep_sql: bool = True) -> None:
@@ -366,7 +623,7 @@ def _reap(keep_sql: bool = True) -> None:
     next batch as the SQL verifier keeps them in any process (starting one costs more than a query)."""
     if not keep_sql:
         sandbox.close_workers()
-    kill_descendants(os.getpid(), spare=sandbox.idle_worker_pids() if keep_sql else set())
+    kill_descendants(os.getpid(), spare={_guard, *(sandbox.idle_worker_pids() if keep_sql else ())})
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:  # the killed children, and orphans that came here
             pass
@@ -374,12 +631,5 @@ def _reap(keep_sql: bool = True) -> None:
         pass
 
 
-def _exit_with_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(_PARENT_POLL_S)
-    _reap(keep_sql=False)
-    os._exit(1)
-
-
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -36,6 +36,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -243,14 +244,26 @@ def _reward(ref: PluginRef, item: Any) -> RewardScore:
                           "expected (name, score, feedback[, observed[, spans]])")
     if not isinstance(name, str) or not name.strip():
         raise PluginError(f"verifier {ref.target}: reward name {_short(name)} is not a non-empty string")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= 1:
+    # numbers.Real: Python's int and float and numpy's number scalars (numpy.float32, numpy.int64); not a bool
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or not 0 <= value <= 1:
         raise PluginError(f"verifier {ref.target}: reward {name!r} has score {_short(value)}, expected a number in [0, 1]")
-    for what, text in (("feedback", feedback), ("observed", observed)):
+    for what, text in (("name", name), ("feedback", feedback), ("observed", observed)):
         if not isinstance(text, str):
             raise PluginError(f"verifier {ref.target}: reward {name!r} has {what} {_short(text)}, expected a string")
+        if not _encodable(text):  # Parquet stores UTF-8: a lone surrogate would fail the whole shard's write
+            raise PluginError(f"verifier {ref.target}: reward {_short(name)} has {what} {_short(text)}, which is not "
+                              "valid Unicode text (a lone surrogate?)")
     # checked against the response in `score`; a list of lists becomes a tuple of pairs there
     where = tuple(tuple(s) if isinstance(s, list) else s for s in where) if isinstance(where, (list, tuple)) else where
     return RewardScore(name, float(value), feedback, observed, where)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _short(value: Any) -> str:

@@ -254,8 +254,10 @@ class _Worker:
 
     def __init__(self, max_memory: int):
         self.max_memory = max_memory
+        # a session of its own: Ctrl-C at a terminal (SIGINT to the foreground group) must not kill it under a
+        # running query, which would read as the response's verifier error; the process it serves ends it
         self.proc = subprocess.Popen([sys.executable, "-I", __file__, str(max_memory)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         if not self._answers_within(_START_TIMEOUT_S) or _receive(self.proc.stdout) != ("ready",):
             self.close()
             raise SandboxError(f"The SQLite worker process did not start within {_START_TIMEOUT_S:g} s.")

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
@@ -69,8 +70,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokencredit import verifiers
-from tokencredit.schemas.records import PluginSpec, SqlSpec, TaskRecord
-from tokencredit.verifiers import plugins
+from tokencredit.schemas.records import TASKS, PluginSpec, SqlSpec, TaskRecord
+from tokencredit.verifiers import isolation, plugins
 from tokencredit.verifiers.plugins import PluginRef
 
 from tokencredit.pipeline.dataset.query import connect
@@ -211,8 +212,7 @@ def run_records(out_dir: str | Path, prompts: str | None = None
     A record whose content differs from the one the run annotated is refused (ValueError naming it)."""
     config = _manifest_config(out_dir)
     refs = tuple(PluginRef(**ref) for ref in config.get("verifiers") or ())
-    for ref in refs:
-        plugins.load(ref)
+    isolation.check_loadable(refs, _bounds(config)[1])  # in a worker, as annotate imports them
     if prompts is None and config.get("prompts") is None:
         raise ValueError(f"run dir {out_dir}: its manifest names no prompt set; pass prompts=")
     options = ({} if prompts is not None else
@@ -222,6 +222,33 @@ def run_records(out_dir: str | Path, prompts: str | None = None
                                              **options)
     _check_unchanged(out_dir, records, prompts or config["prompts"])
     return {r.id: r for r in records}, rejected, refs
+
+
+def _bounds(config: dict) -> tuple[float, int]:
+    """(seconds, bytes): the plugin verifiers' bounds the run was annotated with (`--verifier-timeout`,
+    `--verifier-memory`), which every later call of its plugins keeps."""
+    from tokencredit.pipeline.config import AnnotateConfig
+
+    return (config.get("verifier_timeout_s") or AnnotateConfig.verifier_timeout_s,
+            config.get("verifier_memory_bytes") or AnnotateConfig.verifier_memory_bytes)
+
+
+def reward_names(records: Sequence[TaskRecord], refs: Sequence[PluginRef], timeout_s: float,
+                 memory_bytes: int) -> set[str]:
+    """The reward names of `records` (`verifiers.reward_names`), the plugins' from their scores of each record's
+    reference response (or an empty one) in a worker process under the run's bounds; PluginError (one line)
+    when a plugin fails on one."""
+    names = {name for r in records if r.task in TASKS for name in verifiers.reward_names(r)}  # the built-in ones
+    probed = [r for r in records if any(plugins.applies(ref, r) for ref in refs)]
+    if probed:
+        with isolation.VerifierPool(timeout_s, memory_bytes) as pool:
+            found = pool.score_all([(r, r.reference_response or "") for r in probed], refs)
+        for record, got in zip(probed, found):
+            if isinstance(got, isolation.VerifierFailed):
+                raise plugins.PluginError(f"record {record.id!r}: the verifiers failed on its reference response "
+                                          f"(for the reward names): {got}")
+            names |= {s.name for s in got}
+    return names
 
 
 def _missing_record(out_dir, group_id: str, response_id: str, prompts: str | None,
@@ -250,7 +277,7 @@ def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mr
             raise _missing_record(out_dir, group_id, members[0]["response_id"], prompts, rejected)
     applying = {g: tuple(ref for ref in refs if plugins.applies(ref, records[g])) for g in groups}
     # verl keeps compute_score's keys per response in one batch: every row returns the file's whole key set
-    keys = json.dumps(sorted({name for g in groups for name in verifiers.reward_names(records[g], applying[g])}))
+    keys = json.dumps(sorted(reward_names([records[g] for g in groups], refs, *_bounds(_manifest_config(out_dir)))))
     table = [verl_row(index, records[g], applying[g], members, scores, keys)
              for index, (g, members) in enumerate(groups.items())]
     dest_file = Path(dest_file)

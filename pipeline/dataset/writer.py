@@ -37,6 +37,8 @@ import pyarrow.parquet as pq
 
 from tokencredit.schemas import SCHEMA_VERSION, TABLES, with_version
 
+from tokencredit.pipeline import interrupts
+
 MANIFEST = "manifest.json"
 RECORD_HASHES = "record_hashes.json"  # task record id -> hash of its content (`tokencredit.pipeline.identity`)
 SHARDS = "_shards"
@@ -94,6 +96,7 @@ _TEMPORARY = re.compile(r"\..+\.[0-9a-f]{8,}\.tmp")  # what `_write_atomic` name
 
 
 def _write_atomic(fs: pafs.FileSystem, path: str, write) -> None:
+    interrupts.hold()  # nothing computed while an interrupt kills the workers is written
     # a leading dot hides a half-written file from pyarrow.dataset, DuckDB globs and `datasets`
     folder, name = path.rsplit("/", 1)
     tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"

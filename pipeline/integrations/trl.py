@@ -36,9 +36,11 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tokencredit import verifiers
 from tokencredit.schemas.records import PluginSpec, RewardScore, Sample, TaskRecord, VerifiedSample
+from tokencredit.verifiers import isolation
 from tokencredit.verifiers.plugins import PluginError, PluginRef, of_object
 from tokencredit.verifiers.trl_rewards import assistant_text, trl_verifier
 
+from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.advantages import batch_statistics, preset
 from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
 from tokencredit.pipeline.train.losses import token_weighted_sft_loss
@@ -68,6 +70,9 @@ RECORD_ID = ("record_id names the task record each prompt was made from, so that
              "know which record's verifiers score its completions; prompt_dataset(records, tokenizer) adds it")
 
 Verifier = str | PluginRef | tuple[str, Any] | Any
+# (seconds, bytes) of each call of an importable plugin, run in a worker process as annotate runs it
+# (--verifier-timeout, --verifier-memory defaults); a verifier object runs in this process
+BOUNDS = (AnnotateConfig.verifier_timeout_s, AnnotateConfig.verifier_memory_bytes)
 
 
 def plugin_refs(items: Sequence[Verifier]) -> tuple[PluginRef, ...]:
@@ -82,8 +87,8 @@ def plugin_refs(items: Sequence[Verifier]) -> tuple[PluginRef, ...]:
 def _ref(item: Verifier) -> PluginRef:
     if isinstance(item, PluginRef):
         return item
-    if isinstance(item, str):
-        return verifiers.plugins.resolve([item])[0]
+    if isinstance(item, str):  # imported in a worker process, as annotate imports it
+        return isolation.resolve([item], BOUNDS[1])[0]
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
         return of_object(item[1], item[0])
     if isinstance(item, tuple):
@@ -117,7 +122,7 @@ class VerifierRewards:
 
     def _verify_one(self, record_id: str, text: str) -> tuple[list[RewardScore], str]:
         try:
-            scores = verifiers.verify(self.records[record_id], text, self.plugin_refs)
+            scores = isolation.verify(self.records[record_id], text, self.plugin_refs, *BOUNDS)
             unknown = [s.name for s in scores if s.name not in self.names]
             if unknown:
                 raise PluginError(f"rewards {unknown} are not among {self.names}, the names the verifiers gave "
@@ -149,7 +154,7 @@ def _reward_names(records: Iterable[TaskRecord], refs: Sequence[PluginRef]) -> l
     for record in records:
         if record.task not in probed:
             probed.add(record.task)
-            names += verifiers.reward_names(record, refs)
+            names += [s.name for s in isolation.verify(record, record.reference_response or "", refs, *BOUNDS)]
         elif not isinstance(record.spec, PluginSpec):
             names += verifiers.reward_names(record)
     return list(dict.fromkeys(names))

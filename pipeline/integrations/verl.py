@@ -45,10 +45,10 @@ import numpy as np
 import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
-from tokencredit import verifiers
 from tokencredit.schemas.records import TASKS, RewardScore, Sample, TaskRecord, VerifiedSample
-from tokencredit.verifiers import plugins
+from tokencredit.verifiers import isolation, plugins
 
+from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.advantages import batch_statistics, preset
 from tokencredit.pipeline.credit.assign import CreditConfig, assign_credit
 from tokencredit.pipeline.dataset.export import record_from_json, refs_from_json
@@ -56,6 +56,8 @@ from tokencredit.pipeline.dataset.export import record_from_json, refs_from_json
 SOURCE_PREFIX = "tokencredit/"
 DATA_SOURCES = tuple(f"{SOURCE_PREFIX}{task}" for task in TASKS)  # and tokencredit/<plugin task>
 RESERVED = ("score", "reward_names", "feedback", "observed")  # compute_score's own keys
+# (seconds, bytes) of each plugin call: annotate's --verifier-timeout and --verifier-memory defaults
+BOUNDS = (AnnotateConfig.verifier_timeout_s, AnnotateConfig.verifier_memory_bytes)
 # verl 0.9.1's v1 trainer reads only these fields from its TransferQueue for the advantage step
 # (trainer/ppo/v1/trainer_base.py, `_compute_advantage`): no token ids, records or feedback to replay
 V1_BATCH = ("adv_estimator=mrtpo cannot run under verl's v1 trainer (trainer.use_v1=true, verl 0.9.1's default): "
@@ -85,7 +87,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None 
         raise ValueError(f"compute_score: extra_info of a {data_source!r} row needs 'record' (the task record "
                          f"as JSON), as the verl export writes it")
     record, refs = row_record(extra_info)
-    scores = verifiers.verify(record, solution_str, refs)
+    scores = isolation.verify(record, solution_str, refs, *BOUNDS)  # plugins in a worker, as annotate runs them
     clash = [s.name for s in scores if s.name in RESERVED]
     if clash:
         raise ValueError(f"compute_score: record {record.id!r} has a reward named {clash[0]!r}, one of verl's keys "

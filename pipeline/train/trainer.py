@@ -52,6 +52,7 @@ import torch.nn.functional as F
 import transformers
 from torch import Tensor
 
+from tokencredit.pipeline import interrupts
 from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
 from tokencredit.pipeline.models.loading import load_policy
 from tokencredit.pipeline.dataset.query import connect
@@ -358,12 +359,14 @@ class MetricsCSV(transformers.TrainerCallback):
         self.out, self.config = out, config
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        interrupts.hold()  # an interrupted step's figures are not written
         if logs and "tokens" in logs:
             with (self.out / "metrics.csv").open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=METRICS).writerow(
                     {"step": state.global_step, **{k: logs[k] for k in METRICS[1:]}})
 
     def on_save(self, args, state, control, **kwargs):
+        interrupts.hold()  # a checkpoint saved while an interrupt kills the process stays unmarked (incomplete)
         write_config(self.config, self.out / f"checkpoint-{state.global_step}")
 
 
