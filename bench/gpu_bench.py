@@ -9,6 +9,15 @@ K feedback sections. Reported per benchmark: seconds, tokens per second (every t
 model: prompt + response of every sequence forwarded), and the fraction of the FLOP ceiling
 2 x parameters x tokens / peak (790 TFLOP/s by default). P2T's backward roughly doubles its FLOPs, so
 its fraction of the forward ceiling can reach ~1/3 at most. vLLM sampling runs when vllm imports.
+
+The product's own paths on the device (`--engine`, on by default where vllm imports): the same shape saved as a
+model folder with the shipped tiny policy's tokenizer (vocabulary 2,210, so the LM head is small and the body
+dominates), then, side by side in this process: flat sampling through `TransformersSampler` and `VllmSampler`
+(`--backend vllm --device cuda`, bf16; engine start given apart), 4x4 tree against 16 flat samples on the engine,
+MRTPO's replay through the engine (`credit.engine_replay`, prompt log-probs) against the torch replay with its
+max |difference| of log-probs, and `tokencredit annotate --credit gdpo,mrtpo` on each backend as a fresh command
+(wall, start included). Figures go to $OUT/gpu_bench.json (and bench/results/gpu_bench.json with --record).
+Nothing is downloaded or installed: run it where `pip install -e ".[gpu]"` was done beforehand.
 """
 from __future__ import annotations
 
@@ -17,6 +26,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -142,11 +152,107 @@ def bench_vllm(model, items, samples: int, response: int, params, peak) -> dict:
             "generated_per_s": generated / seconds}
 
 
+TINY_TOKENIZER = Path(__file__).resolve().parent.parent / "pipeline" / "models" / "tiny-policy"
+
+
+def engine_folder(shape: dict, dtype: torch.dtype) -> Path:
+    """`shape` with random weights (seed 0) and the tiny policy's vocabulary, saved with its tokenizer files: a
+    model folder both backends load by path."""
+    folder = Path(tempfile.mkdtemp(prefix="gpu_bench_engine_"))
+    tokenizer_config = json.loads((TINY_TOKENIZER / "config.json").read_text())
+    model = build({**shape, "vocab_size": tokenizer_config["vocab_size"]}, "cpu", dtype)
+    model.config.eos_token_id = tokenizer_config.get("eos_token_id", 1)
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(TINY_TOKENIZER / name, folder / name)
+    return folder
+
+
+def bench_engine(folder: Path, smoke: bool, prompts: int, n: int, max_new: int) -> dict:
+    """The product's paths on one device: sampling on both backends, tree vs flat on the engine, the engine's
+    replay against torch's. Sizes in the returned dict."""
+    from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.credit.engine_replay import engine_replay
+    from tokencredit.pipeline.credit.replay import replay
+    from tokencredit.pipeline.sample import make_sampler
+
+    device = "cpu" if smoke else "cuda"
+    records = load_prompt_set(AnnotateConfig(tasks=("instructions",), limit=prompts))[0]
+    config = SamplingConfig(n=n, max_new_tokens=max_new)
+    out: dict = {"sizes": f"{len(records)} instruction prompts x {n}, max_new_tokens {max_new}, bf16, {device}"}
+
+    def sampled(sampler, cfg) -> dict:
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        sync()
+        begin = time.perf_counter()
+        samples = sampler.sample(records, cfg)
+        sync()
+        seconds = time.perf_counter() - begin
+        tokens = sum(len(x.token_ids) for x in samples)
+        return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+
+    policy = make_sampler("transformers", str(folder), device=device, dtype=torch.bfloat16)
+    policy.progress = False
+    sampled(policy, SamplingConfig(n=1, max_new_tokens=4))  # warm-up
+    out["transformers"] = sampled(policy, config)
+    begin = time.perf_counter()
+    engine = make_sampler("vllm", str(folder), device=device, dtype="bfloat16")
+    engine.progress = False
+    sampled(engine, SamplingConfig(n=1, max_new_tokens=4))
+    out["vllm_start_s"] = time.perf_counter() - begin
+    out["vllm"] = sampled(engine, config)
+    out["vllm_over_transformers_tokens_per_s"] = out["vllm"]["tokens_per_s"] / out["transformers"]["tokens_per_s"]
+    leaves = 16
+    out["flat16"] = sampled(engine, SamplingConfig(n=leaves, max_new_tokens=max_new))
+    out["tree4x4"] = sampled(engine, SamplingConfig(tree=(4, 4), max_new_tokens=max_new))
+    out["tree_over_flat_vllm"] = out["tree4x4"]["seconds"] / out["flat16"]["seconds"]
+    items = random_items(prompts * n, 128, 16, 3, max_new, policy.tokenizer.vocab_size if hasattr(
+        policy.tokenizer, "vocab_size") else 2000)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    begin = time.perf_counter()
+    reference = replay(policy.model, items)
+    sync()
+    torch_s = time.perf_counter() - begin
+    begin = time.perf_counter()
+    through = engine_replay(engine, items)
+    engine_s = time.perf_counter() - begin
+    diff = max(float((a.logprob_all - b.logprob_all).abs().max()) for a, b in zip(reference, through))
+    diff = max(diff, *(float((a.logprob_drop - b.logprob_drop).abs().max()) for a, b in zip(reference, through)))
+    out["replay"] = {"torch_s": torch_s, "engine_s": engine_s, "engine_over_torch": engine_s / torch_s,
+                     "max_abs_logprob_diff_bf16": diff,
+                     "replayed_tokens": sum(len(it.response_ids) * len(it.drop_prompt_ids) for it in items)}
+    return out
+
+
+def annotate_walls(folder: Path, smoke: bool, prompts: int, n: int, max_new: int) -> dict:
+    """`tokencredit annotate --credit gdpo,mrtpo` on each backend as a fresh command: wall seconds, start included."""
+    out = {}
+    for backend in ("transformers", "vllm"):
+        run = Path(tempfile.mkdtemp(prefix=f"gpu_bench_annotate_{backend}_"))
+        command = [sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(run / "run"),
+                   "--tasks", "instructions", "--limit", str(prompts), "--n", str(n), "--max-new-tokens",
+                   str(max_new), "--credit", "gdpo,mrtpo", "--backend", backend, "--model", str(folder),
+                   "--device", "cpu" if smoke else "cuda", "--dtype", "bfloat16", "--runner", "none"]
+        begin = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True)
+        out[backend] = ({"wall_s": time.perf_counter() - begin} if done.returncode == 0
+                        else f"failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        shutil.rmtree(run, ignore_errors=True)
+    if all(isinstance(v, dict) for v in out.values()):
+        out["annotate_vllm_over_transformers_wall"] = out["vllm"]["wall_s"] / out["transformers"]["wall_s"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer responses and repeats")
     parser.add_argument("--smoke", action="store_true", help="run on CPU with a tiny config (checks the script)")
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense peak of the GPU")
+    parser.add_argument("--no-engine", action="store_true",
+                        help="skip the product's paths on the engine (sampling, tree, engine replay, annotate)")
+    parser.add_argument("--record", action="store_true", help="also write bench/results/gpu_bench.json")
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("gpu_bench.py: no CUDA device here (torch.cuda.is_available() is False); nothing was run. "
@@ -183,6 +289,27 @@ def main() -> None:
             results["vllm"] = f"failed: {type(error).__name__}: {error}"
     print(f"vllm: {json.dumps(results['vllm'])}", flush=True)
     results["machine"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
+    try:
+        import vllm  # noqa: F401,F811
+    except ImportError:
+        results["engine"] = "vllm not importable: skipped"
+    else:
+        if not args.no_engine:
+            del policy
+            folder = engine_folder(shape, dtype)
+            e_prompts, e_n, e_new = (2, 2, 8) if args.smoke else ((16, 4, 128) if args.quick else (64, 4, 256))
+            try:
+                results["engine"] = bench_engine(folder, args.smoke, e_prompts, e_n, e_new)
+                print(f"engine: {json.dumps(results['engine'])}", flush=True)
+                results["annotate"] = annotate_walls(folder, args.smoke, e_prompts, e_n, e_new)
+                print(f"annotate: {json.dumps(results['annotate'])}", flush=True)
+            except Exception as error:  # noqa: BLE001 - keep the figures measured before
+                results.setdefault("engine", f"failed: {type(error).__name__}: {error}")
+                print(f"engine: failed: {type(error).__name__}: {error}", flush=True)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    if args.record and not args.smoke:
+        Path(__file__).resolve().parent.joinpath("results", "gpu_bench.json").write_text(json.dumps(results, indent=2))
 
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_bench.json").write_text(json.dumps(results, indent=2))

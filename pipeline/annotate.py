@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from tokencredit import verifiers
 from tokencredit.schemas.records import AnnotatedResponse, RecordError, RewardScore, TaskRecord, VerifiedSample
-from tokencredit.verifiers.isolation import VerifierFailed, VerifierPool, check_memory_bound, describe, timeout_reason
+from tokencredit.verifiers.isolation import VerifierFailed, VerifierPool, describe, timeout_reason
 from tokencredit.verifiers.plugins import PluginRef, tasks_of
 
 from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
@@ -251,8 +251,14 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
     verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
                               config.verifier_memory_bytes)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
-                                     models.reward_model, reward_tokenizer=models.reward_tokenizer)
+                                     models.reward_model, reward_tokenizer=models.reward_tokenizer,
+                                     replay_engine=replay_engine(models))
     return shard_tables(annotated, by_id, shard, models.tokenizer), stats
+
+
+def replay_engine(models: Models):
+    """The sampler that replays MRTPO's log-prob relevance through its engine (`engine_replay`): a vLLM one."""
+    return models.sampler if getattr(models.sampler, "llm", None) is not None else None
 
 
 def shard_tables(annotated: Sequence[AnnotatedResponse], records: dict[str, TaskRecord], shard: int,
@@ -269,10 +275,8 @@ def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) ->
 def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> list[verifiers.Rejected]:
     """Raise the user errors a run would hit before any model loads (or Prefect starts): no prompt
     file or model folder, a chat template that the sandbox refuses or that hangs, a task with no
-    record, a live writer in `out`, and (unless `restart`) another config or changed inputs there, a
-    --verifier-memory above the hard `ulimit -d`. Returns the rejected records."""
-    if config.verifiers:
-        check_memory_bound(config.verifier_memory_bytes)
+    record, a live writer in `out`, and (unless `restart`) another config or changed inputs there.
+    Returns the rejected records."""
     records, rejected = load_prompt_set(config)
     if restart:
         check_restartable(out)

@@ -25,7 +25,7 @@ from tokencredit import verifiers
 from tokencredit.schemas.records import AnnotatedResponse, Sample, TaskRecord, VerifiedSample
 
 from tokencredit.pipeline.annotate import (Models, code_version, finish_run, load_models, load_prompt_set, open_run, run_annotation,
-                       shard_tables, shards_of, use_cpu_threads, verify_samples)
+                       replay_engine, shard_tables, shards_of, use_cpu_threads, verify_samples)
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 
@@ -84,7 +84,7 @@ class Pipeline:
             ids = {r.id for r in shard}
             annotated, stats = assign_credit([v for v in verified if v.sample.group_id in ids], by_id,
                                              self.config.credit, m.policy, m.tokenizer, m.reward_model,
-                                             reward_tokenizer=m.reward_tokenizer)
+                                             reward_tokenizer=m.reward_tokenizer, replay_engine=replay_engine(m))
             responses += annotated
             shard_stats.append(stats)
         return Credited(responses, shard_stats)

@@ -27,6 +27,7 @@ from tokencredit.pipeline.progress import Progress
 from tokencredit.pipeline.sample.prompts import feedback_sections
 from tokencredit.pipeline.credit.located import verifier_relevance
 from tokencredit.pipeline.credit.relevance import apply_floor, relevance, signs
+from tokencredit.pipeline.credit.engine_replay import engine_replay
 from tokencredit.pipeline.credit.replay import build_replay_item, replay
 
 def reward_tensors(verified: Sequence[VerifiedSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,10 +66,13 @@ def reward_options(verified: Sequence[VerifiedSample], rewards: torch.Tensor, ma
 
 def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRecord], config: CreditConfig,
                   policy=None, tokenizer=None, reward_model=None,
-                  progress: bool = True, reward_tokenizer=None) -> tuple[list[AnnotatedResponse], dict]:
+                  progress: bool = True, reward_tokenizer=None,
+                  replay_engine=None) -> tuple[list[AnnotatedResponse], dict]:
     """Credit every `ok` response of one batch; returns annotated responses (input order) and stats.
     `progress`: show the replay's and P2T's progress (pipeline.progress). `reward_tokenizer`: the reward
     model's, when it may differ from the policy's `tokenizer` (None: the reward model reads the policy's ids).
+    `replay_engine`: the run's `VllmSampler`, which replays a log-prob relevance through its engine
+    (`engine_replay`) in place of `policy`; JS (the relevance or `store_js`) is replayed by `policy`.
 
     The values stop before GDPO's batch step: `gdpo_sum` S[i], `credit.mrtpo_sum` and `credit.mc_sum`; a
     consumer applies c * (x - m) with c, m over the run (the views) or over its own batch (`batch_statistics`).
@@ -96,7 +100,7 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
     beta = config.beta if "mrtpo" in config.kinds else 0.0
     if "mrtpo" in config.kinds:
         distance, js, floored, source = _relevance(ok, records, mask, ungated, result.reward_adv, T, config, policy,
-                                                   tokenizer, progress)
+                                                   tokenizer, progress, replay_engine)
         replayed = source == SOURCES.index("replay")
         stats.update(replays_done=int(replayed.sum()), replays_skipped=int((mask & ~replayed).sum()),
                      replays_floored=int(floored.sum()),
@@ -148,7 +152,7 @@ SOURCES = ("verifier", "replay", "uniform")  # where a pair's relevance came fro
 
 def _relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], mask: torch.Tensor,
                ungated: torch.Tensor, reward_adv: torch.Tensor, T: int, config: CreditConfig, policy, tokenizer,
-               progress: bool = True):
+               progress: bool = True, replay_engine=None):
     """MRTPO's relevance under `config.locate` -> (relevance [N, K, T] NaN where none, JS [N, K, T] or None,
     floored [N, K], source [N, K] long: an index of SOURCES). `both` replays only the ungated pairs the
     verifier does not locate: the spans are free, a replay costs forwards."""
@@ -161,7 +165,7 @@ def _relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], mas
     js, floored = None, torch.zeros(N, K, dtype=torch.bool)
     if to_replay.any():
         replayed, js, floored = _replay_relevance(ok, records, to_replay, reward_adv, T, config, policy, tokenizer,
-                                                  progress)
+                                                  progress, replay_engine)
         distance = torch.where(to_replay[:, :, None], replayed, distance)
     source = torch.full((N, K), SOURCES.index("uniform"), dtype=torch.long)
     source[to_replay] = SOURCES.index("replay")
@@ -170,9 +174,11 @@ def _relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], mas
 
 
 def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], ungated: torch.Tensor,
-                      reward_adv: torch.Tensor, T: int, config: CreditConfig, policy, tokenizer, progress: bool = True):
+                      reward_adv: torch.Tensor, T: int, config: CreditConfig, policy, tokenizer, progress: bool = True,
+                      replay_engine=None):
     """Replay the ungated pairs -> (relevance [N, K, T], JS [N, K, T] or None, floored [N, K]); NaN where not
-    replayed. `logprob_signed` is oriented by each reward's advantage (or +1 where its section points)."""
+    replayed. `logprob_signed` is oriented by each reward's advantage (or +1 where its section points).
+    Through `replay_engine` (`engine_replay`) when given and no JS is wanted, else with `policy`."""
     items, points = [], []
     for i, v in enumerate(ok):
         sections, pointing = feedback_sections(v.rewards, records[v.sample.group_id].prompt, config.feedback_style)
@@ -182,8 +188,11 @@ def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecor
     want_js = config.relevance == "js" or config.store_js
     tokens = sum(len(it.response_ids) * sum(p is not None for p in it.drop_prompt_ids) for it in items)
     with Progress("replay", total=tokens, unit="token", enabled=progress and tokens > 0) as bar:
-        outputs = replay(policy, items, js=want_js, batch_size=config.replay_batch_size, chunk_size=config.chunk_size,
-                         on_progress=bar.update)
+        if replay_engine is not None and not want_js:
+            outputs = engine_replay(replay_engine, items, on_progress=bar.update)
+        else:
+            outputs = replay(policy, items, js=want_js, batch_size=config.replay_batch_size,
+                             chunk_size=config.chunk_size, on_progress=bar.update)
     K = reward_adv.shape[1]
     distance = torch.full((len(ok), K, T), float("nan"))
     js = torch.full((len(ok), K, T), float("nan")) if want_js else None

@@ -101,6 +101,18 @@ def replay(model, items: Sequence[ReplayItem], *, js: bool = False, batch_size: 
     if batch_size < 1 or chunk_size < 1:
         raise ValueError(f"batch_size and chunk_size must be >= 1, got {batch_size} and {chunk_size}")
     stats = stats if stats is not None else ReplayStats()
+    out = check_items(items, stats, js)
+    active = [n for n, it in enumerate(items) if it.response_ids and any(p is not None for p in it.drop_prompt_ids)]
+    # by prompt: the items of one prompt group (same task prompt) share a batch and its prefix cache
+    active.sort(key=lambda n: (items[n].all_prompt_ids, len(items[n].response_ids)))
+    for block in _blocks(items, active, batch_size):
+        _replay_block(model, items, block, out, batch_size, chunk_size, stats, on_progress)
+    return out
+
+
+def check_items(items: Sequence[ReplayItem], stats: ReplayStats, js: bool) -> list[ReplayOutput]:
+    """ValueError naming the first item with an empty prompt; else one all-NaN `ReplayOutput` per item, and the
+    pairs replayed and skipped counted into `stats`."""
     out = []
     for n, item in enumerate(items):
         _check_item(n, item)
@@ -111,11 +123,6 @@ def replay(model, items: Sequence[ReplayItem], *, js: bool = False, batch_size: 
         stats.tokens_replayed += done * T
         nan = torch.full((K, T), float("nan"))
         out.append(ReplayOutput(torch.full((T,), float("nan")), nan.clone(), nan.clone() if js else None))
-    active = [n for n, it in enumerate(items) if it.response_ids and any(p is not None for p in it.drop_prompt_ids)]
-    # by prompt: the items of one prompt group (same task prompt) share a batch and its prefix cache
-    active.sort(key=lambda n: (items[n].all_prompt_ids, len(items[n].response_ids)))
-    for block in _blocks(items, active, batch_size):
-        _replay_block(model, items, block, out, batch_size, chunk_size, stats, on_progress)
     return out
 
 

