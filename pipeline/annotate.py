@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from tokencredit import verifiers
 from tokencredit.schemas.records import AnnotatedResponse, RecordError, RewardScore, TaskRecord, VerifiedSample
-from tokencredit.verifiers.isolation import VerifierFailed, VerifierPool, describe, timeout_reason
+from tokencredit.verifiers.isolation import VerifierFailed, VerifierPool, check_memory_bound, describe, timeout_reason
 from tokencredit.verifiers.plugins import PluginRef, tasks_of
 
 from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
@@ -275,8 +275,10 @@ def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) ->
 def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> list[verifiers.Rejected]:
     """Raise the user errors a run would hit before any model loads (or Prefect starts): no prompt
     file or model folder, a chat template that the sandbox refuses or that hangs, a task with no
-    record, a live writer in `out`, and (unless `restart`) another config or changed inputs there.
-    Returns the rejected records."""
+    record, a live writer in `out`, and (unless `restart`) another config or changed inputs there, a
+    --verifier-memory above the hard `ulimit -d`. Returns the rejected records."""
+    if config.verifiers:
+        check_memory_bound(config.verifier_memory_bytes)
     records, rejected = load_prompt_set(config)
     if restart:
         check_restartable(out)
