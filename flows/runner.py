@@ -1,0 +1,72 @@
+"""The Prefect runner of `tokencredit serve`, a child process in a session of its own.
+
+`python -m tokencredit.flows.runner ARGS.pickle` registers the scheduled-annotate deployment with the
+server that PREFECT_API_URL names and starts each of its runs as it comes due, in a child process.
+On SIGTERM (from `serve`, which alone receives a Ctrl-C) Prefect's runner stops polling and ends the
+runs in progress (SIGTERM to each; each records `stopped` under its folder); its own log lines about
+that are silenced, since `serve` says in one line that it stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import sys
+
+from prefect.runner import Runner
+
+from tokencredit.flows.scheduled_run import annotate_deployment
+
+
+GRACE_S = 3  # for Prefect to end the runs in progress; serve then kills what is left of this session
+
+
+class QuietStopRunner(Runner):
+    """Prefect's runner, stopping on SIGTERM without a word: Prefect cancels the runs in progress for up
+    to GRACE_S (each run that ends in time records `stopped`; one still working, e.g. a shard's sampling
+    thread, is killed by serve and reads as incomplete), then the process exits. Prefect's own shutdown
+    (its observers and clients) took 10-15 s more on a busy machine, with nothing left to record."""
+
+    def handle_sigterm(self, *args, **kwargs) -> None:
+        if not self.started or self._loop is None:
+            os._exit(0)
+        if self.stopping:
+            return
+        self.stopping = True
+        # serve prints the one line about the stop: this process's output and its runs' (which it relays)
+        # would repeat it in Prefect's words
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
+        self.execute_in_background(self._cancel_and_exit)
+
+    async def _cancel_and_exit(self) -> None:
+        import anyio
+
+        self._scheduled_run_poller.stopping = True
+        with anyio.move_on_after(GRACE_S):
+            await self.cancel_all()
+        os._exit(0)
+
+
+def main(args_path: str) -> int:
+    with open(args_path, "rb") as handle:
+        args = pickle.load(handle)
+    schedule_text, poll_s = args.pop("schedule_text"), args.pop("poll_s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # serve decides when to stop (SIGTERM)
+    runner = QuietStopRunner(name=f"tokencredit-serve-{args['name']}", query_seconds=poll_s, prefetch_seconds=poll_s,
+                             limit=None, pause_on_shutdown=False)
+    try:
+        runner.add_deployment(annotate_deployment(**args))
+    except Exception as error:  # the server refused it, or is gone
+        print(f"tokencredit serve: error: the deployment could not be registered: {error}", file=sys.stderr)
+        return 2
+    print(f"serving {args['name']!r}: {schedule_text}, each run into {args['out'].rstrip('/')}/{args['folder']}; "
+          f"stop with Ctrl-C", flush=True)
+    asyncio.run(runner.start())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
