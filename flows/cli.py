@@ -22,6 +22,7 @@ TOKENCREDIT_DEBUG=1 (or true, yes) for the traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -31,8 +32,8 @@ import threading
 
 from tokencredit.pipeline.interrupts import interruptible
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
-                                         RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig, parse_branch,
-                                         parse_bytes)
+                                         ENGINE_DTYPES, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig,
+                                         parse_branch, parse_bytes)
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
@@ -165,7 +166,13 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help=f"prompts per task (0 = all; default: {DEMO_LIMIT} of the "
                    "demo set, every record of your own prompt file)")
     p.add_argument("--credit", type=_kinds, default=",".join(c.kinds), help="comma list of " + ",".join(CREDIT_KINDS))
-    p.add_argument("--backend", choices=["transformers", "vllm"], default=d.backend, help="sampling backend")
+    p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto",
+                   help="sampling backend; auto (default): the vllm engine where it is installed for --device and the "
+                   "run is long enough for its start to pay, else transformers (the manifest records the choice)")
+    p.add_argument("--dtype", choices=ENGINE_DTYPES, default=d.dtype, help="the sampling engine's dtype: bfloat16 "
+                   "or float16 need --backend vllm and move the stored log-probs (docs/engine.md)")
+    p.add_argument("--kv-cache", type=int, default=None, metavar="GIB", help="the vllm engine's KV cache in GiB "
+                   "(default on CPU: a quarter of the available memory, at most 4; on CUDA half the GPU)")
     p.add_argument("--model", default=None, help="registry name (tokencredit models list) or local policy "
                    "folder (default: the shipped tiny policy)")
     p.add_argument("--reward-model", default=None, help="local reward-model folder for P2T "
@@ -214,12 +221,16 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
     from tokencredit.verifiers.isolation import resolve  # imported in a worker: a plugin's import cannot end this process
 
-    return AnnotateConfig(
+    if args.kv_cache is not None:  # vLLM's own variable: the engine reads it where it starts (Dask workers too)
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache)
+    auto = args.backend == "auto"
+    config = AnnotateConfig(
         prompts=args.prompts, format=args.format, databases=args.databases, semantics=args.semantics,
         columns=args.columns, verifiers=resolve(args.verifier, args.verifier_memory), verifier_timeout_s=args.verifier_timeout,
         verifier_memory_bytes=args.verifier_memory,
         tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks else None,
-        split=args.split, limit=AUTO_LIMIT if args.limit is None else (args.limit or None), backend=args.backend,
+        split=args.split, limit=AUTO_LIMIT if args.limit is None else (args.limit or None),
+        backend=("transformers" if args.dtype == "float32" else "vllm") if auto else args.backend, dtype=args.dtype,
         model=args.model,
         reward_model=args.reward_model, device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -229,6 +240,26 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
                             feedback_style=args.feedback_style, relevance_floor=args.relevance_floor,
                             store_js=args.store_js),
     )
+    return _auto_backend(config) if auto else config
+
+
+def _auto_backend(config: AnnotateConfig) -> AnnotateConfig:
+    """`--backend auto`: the config with the backend `choose_backend` picks for its run size (the prompt set is
+    read only where a vllm engine is installed for the device)."""
+    from tokencredit.pipeline.sample.choice import choose_backend, vllm_platform
+
+    if vllm_platform() != config.device.split(":")[0]:
+        if config.dtype != "float32":
+            raise ValueError(f"--dtype {config.dtype} runs on the vllm engine: "
+                             f"{choose_backend(config.device, 0)[1]} (see docs/engine.md)")
+        return config
+    from tokencredit.pipeline.annotate import load_prompt_set
+
+    records, _ = load_prompt_set(config)
+    backend, why = choose_backend(config.device, len(records) * config.sampling.n * config.sampling.max_new_tokens,
+                                  config.dtype)
+    print(f"tokencredit: --backend auto: {backend} ({why})", file=sys.stderr)
+    return dataclasses.replace(config, backend=backend)
 
 
 def _prefect_settings() -> None:
@@ -323,10 +354,11 @@ def _run_derived(kind, args: argparse.Namespace, config) -> dict:
     if args.runner == "none":
         from tokencredit.pipeline.dataset.derived import run_derived
 
-        return run_derived(kind, args.run, args.out, config, device=args.device)
+        return run_derived(kind, args.run, args.out, config, device=args.device, backend=args.backend)
     from tokencredit.flows.derived import run_derived_flow
 
-    return run_derived_flow(kind, args.run, args.out, config, device=args.device, workers=args.workers)
+    return run_derived_flow(kind, args.run, args.out, config, device=args.device, workers=args.workers,
+                            backend=args.backend)
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
@@ -477,13 +509,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
-    from tokencredit.pipeline.dataset.query import run_query
+    from tokencredit.pipeline.dataset.memory_bound import DUCKDB_SHARE, MemoryBound, default_limit
+    from tokencredit.pipeline.dataset.query import check_read_only, connect
 
-    try:
-        run_query(args.out, args.sql, allow_incomplete=args.allow_incomplete, memory_limit=args.memory_limit).show(
-            max_rows=args.max_rows, max_width=200)
-    except duckdb.Error as error:  # a mistyped query is the user's input: say what DuckDB said
-        raise ValueError(f"the query failed: {error}") from None
+    if args.memory_limit is None:
+        limit = default_limit()
+        name = f"the default memory limit ({limit / 1e9:.3g} GB, 80% of the memory available)"
+    else:
+        try:
+            limit = parse_bytes(args.memory_limit)
+        except ValueError as error:
+            raise ValueError(f"--memory-limit: {error}") from None
+        name = f"--memory-limit {args.memory_limit}"
+    con = connect(args.out, allow_incomplete=args.allow_incomplete, memory_limit=f"{int(DUCKDB_SHARE * limit)}B")
+    check_read_only(con, args.sql)
+    with MemoryBound(con, limit, name) as bound:
+        try:
+            con.sql(args.sql).show(max_rows=args.max_rows, max_width=200)
+        except (duckdb.Error, MemoryError) as error:  # a mistyped query is the user's input: say what DuckDB said
+            raise ValueError(bound.refusal(error) or f"the query failed: {error}") from None
     return 0
 
 
@@ -526,8 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="run directory")
     p.add_argument("sql", help="SELECT statement(s) over the views responses, credits, training")
     p.add_argument("--max-rows", type=_integer(1), default=100, help="rows to print")
-    p.add_argument("--memory-limit", default=None,
-                   help="DuckDB's memory limit, such as 4GB (default: DuckDB's, 80%% of the machine's memory)")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="memory the query may take, such as 4GB: DuckDB spills past 3/4 of it, and the query is "
+                   "cancelled past it (default: 80%% of the memory available when it starts)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_query)
 
@@ -551,6 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=int, default=16, help="failures per shard (the unit of resumption)")
     p.add_argument("--batch-size", type=int, default=32, help="resampled rows per forward")
     p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto", help="sampler of the "
+                   "resamples; auto: the vllm engine where it is installed for --device, else transformers")
     p.add_argument("--runner", choices=["threads", "none"], default="threads",
                    help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
     p.add_argument("--workers", type=int, default=1, help="parallel shards (threads)")
@@ -573,6 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=int, default=4, help="responses per shard (the unit of resumption)")
     p.add_argument("--batch-size", type=int, default=128, help="continuations per forward")
     p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto", help="sampler of the "
+                   "continuations; auto: the vllm engine where it is installed for --device, else transformers")
     p.add_argument("--runner", choices=["threads", "none"], default="threads",
                    help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
     p.add_argument("--workers", type=int, default=1, help="parallel shards (threads)")

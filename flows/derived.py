@@ -21,20 +21,21 @@ KINDS = {kind.name: kind for kind in (REPAIR, VALUES_KIND)}
 
 
 @functools.lru_cache(maxsize=2)
-def _models(model: str | None, device: str):
-    from tokencredit.pipeline.sample.transformers_backend import load_sampler  # torch only where a model loads
+def _models(model: str | None, device: str, backend: str = "transformers"):
+    from tokencredit.pipeline.sample import load_sampler  # torch (or the engine) only where a model loads
 
-    return load_sampler(model, device)
+    return load_sampler(backend, model, device)
 
 
 @task(name="derived-shard", cache_policy=NONE)
-def shard_task(job, shard: int, records: dict, refs: tuple, device: str) -> dict[str, Any]:
+def shard_task(job, shard: int, records: dict, refs: tuple, device: str, backend: str = "transformers") -> dict[str, Any]:
     """Fill and write one shard; returns its marker (rows, checksums, counts)."""
-    return job.run_shard(shard, records, refs, _models(job.model, device))
+    return job.run_shard(shard, records, refs, _models(job.model, device, backend))
 
 
 @flow(name="derived", log_prints=True)
-def derived_flow(kind: str, run: str, out: str, config, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+def derived_flow(kind: str, run: str, out: str, config, device: str = "cpu", progress: bool = True,
+                 backend: str = "transformers") -> dict[str, Any]:
     """Every shard of `KINDS[kind]` not yet done under `out`; returns the summary (OUT/<kind>.json)."""
     from tokencredit.pipeline.dataset.export import run_records
 
@@ -44,7 +45,7 @@ def derived_flow(kind: str, run: str, out: str, config, device: str = "cpu", pro
     get_run_logger().info("%s of %s: %d %ss in %d shards", kind, run, sum(map(len, job.shards)), derived.unit,
                           len(job.shards))
     named = shard_task.with_options(name=f"{kind}-shard")
-    futures = [named.submit(job, s, records, refs, device) for s in range(len(job.shards))]
+    futures = [named.submit(job, s, records, refs, device, backend) for s in range(len(job.shards))]
     markers = []
     with Progress(kind, total=sum(map(len, job.shards)), unit=derived.unit, enabled=progress) as bar:
         for future in as_completed(futures):
@@ -54,9 +55,9 @@ def derived_flow(kind: str, run: str, out: str, config, device: str = "cpu", pro
 
 
 def run_derived_flow(kind: DerivedKind, run: str, out: str, config, device: str = "cpu", workers: int = 1,
-                     progress: bool = True) -> dict[str, Any]:
+                     progress: bool = True, backend: str = "transformers") -> dict[str, Any]:
     """The flow (named after `kind`) on a thread pool of `workers` shards at a time; the inputs are checked
     before Prefect starts (the flow reads the run again)."""
     kind.prepare(run, out, config)
     configured = derived_flow.with_options(name=kind.name, task_runner=ThreadPoolTaskRunner(max_workers=workers))
-    return configured(kind.name, run, out, config, device=device, progress=progress)
+    return configured(kind.name, run, out, config, device=device, progress=progress, backend=backend)

@@ -130,17 +130,21 @@ def load_models(config: AnnotateConfig) -> Models:
     # so two threads loading at once get each other's empty (meta) weights.
     with _LOAD_LOCK:
         return _load_models(config.backend, config.model, config.reward_model if "p2t" in config.credit.kinds else None,
-                            config.device, "p2t" in config.credit.kinds)
+                            config.device, "p2t" in config.credit.kinds, config.dtype, config.cpu_threads)
 
 
 @functools.lru_cache(maxsize=2)
-def _load_models(backend: str, model: str | None, reward_model: str | None, device: str, p2t: bool) -> Models:
+def _load_models(backend: str, model: str | None, reward_model: str | None, device: str, p2t: bool,
+                 dtype: str = "float32", threads: int | None = None) -> Models:
     """Load once per process (a Dask worker loads its own copy); sampling and replay share the policy."""
     from tokencredit.pipeline.credit.p2t import shares_vocab
     from tokencredit.pipeline.models.loading import load_policy, load_reward_model
 
+    # the vllm engine first: what it refuses (device, memory, model) is said before the replay's copy loads
+    engine = make_sampler(backend, model, device=device, dtype=dtype, threads=threads) if backend == "vllm" else None
     policy, tokenizer = load_policy(model, device=device)
-    sampler = make_sampler(backend, model, device=device, policy=(policy, tokenizer))  # one copy of the weights
+    # one copy of the weights for the transformers backend; the vllm engine loads its own, one per process
+    sampler = engine or make_sampler(backend, model, device=device, policy=(policy, tokenizer))
     rm = rm_tokenizer = None
     if p2t:  # a reward model of another tokenizer reads the response text (p2t.attribute_across_tokenizers)
         rm, rm_tokenizer = load_reward_model(reward_model, device=device)

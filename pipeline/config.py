@@ -255,6 +255,9 @@ class AnnotateConfig:
     model: str | None = None  # None = the shipped tiny policy
     reward_model: str | None = None  # None = the shipped tiny reward model
     device: str = "cpu"
+    # the sampling engine's dtype: float32, or bfloat16/float16 with the vllm backend (the transformers backend
+    # samples and replays with one float32 copy of the policy); bfloat16 moves the stored log-probs (docs/engine.md)
+    dtype: str = "float32"
     shard_size: int = 8  # prompts per shard
     # torch threads on CPU: float sums are split by thread, so the count changes the last bits of
     # every log-prob; fixing it makes a Dask worker (1 thread by default) write the same bytes.
@@ -276,8 +279,14 @@ class AnnotateConfig:
         if not isinstance(self.verifier_memory_bytes, int) or self.verifier_memory_bytes < MIN_VERIFIER_MEMORY:
             raise ValueError(f"AnnotateConfig.verifier_memory_bytes must be an int of at least {MIN_VERIFIER_MEMORY} "
                              f"(the worker's interpreter and imports), got {self.verifier_memory_bytes!r}")
-        if self.sampling.tree is not None and self.backend != "transformers":
-            raise ValueError(f"--tree needs --backend transformers (the {self.backend} backend samples flat groups only)")
+        if self.backend not in ("transformers", "vllm"):
+            raise ValueError(f"AnnotateConfig.backend {self.backend!r}: transformers or vllm (the CLI's --backend auto "
+                             "picks one before the config is built)")
+        if self.dtype not in ENGINE_DTYPES:
+            raise ValueError(f"--dtype {self.dtype}: choose from {', '.join(ENGINE_DTYPES)}")
+        if self.dtype != "float32" and self.backend != "vllm":
+            raise ValueError(f"--dtype {self.dtype} needs --backend vllm (the transformers backend samples and replays "
+                             "with one float32 copy of the policy)")
         if "mc" in self.credit.kinds and self.sampling.tree is None:
             raise ValueError("credit mc needs tree-sampled groups: its values are means over the leaves below each "
                              "node; add --tree R,L (SamplingConfig.tree)")
@@ -291,7 +300,17 @@ class AnnotateConfig:
         return dataclasses.asdict(self)
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+        fields = self.to_dict()
+        for name, default in IDENTITY_DEFAULTS.items():  # runs started before the field existed keep their identity
+            if fields[name] == default:
+                del fields[name]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+# Fields added to AnnotateConfig after runs were written: left out of the digest at these values, which is what
+# those runs ran with
+IDENTITY_DEFAULTS = {"dtype": "float32"}
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _absolute(path: str | None, local_only: bool) -> str | None:

