@@ -25,7 +25,7 @@ Sizes per `--mode` in SIZES (the issue's are `full`); engine.json records the mo
 - `scoring_vllm_over_transformers`: greedy held-out scoring (sample + verify) of one LoRA policy (a rank-8 adapter
   on SmolLM2, merged into a saved folder) on 256 held-out prompts, wall with the model's load. Target <= 0.4.
 - `engine_replay_*_{bf16,fp32}`: MRTPO's replay through the engine (`credit.engine_replay`) in each dtype against
-  the torch replay in float32 on the 40 localization responses (bench/localization): max and mean |difference| of
+  the torch replay in float32 on 21 of the 164 localization responses (bench/localization): max and mean |difference| of
   the response tokens' log-probs, max |difference| of the `logprob_signed` relevance, the share of (response,
   reward) pairs whose most relevant token is the same, and the engine's replay time over torch's (start excluded).
   tests/test_engine_replay.py takes its float32 bound from these.
@@ -57,9 +57,9 @@ SIZES = {
     "full": {"sample_prompts": 32, "sample_n": 4, "sample_max_new_tokens": 96, "annotate_prompts": 64,
              "annotate_n": 4, "annotate_max_new_tokens": 96, "tree_prompts": 8, "tree": [4, 4],
              "tree_max_new_tokens": 96, "scoring_prompts": 256, "scoring_max_new_tokens": 96},
-    "reduced": {"sample_prompts": 32, "sample_n": 4, "sample_max_new_tokens": 96, "annotate_prompts": 16,
-                "annotate_n": 4, "annotate_max_new_tokens": 96, "tree_prompts": 4, "tree": [4, 4],
-                "tree_max_new_tokens": 96, "scoring_prompts": 64, "scoring_max_new_tokens": 96},
+    "reduced": {"sample_prompts": 32, "sample_n": 4, "sample_max_new_tokens": 96, "annotate_prompts": 8,
+                "annotate_n": 4, "annotate_max_new_tokens": 96, "tree_prompts": 2, "tree": [4, 4],
+                "tree_max_new_tokens": 96, "scoring_prompts": 32, "scoring_max_new_tokens": 96},
     "quick": {"sample_prompts": 4, "sample_n": 2, "sample_max_new_tokens": 16, "annotate_prompts": 2,
               "annotate_n": 2, "annotate_max_new_tokens": 16, "tree_prompts": 1, "tree": [2, 2],
               "tree_max_new_tokens": 16, "scoring_prompts": 4, "scoring_max_new_tokens": 16},
@@ -164,9 +164,9 @@ def child_scoring(args) -> dict:
             "load_avg": [before, load_avg()]}
 
 
-def replay_cases(tokenizer):
-    """ReplayItems of the localization benchmark's responses (bench/localization), every reward ungated, with the
-    `logprob_signed` sign of each reward (a failed reward -1, a passed one +1)."""
+def replay_cases(tokenizer, every: int = 1):
+    """ReplayItems of the localization benchmark's responses (bench/localization; every `every`-th), every reward
+    ungated, with the `logprob_signed` sign of each reward (a failed reward -1, a passed one +1)."""
     from tokencredit import verifiers
     from tokencredit.pipeline.credit.probe import response_ids
     from tokencredit.pipeline.credit.replay import build_replay_item
@@ -175,7 +175,7 @@ def replay_cases(tokenizer):
     cases = ROOT / "bench" / "localization"
     records = {r.id: r for r in verifiers.load_tasks(cases / "tasks.jsonl")[0]}
     items, signs = [], []
-    for line in (cases / "cases.jsonl").read_text().splitlines():
+    for line in (cases / "cases.jsonl").read_text().splitlines()[::every]:
         case = json.loads(line)
         record = records[case["record_id"]]
         scores = verifiers.verify(record, case["response"])
@@ -183,6 +183,9 @@ def replay_cases(tokenizer):
                                        response_ids(tokenizer, case["response"]), [True] * len(scores)))
         signs.append([1.0 if x.score >= 1 else -1.0 for x in scores])
     return items, signs
+
+
+REPLAY_EVERY = 8  # of the 164 localization responses, every 8th (21): all of them took the torch side over 20 min at load 12
 
 
 def child_replay(args) -> dict:
@@ -197,7 +200,7 @@ def child_replay(args) -> dict:
 
     torch.set_num_threads(THREADS)
     model, tokenizer = load_policy(args.model)
-    items, signs = replay_cases(tokenizer)
+    items, signs = replay_cases(tokenizer, REPLAY_EVERY)
     begin = time.perf_counter()
     reference = replay(model, items)
     torch_s = time.perf_counter() - begin
@@ -327,7 +330,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=sorted(SIZES), default="full",
                         help="full: the issue's sizes; reduced: what fits a session on the shared CPU; quick: a check")
-    parser.add_argument("--only", default="sample,tree,annotate,scoring,replay", help="measurements to run (default: all)")
+    parser.add_argument("--only", default="sample,replay,tree,annotate,scoring", help="measurements to run (default: all)")
     parser.add_argument("--redo", action="store_true", help="measure again what engine.json already holds")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),
                         help="the interpreter of the CPU engine's environment (default: %(default)s)")
@@ -380,19 +383,19 @@ def main() -> None:
         for dtype in ("bfloat16", "float32"):
             measure(f"sample_vllm_{dtype}", lambda: run_child(vpy, "sample", args, backend="vllm", model=args.model,
                                                               dtype=dtype))
+    if "replay" in only:
+        for dtype in ("float32", "bfloat16"):
+            measure(f"replay_vllm_{dtype}", lambda: run_child(vpy, "replay", args, model=args.model, dtype=dtype))
     if "tree" in only:
         measure("tree_vllm", lambda: run_child(vpy, "tree", args, model=args.model))
     if "annotate" in only:
-        measure("annotate_transformers", lambda: annotate_wall(py, "transformers", "gdpo,mrtpo", args))
         measure("annotate_vllm", lambda: annotate_wall(vpy, "vllm", "gdpo,mrtpo", args))
         measure("annotate_vllm_gdpo", lambda: annotate_wall(vpy, "vllm", "gdpo", args))
+        measure("annotate_transformers", lambda: annotate_wall(py, "transformers", "gdpo,mrtpo", args))
     if "scoring" in only:
         folder = lora_policy_folder(args)
         measure("scoring_transformers", lambda: run_child(py, "scoring", args, backend="transformers", model=folder))
         measure("scoring_vllm", lambda: run_child(vpy, "scoring", args, backend="vllm", model=folder))
-    if "replay" in only:
-        for dtype in ("float32", "bfloat16"):
-            measure(f"replay_vllm_{dtype}", lambda: run_child(vpy, "replay", args, model=args.model, dtype=dtype))
     summarize(results, default)
 
 

@@ -35,7 +35,7 @@ def items(engines):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     from bench_engine import replay_cases
 
-    return replay_cases(engines[1])
+    return replay_cases(engines[1], every=4)  # 41 of the 164 responses
 
 
 def test_engine_log_probs_match_the_torch_replay_in_float32(engines, items):
