@@ -1,5 +1,6 @@
 """`tokencredit compare`: the design file, pre-registration, the report's rows, --plan, and the command end to end
-on the tiny policy (resumed after kill -9 with identical rows; a changed design refused with one line)."""
+on the tiny policy (resumed after kill -9 and after SIGTERM with identical rows; a changed design refused with one
+line)."""
 import json
 import os
 import signal
@@ -198,6 +199,16 @@ def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_
     os.kill(killed.pid, signal.SIGKILL)  # mid-run: the start policy and gdpo-0 scored, the rest not
     killed.communicate()
     assert not (tmp_path / "killed" / "compare.json").exists()
+    # resumed, then interrupted (SIGTERM) in seed 1: one line, exit 143, nothing half-written
+    interrupted = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none")
+    seed_one = tmp_path / "killed" / "scores" / "gdpo-1.json"
+    while not seed_one.is_file() and interrupted.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert interrupted.poll() is None, "the run ended before the interrupt"
+    interrupted.send_signal(signal.SIGTERM)
+    _, err = interrupted.communicate(timeout=120)
+    assert interrupted.returncode == 143 and err.strip().splitlines()[-1] == (
+        "tokencredit compare: interrupted; rerun the same command to resume"), err[-2000:]
     resumed = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none")
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err[-2000:]

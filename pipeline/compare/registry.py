@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tokencredit.pipeline.compare.design import Design, without_arms
+from tokencredit.pipeline.interrupts import hold
 
 REGISTRATION = "registration.json"
 
@@ -24,9 +25,11 @@ def now() -> str:
 
 
 def write_json(path: Path, value) -> None:
-    """Atomic: a temporary file renamed over `path`, so a kill leaves the old file or the new one."""
+    """Atomic: a temporary file renamed over `path`, so a kill leaves the old file or the new one, and an interrupt
+    (SIGINT/SIGTERM, tokencredit.pipeline.interrupts) none of what it cut short."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(value, indent=1))
+    hold()  # an interrupt being handled: nothing computed during it is committed
     os.replace(tmp, path)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from tokencredit.pipeline.compare import analysis
 from tokencredit.pipeline.compare.registry import exploratory_arms, scored_before_commit, write_json
+from tokencredit.pipeline.interrupts import hold
 
 KEYS = ("method", "baseline", "diff", "ci_low", "ci_high", "mde", "per_seed_diff", "seeds", "prompts", "decodes",
         "design_hash", "design_commit", "exploratory", "var_seed", "var_prompt", "var_cell")
@@ -161,6 +162,7 @@ def plot(rows: list[dict], path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp.png")
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
+    hold()
     tmp.replace(path)
 
 
@@ -181,6 +183,7 @@ def write_report(out: Path, design, registration: dict) -> list[dict]:
               f"[{k['ci_low']:+.4f}, {k['ci_high']:+.4f}] |" for k in kinds)]
     tmp = out / "report.md.tmp"
     tmp.write_text("\n".join(text) + "\n")
+    hold()
     tmp.replace(out / "report.md")
     if rows:
         plot(rows, out / "compare.png")

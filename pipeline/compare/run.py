@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tokencredit.pipeline.compare.design import Arm, Design, Pool
 from tokencredit.pipeline.compare.registry import now, write_json
+from tokencredit.pipeline.interrupts import hold
 
 
 def log(message: str) -> None:
@@ -138,6 +139,7 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
             shutil.rmtree(tmp, ignore_errors=True)
             policy[0].save_pretrained(tmp, safe_serialization=True)
             policy[1].save_pretrained(tmp)
+            hold()
             tmp.rename(folder)
         sampler = make_sampler(backend, str(folder), device=design.policy["device"])
     scoring, refs = design.scoring, resolve(design.prompts["verifier"])
