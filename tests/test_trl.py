@@ -304,7 +304,8 @@ def test_a_verifier_failing_inside_trl_gives_a_warned_none_reward_and_training_g
                                     and "fails.py:haiku" in w for w in warned)
     _, scores, statuses = trainer.verifier.last
     failed = [s != "ok" for s in statuses]
-    assert sum(failed) == G and all(s == "verifier_error: RuntimeError: no snow today" for s in statuses if s != "ok")
+    assert sum(failed) == G and all(s == f"verifier_error: RuntimeError: no snow today (raised by verifier "
+                                        f"{tmp_path / 'fails.py'}:haiku)" for s in statuses if s != "ok")
     assert all(scores[i] == [] for i in range(len(scores)) if failed[i])
     out = trainer.captured
     mask, adv = out["completion_mask"].bool(), out["advantages"]

@@ -45,7 +45,8 @@ _MAX_IDLE = 8
 _HEADER = struct.Struct("<Q")
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 _FIRST_NAP_S, _LAST_NAP_S = 0.0005, 0.02  # between looks for a worker's reply
-_MEASURE_EVERY_S = 0.05  # between measurements of a worker's process tree while a call runs, and after each
+_MEASURE_EVERY_S = 0.05  # between measurements of a worker's process tree while a call runs
+_MEASURE_AFTER_S = 0.001  # and after a reply awaited this long (~0.1 ms a process: not after each fast call)
 OUTPUT_PER_CALL = 64_000  # bytes of a verifier's stdout/stderr shown per call; the rest is counted and dropped
 
 
@@ -146,11 +147,14 @@ class _Worker:
     def _answers_within(self, seconds: float, measure: bool = False) -> bool:
         # Polled, with a growing nap, rather than woken by each reply: a wake-up per reply makes the
         # two processes take turns on a busy core, and most calls take well under a millisecond.
-        deadline, nap = time.monotonic() + seconds, _FIRST_NAP_S
+        start = time.monotonic()
+        deadline, nap = start + seconds, _FIRST_NAP_S
         fd = self.proc.stdout.fileno()
         while True:
             if select.select([fd], [], [], 0)[0]:
-                if measure:  # also when the reply is there: the call that left a grown tree is the one blamed
+                # also when the reply is there, so that the call that grew the tree is the one blamed; not after a
+                # reply that was waiting already (a call that short cannot have allocated much)
+                if measure and time.monotonic() - start >= _MEASURE_AFTER_S:
                     self._measure(force=True)
                 return True
             if measure:
@@ -339,7 +343,8 @@ def verify(record: TaskRecord, response: str, plugin_refs: Sequence[plugins.Plug
            memory_bytes: int) -> list[RewardScore]:
     """`verifiers.verify(record, response, plugin_refs)` with each importable plugin run in a worker process under
     `timeout_s` and `memory_bytes`, as annotate runs it (a verifier object, `plugins.of_object`, has no import
-    path and runs in this process). A plugin that fails, or runs past a bound, raises PluginError saying why."""
+    path and runs in this process). A plugin that fails in its worker, or runs past a bound, raises VerifierFailed
+    saying why (its str is what annotate stores as the response's status after "verifier_error: ")."""
     from tokencredit import verifiers
 
     scores = verifiers.builtin_scores(record, response)
@@ -350,7 +355,7 @@ def verify(record: TaskRecord, response: str, plugin_refs: Sequence[plugins.Plug
                 continue
             found = pool.score_all([(record, response)], (ref,))[0]
             if isinstance(found, VerifierFailed):
-                raise plugins.PluginError(f"record {record.id!r}: verifier {ref.target}: {found}")
+                raise found  # says why, as the response's status in annotate
             scores += found
     return verifiers.checked(record, response, scores)
 

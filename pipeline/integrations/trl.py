@@ -130,7 +130,8 @@ class VerifierRewards:
                                   "same reward names")
             return scores, "ok"
         except Exception as error:  # noqa: BLE001 - as annotate: one completion's verifier bug must not stop training
-            reason = f"{type(error).__name__}: {error}"
+            # a plugin's failure in its worker reads as annotate's status; an in-process error says its type
+            reason = str(error) if isinstance(error, isolation.VerifierFailed) else f"{type(error).__name__}: {error}"
             notes = "".join(f" ({note})" for note in getattr(error, "__notes__", ()))
             logger.warning(f"record {record_id!r}: the verifiers failed on a completion, whose rewards are None: "
                            f"{reason}{notes}")
