@@ -144,6 +144,37 @@ def test_derived_folders_of_an_earlier_run_in_the_same_folder_are_refused(tmp_pa
     assert "--values" in err and "earlier run" in err
 
 
+# ---------------------------------------------------------------- item 8: a missing or cut part file
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_a_missing_or_cut_part_file_is_one_line_naming_it_and_a_resume_repairs_it(tmp_path, damage, capsys):
+    import shutil
+
+    prompts = write_prompts(tmp_path / "p.jsonl", ["Title one.", "Title two."])
+    run = tmp_path / "run"
+    annotate = ["annotate", "--out", str(run), "--prompts", str(prompts), "--shard-size", "1", *FAST]
+    assert main(annotate) == 0
+    whole = run.parent / "whole"
+    shutil.copytree(run, whole)
+    part = run / "credits" / "part-00001.parquet"
+    if damage == "deleted":
+        part.unlink()
+    else:
+        part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    for command in (["export", str(run), "--dest", str(tmp_path / "e"), "--advantage", "gdpo"],
+                    ["train", "--data", str(run), "--out", str(tmp_path / "ckpt"), "--steps", "1"],
+                    ["values", str(run), "--out", str(tmp_path / "v"), *VALUES],
+                    ["query", str(run), "SELECT count(*) FROM credits"]):
+        capsys.readouterr()
+        assert main(command) == 2, command
+        err = error_line(capsys)
+        assert "credits/part-00001.parquet" in err and "resume the run" in err, err
+    assert not (tmp_path / "e").exists() and not (tmp_path / "ckpt").exists() and not (tmp_path / "v").exists()
+    assert main(annotate) == 0  # the resume writes the shard again, byte for byte
+    assert part.read_bytes() == (whole / "credits" / "part-00001.parquet").read_bytes()
+    assert main(["export", str(run), "--dest", str(tmp_path / "e"), "--advantage", "gdpo"]) == 0
+
+
 # ---------------------------------------------------------------- item 9: what the hash cache trusts
 
 def edit_keeping_size_and_mtime(path: Path, old: bytes, new: bytes) -> None:

@@ -92,7 +92,7 @@ def _sha256(fs: pafs.FileSystem, path: str) -> str:
 
 
 _MARKER = re.compile(r"shard-\d{5}\.json")  # a shard's completion marker in OUT/_shards
-_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{8,}\.tmp")  # what `_write_atomic` names a file while writing it
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]+\.tmp")  # what `_write_atomic` names a file while writing it
 
 
 def _write_atomic(fs: pafs.FileSystem, path: str, write) -> None:
@@ -214,8 +214,30 @@ def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
                 f"written); resume it with the same annotate command, or pass --allow-incomplete to read "
                 f"the shards written so far")
     entries.sort(key=lambda e: e["shard"])
+    if "://" not in out:  # a footer read per part; a remote run's parts are checked when DuckDB reads them
+        for entry in entries:
+            for name in TABLES:
+                if name in entry:
+                    _check_part(out, root, entry[name])
     files = {name: [f"{root}/{e[name]['path']}" for e in entries if name in e] for name in TABLES}
     return RunFiles(fs, root, "://" not in out, manifest, files)
+
+
+def _check_part(out: str, root: str, part: dict[str, Any]) -> None:
+    """ValueError naming a part file of the run that is gone, is not Parquet any more (cut short) or holds other
+    than the rows its marker counts. Reads only the file's footer: a change that keeps those is found by the
+    sha256 check of a resume."""
+    try:
+        rows = pq.read_metadata(f"{root}/{part['path']}").num_rows
+        problem = None if rows == part["rows"] else f"holds {rows} rows where the run wrote {part['rows']}"
+    except FileNotFoundError:
+        problem = "is missing"
+    except (OSError, pa.ArrowInvalid):
+        problem = "is not a whole Parquet file (cut short?)"
+    if problem:
+        raise ValueError(f"{out}: its part file {part['path']} {problem}; resume the run (rerun the annotate command "
+                         f"that wrote it: its manifest keeps each part's sha256, and shards whose files differ are "
+                         f"written again)")
 
 
 @dataclass
