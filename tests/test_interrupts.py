@@ -85,8 +85,8 @@ def writer():  # commits a file on each turn, as a shard writer does; none may b
 
 with interrupts.interruptible("demo"):
     sleeper = subprocess.Popen(["sleep", "1000"])  # a worker process
-    daemon = subprocess.Popen(["sh", "-c", "sleep 1000 & echo $! > " + str(out / "daemon.pid") + "; wait"],
-                              start_new_session=True)  # one in a session of its own, with a child
+    daemon = subprocess.Popen(["sh", "-c", f"echo $$ > {out / 'sh.pid'}; sleep 1000 & echo $! > {out / 'daemon.pid'}; "
+                               "wait"], start_new_session=True)  # one in a session of its own, with a child
     threading.Thread(target=writer, daemon=True).start()
     (out / "ready").write_text(str(sleeper.pid))
     while True:  # the main thread busy, as in a forward pass: the handler runs beside it
@@ -122,12 +122,13 @@ def test_a_second_signal_ends_the_command_at_once(command, tmp_path):
     out.mkdir()
     proc = subprocess.Popen([sys.executable, str(command), str(out), "slow-kill"], start_new_session=True,
                             stderr=log.open("w"))
-    wait_for(lambda: (out / "ready").exists(), proc, "the stand-in command's start")
+    wait_for(lambda: (out / "ready").exists() and (out / "daemon.pid").exists(), proc, "the stand-in command's start")
     os.kill(proc.pid, signal.SIGINT)
     wait_for(lambda: message("demo") in log.read_text(), proc, "the interrupt's line")
     os.kill(proc.pid, signal.SIGTERM)  # the first is still ending its processes (for 600 s)
     assert proc.wait(timeout=60) == 130
-    os.killpg(proc.pid, signal.SIGKILL)  # its children, which that stand-in never ended
+    for group in (proc.pid, int((out / "sh.pid").read_text())):  # what the stand-in never ended
+        os.killpg(group, signal.SIGKILL)
 
 
 def test_the_handlers_are_restored_after_the_block():
