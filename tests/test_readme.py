@@ -1,4 +1,6 @@
-"""The README's "From Python", "Use with TRL" and "Use with verl" snippets, run as written (in a scratch folder)."""
+"""The documentation's "From Python" (docs/getting-started.md), "Use with TRL" and "Use with verl" (docs/training.md)
+snippets, run as written (in a scratch folder); the other blocks of README.md and docs/ run in
+tests/test_docs_blocks.py."""
 from __future__ import annotations
 
 import re
@@ -7,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
-def blocks(section: str) -> list[tuple[str, str]]:
-    """(language, code) of each fenced block in the README section `## {section}`."""
-    text = README.read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+def blocks(section: str, page: str = "training.md") -> list[tuple[str, str]]:
+    """(language, code) of each fenced block in the section `## {section}` of a docs page."""
+    text = (DOCS / page).read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
 
 
@@ -63,11 +67,12 @@ def test_use_with_verl(demo_run, monkeypatch, capsys):
 
 
 def test_the_datasets_example(demo_run, monkeypatch):
-    """The Dataset section's `hf` export and its `datasets` snippet."""
+    """The dataset page's `hf` export and its `datasets` snippet."""
     from tokencredit.flows.cli import main
 
-    command, code = re.search(r"```bash\n(tokencredit export runs/demo --format hf[^\n]*)\n```\n\n```python\n(.*?)```",
-                              README.read_text(), flags=re.S).groups()
+    command, code = re.search(r"<!-- tested-by: [^\n]*-->\n```bash\n(tokencredit export runs/demo --format hf[^\n]*)\n```\n\n"
+                              r"<!-- tested-by: [^\n]*-->\n```python\n(.*?)```",
+                              (DOCS / "dataset.md").read_text(), flags=re.S).groups()
     monkeypatch.chdir(demo_run)
     assert main(shlex.split(command)[1:]) == 0
     scope: dict = {}
@@ -78,12 +83,12 @@ def test_the_datasets_example(demo_run, monkeypatch):
 
 
 def test_from_python(tmp_path, monkeypatch, capsys):
-    """The "From Python" example as written, then the report anchor and the query line that the README gives
-    for a response of its run."""
+    """The "From Python" example as written, then the report anchor and the query line that the operations page
+    gives for a response of its run."""
     from tokencredit.flows.cli import main
     from tokencredit.pipeline.dataset.report import write_report
 
-    section = README.read_text().split("\n### From Python\n", 1)[1].split("\n## ", 1)[0]
+    section = (DOCS / "getting-started.md").read_text().split("\n## From Python\n", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
@@ -92,8 +97,13 @@ def test_from_python(tmp_path, monkeypatch, capsys):
     assert run.manifest["complete"] and run.manifest["totals"]["responses"] == len(scope["samples"]) == 3 * 4
     assert len(capsys.readouterr().out.splitlines()) == 4
 
-    anchor, sql = re.search(r"`report\.html#([^`]+)`.*?`tokencredit query OUT \"([^\"]+)\"`", README.read_text(),
-                            flags=re.S).groups()
+    anchor, sql = re.search(r"`report\.html#([^`]+)`.*?`tokencredit query OUT \"([^\"]+)\"`",
+                            (DOCS / "operations" / "index.md").read_text(), flags=re.S).groups()
     assert f'id="{anchor}"' in write_report(run.path).read_text()
     assert main(["query", str(run.path), sql]) == 0
     assert capsys.readouterr().out.count(f"│ {anchor} ") == 1
+
+
+def test_the_readme_install_command_is_the_one_ci_runs():
+    (install,) = re.findall(r"```bash\n(pip install [^\n]*)\n```", README.read_text())
+    assert install in (ROOT / ".ci" / "run").read_text()
