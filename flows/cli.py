@@ -8,6 +8,8 @@
     tokencredit values OUT --out DIR          value curves of failed responses (K continuations per cut) and
                                               each failed reward's decisive segment
     tokencredit train --data OUT --out CKPT   token-credited training from a run
+    tokencredit compare DESIGN.toml --out DIR train arms from one policy, score them on held-out prompts,
+                                              compare them (pre-registered; --plan sizes the design)
     tokencredit rm train OUT --out DIR        a reward model from a run's verifier labels (for P2T)
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve; or --every 10m)
