@@ -501,7 +501,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         registration = run_compare(design, out, runner=args.runner)
     rows = write_report(out, design, registration)
-    print(table(rows))
+    print(table(rows, len(design.seeds)))
     for row in rows:
         print(f"{row['method']} - {row['baseline']}: {verdict(row)}")
     print(f"wrote {out}/compare.json, {out}/report.md" + (f", {out}/compare.png" if rows else ""))

@@ -15,7 +15,7 @@ import pytest
 from tokencredit.pipeline.compare.design import load_design
 from tokencredit.pipeline.compare.plan import Costs, plan
 from tokencredit.pipeline.compare.registry import git_commit, register, scored_before_commit
-from tokencredit.pipeline.compare.report import rows_for
+from tokencredit.pipeline.compare.report import rows_for, table
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"
@@ -153,6 +153,7 @@ def test_report_rows_carry_the_keys_the_labels_and_the_estimate():
     assert row["exploratory"] and row["primary"] and row["var_decode"] > 0
     # every policy was scored before the design's commit time: each is named
     assert row["scored_before_commit"] == ["a-0", "a-1", "a-2", "b-0", "b-1", "b-2"]
+    assert "incomplete: 3 of 5 seeds" in table(rows, 5) and "incomplete" not in table(rows, 3)
 
 
 def test_plan_finds_the_cheapest_design_that_reaches_the_target():

@@ -95,8 +95,9 @@ def kind_rows(scores: dict[str, dict], registration: dict, comparisons) -> list[
     return out
 
 
-def table(rows: list[dict]) -> str:
-    """Markdown: one line per difference."""
+def table(rows: list[dict], design_seeds: int | None = None) -> str:
+    """Markdown: one line per difference (a row with fewer seeds than the design's `design_seeds` is marked
+    incomplete: its targets are not measured yet)."""
     lines = ["| difference | estimate [95% interval] | per seed | detectable (80%, 5%) | crossed bootstrap "
              "(older rows) | components seed / prompt / cell | seeds x prompts x decodes | note |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -104,6 +105,8 @@ def table(rows: list[dict]) -> str:
         note = "; ".join(filter(None, [
             "exploratory (arm added after registration)" if r["exploratory"] else "",
             "primary" if r.get("primary") else "",
+            f"incomplete: {len(r['seeds'])} of {design_seeds} seeds" if design_seeds and len(r["seeds"]) < design_seeds
+            else "",
             f"scored before the design's commit: {', '.join(r['scored_before_commit'])}"
             if r.get("scored_before_commit") else ""]))
         lines.append(f"| {r['method']} - {r['baseline']} | {r['diff']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] "
@@ -177,7 +180,9 @@ def write_report(out: Path, design, registration: dict) -> list[dict]:
     text = [f"# compare: {design.path}", "",
             f"Design sha256 {registration['design_hash']}, commit {commit}.", "",
             *arm_lines(scores, {p.parent.name for p in (out / "train").glob("*/untrained.json")}), "",
-            table(rows), "", *(f"- {r['method']} - {r['baseline']}: {verdict(r)}" for r in rows), "",
+            table(rows, len(design.seeds)), "", *(f"- {r['method']} - {r['baseline']}: {verdict(r)}" for r in rows),
+            *(f"- {m} - {b}: not measured (fewer than 2 seeds scored for both)" for m, b in design.comparisons
+              if (m, b) not in {(r["method"], r["baseline"]) for r in rows}), "",
             "## Per reward kind (exploratory)", "", "| difference | kind | prompts | estimate [95%] |", "| --- | --- | --- | --- |",
             *(f"| {k['method']} - {k['baseline']} | {k['kind']} | {k['prompts']} | {k['diff']:+.4f} "
               f"[{k['ci_low']:+.4f}, {k['ci_high']:+.4f}] |" for k in kinds)]
