@@ -7,17 +7,23 @@ its batch. (The built-in verifiers run in the annotate process: `tokencredit.pip
 
 A worker is `python -m tokencredit.verifiers.isolation`, serving one call at a time over a pipe.
 It runs in a session (process group) of its own, as a child subreaper (a daemon that a verifier
-starts, even one that forks twice, stays its descendant), under a memory limit (RLIMIT_DATA:
-its heap and private mappings, not the shared libraries it maps, so a verifier that imports torch
-still fits): an allocation past it raises MemoryError there. The caller waits at most `timeout_s`
-for each reply; a worker past it, or out of memory, or gone (`os._exit`, a segfault) is killed
-with every process under it, and the next call gets a fresh one. Python code that holds the GIL
-(a catastrophic regex) stops nothing but its own worker.
+starts, even one that forks twice, stays its descendant), under a hard memory limit the verifier
+cannot lift (RLIMIT_DATA: its heap and private mappings, not the shared libraries it maps, so a
+verifier that imports torch still fits; each process it starts inherits it): an allocation past it
+raises MemoryError there. The caller waits at most `timeout_s` for each reply, and meanwhile
+measures the worker's whole process tree (`tree_memory`: shared mappings and child processes too);
+a worker past either bound, or gone (`os._exit`, a segfault) is killed with every process under it,
+and the next call gets a fresh one, as does the call after one that left threads running. Python
+code that holds the GIL (a catastrophic regex) stops nothing but its own worker. What a worker's
+verifiers print reaches the caller's stderr, OUTPUT_PER_CALL bytes a call; the rest is counted and dropped.
 
 Idle workers are kept for the next batch (a start costs about 0.5 s of imports, not counted in
 any call's time); when a batch ends (`close`), its worker first ends everything its verifiers
-started but its idle SQL sandbox workers (`verifiers/sandbox.py`), which end with it. A worker whose
-caller is gone (the annotate process was killed) ends everything under it and exits.
+started but its idle SQL sandbox workers (`verifiers/sandbox.py`), which end with it. Each worker
+forks a guard process that kills the worker's tree as soon as its caller is gone (killed, even with
+SIGKILL), whatever the worker is doing. Plugins are imported in workers too, never in the caller
+(`resolve`, `check_loadable`): an import that exits, crashes or hangs is one PluginError naming it.
+`verify` is `verifiers.verify` with the plugins in a worker, for the TRL and verl reward functions.
 """
 from __future__ import annotations
 
