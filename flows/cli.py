@@ -447,7 +447,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     when += f" ({schedule.timezone})" if schedule.timezone else ""
     # the runner asks the server for due runs this often (and starts them up to as much early)
     poll_s = min(10.0, max(1.0, parse_every(args.every).total_seconds() / 4)) if args.every else 5.0
-    return serve({"config": config, "out": args.out, "schedule": schedule, "folder": args.folder,
+    out = args.out if "://" in args.out else os.path.abspath(args.out)  # the runs start in other processes
+    return serve({"config": config, "out": out, "schedule": schedule, "folder": args.folder,
                   "timezone": args.timezone, "name": args.name}, when, poll_s)
 
 

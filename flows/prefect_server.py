@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 # `prefect server start` imports its whole server, runs its migrations and builds its UI's settings
@@ -40,15 +41,42 @@ def healthy(api_url: str) -> bool:
         return False
 
 
+def wait_healthy(api_url: str, timeout_s: float = START_TIMEOUT_S, server: subprocess.Popen | None = None,
+                 log_path: Path | None = None, stopped=lambda: False) -> bool:
+    """Poll the server's health until it answers (True) or `stopped()` (False). RuntimeError if `server`
+    exits first, or after `timeout_s`, with the last line of its log."""
+    deadline = time.monotonic() + timeout_s
+    while not healthy(api_url):
+        if stopped():
+            return False
+        if server is not None and server.poll() is not None:
+            raise RuntimeError(f"the local Prefect server exited with status {server.returncode} before it "
+                               f"answered: {_last_line(log_path)} (its log: {log_path})")
+        if time.monotonic() > deadline:
+            where = f"; its log: {log_path}" if log_path else ""
+            raise RuntimeError(f"the Prefect server at {api_url} did not answer within {timeout_s:.0f} s (a busy "
+                               f"machine?){where}")
+        time.sleep(0.5)
+    return True
+
+
+@dataclass
+class LocalServer:
+    api_url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def wait(self, timeout_s: float = START_TIMEOUT_S, stopped=lambda: False) -> bool:
+        return wait_healthy(self.api_url, timeout_s, self.process, self.log_path, stopped)
+
+
 @contextlib.contextmanager
-def local_server(home: Path, port: int | None = None, timeout_s: float = START_TIMEOUT_S) -> Iterator[str]:
+def local_server(home: Path, port: int | None = None) -> Iterator[LocalServer]:
     """Start `prefect server start` on 127.0.0.1:`port` (a free one by default) with PREFECT_HOME `home`
-    (its SQLite database and log, `home/server.log`); yields its API URL once it answers, and stops it
-    (SIGTERM, then SIGKILL after STOP_TIMEOUT_S) on leaving. RuntimeError if it exits or does not answer
-    within `timeout_s`, with the last line of its log."""
+    (its SQLite database and log, `home/server.log`); yields at once (`LocalServer.wait` waits until it
+    answers), and stops it (SIGTERM, then SIGKILL after STOP_TIMEOUT_S) on leaving."""
     home.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
     log_path = home / "server.log"
@@ -58,16 +86,7 @@ def local_server(home: Path, port: int | None = None, timeout_s: float = START_T
                                    "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
-        deadline = time.monotonic() + timeout_s
-        while not healthy(api_url):
-            if server.poll() is not None:
-                raise RuntimeError(f"the local Prefect server exited with status {server.returncode} before it "
-                                   f"answered: {_last_line(log_path)} (its log: {log_path})")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the local Prefect server did not answer within {timeout_s:.0f} s (a busy "
-                                   f"machine?); its log: {log_path}; or start one yourself and set PREFECT_API_URL")
-            time.sleep(0.5)
-        yield api_url
+        yield LocalServer(f"http://127.0.0.1:{port}/api", server, log_path)
     finally:
         stop(server)
 

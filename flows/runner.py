@@ -16,6 +16,7 @@ import sys
 
 from prefect.runner import Runner
 
+from tokencredit.flows.prefect_server import wait_healthy
 from tokencredit.flows.scheduled_run import annotate_deployment
 
 
@@ -58,6 +59,7 @@ def main(args_path: str) -> int:
     runner = QuietStopRunner(name=f"tokencredit-serve-{args['name']}", query_seconds=poll_s, prefetch_seconds=poll_s,
                              limit=None, pause_on_shutdown=False)
     try:
+        wait_healthy(os.environ["PREFECT_API_URL"])  # serve starts this process beside its server
         runner.add_deployment(annotate_deployment(**args))
     except Exception as error:  # the server refused it, or is gone
         print(f"tokencredit serve: error: the deployment could not be registered: {error}", file=sys.stderr)

@@ -128,28 +128,27 @@ def serve(deployment_args: dict[str, Any], schedule_text: str, poll_s: float) ->
 
     def on_signal(signum, frame):
         stopped.append(signum)
-        if not runner:
-            raise KeyboardInterrupt  # the server is still starting: stop at once
-        if runner[0].poll() is None:
+        if runner and runner[0].poll() is None:
             runner[0].send_signal(signal.SIGTERM)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status = 0
+    home = state_home(deployment_args["name"])
     try:
-        home = state_home(deployment_args["name"])
-        with contextlib.nullcontext(api_url) if api_url else local_server(home) as api:
-            origin = "PREFECT_API_URL" if api_url else f"started by serve, its data in {home}"
-            print(f"Prefect API: {api} ({origin}); its UI: {api.rstrip('/').removesuffix('/api')}", flush=True)
-            with tempfile.NamedTemporaryFile(suffix=".pickle") as args_file:
-                pickle.dump({**deployment_args, "schedule_text": schedule_text, "poll_s": poll_s}, args_file)
-                args_file.flush()
-                runner.append(subprocess.Popen([sys.executable, "-m", "tokencredit.flows.runner", args_file.name],
-                                               env={**os.environ, "PREFECT_API_URL": api}, start_new_session=True))
-                if stopped:  # a signal between the server's start and the runner's
-                    runner[0].send_signal(signal.SIGTERM)
-                status = _wait(runner[0], stopped)
-    except KeyboardInterrupt:
-        pass
+        with contextlib.nullcontext() if api_url else local_server(home) as server, \
+                tempfile.NamedTemporaryFile(suffix=".pickle") as args_file:
+            api = api_url or server.api_url
+            pickle.dump({**deployment_args, "schedule_text": schedule_text, "poll_s": poll_s}, args_file)
+            args_file.flush()
+            # started beside the server: its imports (torch) take as long as the server's start
+            runner.append(subprocess.Popen([sys.executable, "-m", "tokencredit.flows.runner", args_file.name],
+                                           env={**os.environ, "PREFECT_API_URL": api}, start_new_session=True))
+            if stopped:  # a signal before the runner existed
+                runner[0].send_signal(signal.SIGTERM)
+            if server is None or server.wait(stopped=lambda: bool(stopped)):
+                origin = "PREFECT_API_URL" if api_url else f"started by serve, its data in {home}"
+                print(f"Prefect API: {api} ({origin}); its UI: {api.rstrip('/').removesuffix('/api')}", flush=True)
+            status = _wait(runner[0], stopped)
     finally:
         if runner:
             stop(runner[0])

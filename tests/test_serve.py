@@ -1,0 +1,254 @@
+"""`tokencredit serve` on a real Prefect server: a schedule fires, runs do not overlap, a failed run is visible and
+the next one still fires, a stop is one line and leaves every run marked; `tokencredit runs` lists what ran."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+
+from tokencredit.flows.cli import main
+from tokencredit.flows.runs import list_runs
+from tokencredit.flows.schedule import check_folder, folder_name, parse_every
+from tokencredit.pipeline.dataset.writer import read_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+OPTIONS = ["--limit", "1", "--n", "2", "--tasks", "tools", "--max-new-tokens", "24"]
+
+
+# --- schedules and folders ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, seconds", [("10s", 10), ("10m", 600), ("1h", 3600), ("1d", 86400), ("1h30m", 5400),
+                                           ("2M", 120)])
+def test_every_reads_durations(text, seconds):
+    assert parse_every(text).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("text", ["10", "10x", "", "m", "0s", "1h 30", "-5m"])
+def test_every_refuses_what_is_not_a_duration(text):
+    with pytest.raises(ValueError, match="--every"):
+        parse_every(text)
+
+
+def test_folder_templates_name_a_run_by_its_scheduled_time():
+    when = datetime.datetime(2026, 12, 5, 3, 0, 7)
+    assert folder_name("{datetime}", when) == "2026-12-05T03-00-07"
+    assert folder_name("nightly-{date}", when) == "nightly-2026-12-05"
+    for bad in ["fixed", "{time}", "a/{date}", "_{date}", ".{date}"]:
+        with pytest.raises(ValueError, match="--folder"):
+            check_folder(bad)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cron", "61 * * * *"], "--cron '61 * * * *': not a valid cron expression"),
+    (["--every", "5 minutes"], "--every '5 minutes': expected a duration"),
+    (["--every", "10s", "--timezone", "Mars/Olympus"], "--timezone 'Mars/Olympus': not an IANA time zone"),
+    (["--every", "10s", "--folder", "latest"], "--folder 'latest': expected one folder name"),
+])
+def test_a_bad_schedule_is_one_line_before_any_server_starts(tmp_path, capsys, argv, message):
+    assert main(["serve", "--out", str(tmp_path / "runs"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_serve_needs_exactly_one_schedule(capsys):
+    for argv in ([], ["--cron", "* * * * *", "--every", "1m"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", "--out", "x", *argv])
+        assert exit_.value.code == 2
+    assert "one of the arguments --cron --every is required" in capsys.readouterr().err
+
+
+# --- on a real Prefect server -------------------------------------------------------------------
+
+def sorted_rows(path: Path, table: str) -> list[dict]:
+    rows = ds.dataset(str(path / table), format="parquet").to_table().to_pylist()
+    key = ("response_id", "reward", "constraint_index", "position") if table == "credits" else ("response_id",)
+    return sorted(rows, key=lambda r: tuple(-1 if r[k] is None else r[k] for k in key))
+
+
+def wait_for(check, what: str, timeout: float, serve: subprocess.Popen | None = None, log: Path | None = None):
+    """Poll `check` until it returns something true; fail after `timeout` s or when serve exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if serve is not None and serve.poll() is not None:
+            pytest.fail(f"serve exited ({serve.returncode}) before {what}:\n{log.read_text()[-4000:] if log else ''}")
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def states(out: Path) -> list[str]:
+    return [r["state"] for r in list_runs(str(out))] if out.exists() else []
+
+
+class Serve:
+    """`tokencredit serve` as a user runs it, in a process of its own, its output in a log file."""
+
+    def __init__(self, tmp_path: Path, argv: list[str], env: dict[str, str]):
+        self.log = tmp_path / "serve.log"
+        self.process = subprocess.Popen([sys.executable, "-m", "tokencredit.flows.cli", "serve", *argv],
+                                        stdout=open(self.log, "w"), stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+
+    def wait(self, check, what: str, timeout: float = 600):
+        return wait_for(check, what, timeout, self.process, self.log)
+
+    def stop(self, signum: int, timeout: float = 120) -> str:
+        """Signal serve; its output once it exited (with the status 128 + signum)."""
+        self.process.send_signal(signum)
+        self.process.wait(timeout)
+        output = self.log.read_text()
+        assert self.process.returncode == 128 + signum, output[-4000:]
+        return output
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def serve_env(tmp_path: Path, api_url: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PYTHONPATH=str(ROOT), DO_NOT_TRACK="1", TOKENCREDIT_HOME=str(tmp_path / "home"),
+               OMP_WAIT_POLICY="PASSIVE")
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    return env
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """One long-lived `prefect server start` for the tests that name it with PREFECT_API_URL."""
+    from tokencredit.flows.prefect_server import local_server
+
+    with local_server(tmp_path_factory.mktemp("prefect-server")) as server:
+        server.wait(timeout_s=600)
+        yield server.api_url
+
+
+@pytest.mark.slow
+def test_a_schedule_fires_twice_with_no_setup_and_sigint_stops_it_with_one_line(tmp_path):
+    """No PREFECT_API_URL: serve starts a server whose scheduler runs; every 5 s, two complete datasets equal
+    to an annotate of the same config; SIGINT stops it with one line and no run left unmarked."""
+    out = tmp_path / "runs"
+    serve = Serve(tmp_path, ["--every", "5s", "--out", str(out), *OPTIONS, "--name", "fires"], serve_env(tmp_path))
+    try:
+        serve.wait(lambda: states(out).count("complete") >= 2, "two complete runs")
+        output = serve.stop(signal.SIGINT)
+    finally:
+        serve.kill()
+    assert "Prefect API: http://127.0.0.1:" in output and "started by serve" in output
+    assert "Traceback" not in output, output[-4000:]
+    assert output.strip().splitlines()[-1] == f"tokencredit serve: stopped on SIGINT; what ran: tokencredit runs {out}"
+    runs = list_runs(str(out))
+    assert {r["state"] for r in runs} <= {"complete", "incomplete"}  # none left `running`
+    complete = [out / r["folder"] for r in runs if r["state"] == "complete"]
+
+    reference = tmp_path / "annotate"
+    assert main(["annotate", "--out", str(reference), *OPTIONS, "--runner", "none"]) == 0
+    for folder in complete[:2]:
+        assert read_manifest(str(folder))["config_hash"] == read_manifest(str(reference))["config_hash"]
+        for table in ("responses", "credits"):
+            assert sorted_rows(folder, table) == sorted_rows(reference, table), (folder, table)
+    assert all(r["responses"] == 2 for r in runs if r["state"] == "complete")
+
+
+GATE = '''
+import os, time
+
+
+def gated(record, response):
+    """Scores 1 once the file $GATE exists: the run stays writing until the test opens it."""
+    deadline = time.monotonic() + 600
+    while not os.path.exists(os.environ["GATE"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [("gated", 1.0, "Wait for the gate.")]
+
+
+def failing(record, response):
+    raise RuntimeError("the grader is down")
+'''
+
+
+def plugin_options(tmp_path: Path, verifier: str) -> list[str]:
+    (tmp_path / "gate_verifiers.py").write_text(GATE)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "h1", "task": "haiku", "prompt": "Write a haiku."}\n')
+    return ["--prompts", str(prompts), "--verifier", f"haiku={tmp_path / 'gate_verifiers.py'}:{verifier}",
+            "--verifier-timeout", "900", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"]
+
+
+def flow_runs(api_url: str, name: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        with get_client(sync_client=True) as client:
+            return client.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])))
+
+
+@pytest.mark.slow
+def test_a_run_due_while_one_writes_is_skipped_and_a_stopped_run_resumes(tmp_path, prefect_server):
+    """Every 3 s while one run is held writing: the runs due meanwhile are cancelled by the server (skipped),
+    no second folder starts; SIGTERM stops serve with the run marked incomplete, and `runs --resume` finishes it."""
+    out = tmp_path / "runs"
+    env = {**serve_env(tmp_path, prefect_server), "GATE": str(tmp_path / "gate-open")}
+    serve = Serve(tmp_path, ["--every", "3s", "--out", str(out), *plugin_options(tmp_path, "gated"), "--name", "held"],
+                  env)
+    try:
+        serve.wait(lambda: "running" in states(out), "a run writing")
+        serve.wait(lambda: sum(r.state_type.value == "CANCELLED" for r in flow_runs(prefect_server, "held")) >= 2,
+                   "two runs due while it writes")
+        assert states(out) == ["running"], list_runs(str(out))  # the skipped runs never started a folder
+        output = serve.stop(signal.SIGTERM)
+    finally:
+        serve.kill()
+    assert "Traceback" not in output, output[-4000:]
+    assert output.strip().splitlines()[-1].startswith("tokencredit serve: stopped on SIGTERM")
+    [run] = list_runs(str(out))
+    assert run["state"] == "incomplete" and run["resume"] == f"tokencredit runs {out} --resume {run['folder']}"
+    assert not read_manifest(str(out / run["folder"])).get("complete")
+    cancelled = [r for r in flow_runs(prefect_server, "held") if r.state_type.value == "CANCELLED"]
+    assert len(cancelled) >= 2
+
+    (tmp_path / "gate-open").touch()
+    os.environ["GATE"] = env["GATE"]  # the resume's verifier runs in this process's worker
+    try:
+        assert main(["runs", str(out), "--resume", run["folder"]]) == 0
+    finally:
+        del os.environ["GATE"]
+    [resumed] = list_runs(str(out))
+    assert resumed["state"] == "complete" and resumed["responses"] == 2
+    assert read_manifest(str(out / run["folder"]))["complete"]
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_visible_and_the_next_one_fires(tmp_path, prefect_server, capsys):
+    out = tmp_path / "runs"
+    serve = Serve(tmp_path, ["--every", "3s", "--out", str(out), *plugin_options(tmp_path, "failing"),
+                             "--name", "failing"], serve_env(tmp_path, prefect_server))
+    try:
+        serve.wait(lambda: states(out).count("failed") >= 2, "two failed runs")
+        serve.stop(signal.SIGTERM)
+    finally:
+        serve.kill()
+    failed = [r for r in list_runs(str(out)) if r["state"] == "failed"]
+    assert all("every one of 2 responses of task 'haiku' in shard 0 is a verifier_error" in r["error"] for r in failed)
+    assert sum(r.state_type.value == "FAILED" for r in flow_runs(prefect_server, "failing")) >= 2
+    assert main(["runs", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split() == ["folder", "start", "end", "state", "responses", "error"]
+    assert sum(" failed " in line and "verifier_error" in line for line in table.splitlines()) >= 2
+    assert main(["runs", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == list_runs(str(out))
