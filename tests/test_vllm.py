@@ -21,7 +21,7 @@ import torch
 
 from tokencredit.pipeline.annotate import run_annotation
 from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
-from tokencredit.pipeline.sample import load_sampler, make_sampler
+from tokencredit.pipeline.sample import _ENGINES, load_sampler, make_sampler, release_sampler
 from tokencredit.pipeline.sample.rows import node_seed, render_prompt
 from tokencredit.pipeline.sample.tree import continue_prefixes
 from tokencredit.verifiers import load_tasks
@@ -37,8 +37,10 @@ FP32_BOUND, BF16_BOUND = 1e-3, 0.5
 THREADS = AnnotateConfig.cpu_threads  # the engine annotate's runs start, so the session shares one
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine():
+    """The session's float32 engine on the tiny policy (started again only after a test that started another:
+    one engine per process)."""
     sampler = make_sampler("vllm", None, device="cpu", dtype="float32", threads=THREADS)
     sampler.progress = False
     return sampler
@@ -77,17 +79,17 @@ def test_float32_greedy_tokens_are_the_transformers_backends(engine, hf, records
         assert a.sample_logprobs == pytest.approx(b.sample_logprobs, abs=FP32_BOUND)
 
 
-@pytest.mark.parametrize("dtype, bound", [("float32", FP32_BOUND), ("bfloat16", BF16_BOUND)])
-def test_stored_logprobs_are_a_float32_forwards_within_the_dtypes_bound(engine, hf, records, dtype, bound):
-    sampler = engine if dtype == "float32" else make_sampler("vllm", None, device="cpu", dtype=dtype, threads=THREADS)
-    sampler.progress = False
+def test_float32_stored_logprobs_are_a_float32_forwards(engine, hf, records):
+    assert logprob_differences(engine, hf, records) <= FP32_BOUND
+
+
+def logprob_differences(sampler, hf, records) -> float:
+    """The largest |stored log-prob - float32 forward's| over sampled responses."""
     samples = sampler.sample(records, SamplingConfig(n=2, max_new_tokens=32, seed=4))
-    assert sampler.dtype == dtype
     reference = forward_logprobs(hf.model, samples)
     diffs = [abs(a - b) for s, ref in zip(samples, reference) for a, b in zip(s.sample_logprobs, ref)]
-    assert len(diffs) > 100 and max(diffs) <= bound
-    if dtype == "bfloat16":  # the bound is not vacuous: bfloat16 moves them
-        assert max(diffs) > FP32_BOUND
+    assert len(diffs) > 100
+    return max(diffs)
 
 
 def test_a_records_samples_do_not_depend_on_its_batch(engine, records):
@@ -144,7 +146,7 @@ def small_config(backend: str, **sampling) -> AnnotateConfig:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, engine):
+def runs(tmp_path_factory):
     """The same small config annotated by each backend (flat), and a vllm tree run."""
     root = tmp_path_factory.mktemp("runs")
     made = {backend: run_annotation(small_config(backend), str(root / backend), progress=False)
@@ -288,3 +290,15 @@ def test_cli_auto_picks_the_engine_from_the_run_size(capsys):
     prompts = -(-BREAK_EVEN_TOKENS["cpu"] // per_prompt)  # ceil: the tokens reach the break-even
     assert chosen("--limit", str(prompts), "--max-new-tokens", "256", "--tasks", "sql") == "vllm"
     assert chosen("--limit", "1", "--dtype", "bfloat16") == "vllm"
+
+
+def test_bfloat16_stored_logprobs_move_within_their_bound_and_an_engine_is_released(hf, records):
+    """Last: another engine stops the session's (one engine per process)."""
+    sampler = make_sampler("vllm", None, device="cpu", dtype="bfloat16", threads=THREADS)
+    sampler.progress = False
+    assert sampler.dtype == "bfloat16" and list(_ENGINES.values()) == [sampler]
+    assert FP32_BOUND < logprob_differences(sampler, hf, records) <= BF16_BOUND  # bfloat16 moves them
+    release_sampler(sampler)  # a process that scores many policies frees each engine
+    assert sampler.llm is None and not _ENGINES
+    with pytest.raises(RuntimeError, match="was stopped .* make_sampler starts it again"):
+        sampler.sample(records[:1], SamplingConfig(n=1, max_new_tokens=4))

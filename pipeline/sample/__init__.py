@@ -18,7 +18,7 @@ from tokencredit.schemas.records import Sample, TaskRecord
 from tokencredit.pipeline.config import SamplingConfig
 
 BACKENDS = ("transformers", "vllm")
-_ENGINES: dict[tuple, Sampler] = {}  # one vllm engine per (model, device, dtype) in a process
+_ENGINES: dict[tuple, Sampler] = {}  # the process's vllm engine, by (model, device, dtype, trust_remote_code)
 _ENGINES_LOCK = threading.Lock()
 
 
@@ -33,7 +33,8 @@ def make_sampler(backend: str, model_path: str | None = None, *, device: str = "
 
     `policy`: the (model, tokenizer) of `model_path` already loaded, which the transformers backend
     samples with instead of loading a second copy (vLLM always loads its own). The vllm backend keeps one
-    engine per process for each (model, device, dtype): a second call returns the same sampler.
+    engine per process: a second call for the same (model, device, dtype) returns the same sampler, a call for
+    another stops the previous engine first (`release_sampler` stops it without starting another).
     `kv_cache_bytes` and `threads` are the vllm engine's (vllm_backend.engine_options).
     """
     if backend == "transformers":
@@ -51,9 +52,26 @@ def make_sampler(backend: str, model_path: str | None = None, *, device: str = "
             if key not in _ENGINES:
                 _ENGINES[key] = VllmSampler(model_path, device=str(device), dtype=key[2],
                                             trust_remote_code=trust_remote_code, kv_cache_bytes=kv_cache_bytes,
-                                            threads=threads)
+                                            threads=threads, before_start=_stop_engines)
             return _ENGINES[key]
     raise ValueError(f"unknown sampling backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+
+def _stop_engines() -> None:
+    """One engine per process: engines in one process share vLLM's parallel state, which the one dropped first
+    tears down under the others; so the running one stops before another starts."""
+    for other in [_ENGINES.pop(key) for key in list(_ENGINES)]:
+        other.close()
+
+
+def release_sampler(sampler) -> None:
+    """Stop a vllm engine `make_sampler` keeps and free its weights and KV cache (a process that scores many
+    policies, each on its own engine, releases each after use); a transformers sampler needs nothing."""
+    with _ENGINES_LOCK:
+        for key in [key for key, kept in _ENGINES.items() if kept is sampler]:
+            del _ENGINES[key]
+    if hasattr(sampler, "close"):
+        sampler.close()
 
 
 def load_sampler(backend: str, model: str | None, device: str = "cpu"):

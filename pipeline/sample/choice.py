@@ -7,11 +7,12 @@ Importing this module loads neither torch nor vllm (the CLI calls it before any 
 """
 from __future__ import annotations
 
-# Sampled tokens (responses x max_new_tokens) from which the vllm engine, its start included, finishes a run
-# before the transformers backend, on SmolLM2-135M (bench/results/engine_break_even.json, docs/engine.md):
-# CPU: the engine's start minus transformers' over the difference of their seconds per token; CUDA: assumed to
-# pay from the CPU's figure as well (no GPU measurement yet).
-BREAK_EVEN_TOKENS = {"cpu": 8192, "cuda": 8192}
+# Sampled tokens (responses x max_new_tokens) from which `auto` takes the vllm engine. Measured on SmolLM2-135M
+# (bench/bench_engine_choice.py, bench/results/engine_choice.json): the engine, its start and first call included,
+# finishes before the transformers backend from about 2,000 tokens (start 50 s against 5 s, 28 against 50 ms per
+# token, under load 9-12); twice that here, for the load's spread. CUDA: the CPU's figure until a GPU is measured
+# (an engine start there is of the same order, and the engine is faster per token).
+BREAK_EVEN_TOKENS = {"cpu": 4096, "cuda": 4096}
 
 
 def vllm_platform() -> str | None:

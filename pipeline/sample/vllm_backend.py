@@ -126,10 +126,12 @@ class VllmSampler:
 
     def __init__(self, model_path: str | None = None, *, device: str = "cpu", dtype=None,
                  trust_remote_code: bool = False, kv_cache_bytes: int | None = None, threads: int | None = None,
-                 enforce_eager: bool = True, progress: bool = True, max_lora_rank: int | None = None):
+                 enforce_eager: bool = True, progress: bool = True, max_lora_rank: int | None = None,
+                 before_start=None):
         """`enforce_eager`: no torch.compile (on CPU it costs ~5 min cold and ~1 min warm at start, more than
         it saves on runs of this size). `device`: 'cpu' or 'cuda' ('cuda:N' picks N by CUDA_VISIBLE_DEVICES).
-        `max_lora_rank`: serve LoRA adapters up to this rank (`use_adapter`)."""
+        `max_lora_rank`: serve LoRA adapters up to this rank (`use_adapter`). `before_start`: called once the
+        options are checked, just before the engine starts (`make_sampler` stops the process's other engine there)."""
         kind = str(device).split(":")[0]
         if kind not in DEVICES:
             raise RuntimeError(f"--device {device}: the vllm backend runs on cpu or cuda; use --backend transformers")
@@ -161,6 +163,8 @@ class VllmSampler:
         import torch
 
         set_threads, before = torch.set_num_threads, torch.get_num_threads()
+        if before_start is not None:
+            before_start()
         try:
             self.llm = vllm.LLM(model=str(folder), tokenizer=str(folder), trust_remote_code=trust_remote_code,
                                 **options)
@@ -212,6 +216,9 @@ class VllmSampler:
                                            max_tokens=limits[i], stop=list(config.stop), logprobs=0,
                                            stop_token_ids=list(stop_token_ids), seed=seeds[i]) for i in todo]
         with self.lock:
+            if self.llm is None:
+                raise RuntimeError(f"the vllm engine of {self.name} was stopped (another engine started in this "
+                                   "process, or release_sampler); make_sampler starts it again")
             outputs = self.llm.generate([{"prompt_token_ids": [*prompts[i], *prefixes[i]]} for i in todo], params,
                                         use_tqdm=self.progress, lora_request=self.adapter) if todo else []
         tokens, logprobs = [[] for _ in prompts], [[] for _ in prompts]
@@ -236,6 +243,17 @@ class VllmSampler:
         for (i, _), ids, lps in zip(rows, tokens, logprobs):
             out[i].append((ids, lps))
         return out
+
+    def close(self) -> None:
+        """Shut the engine down and drop it (its weights and KV cache are freed once nothing else holds them)."""
+        import gc
+
+        with self.lock:
+            llm, self.llm = getattr(self, "llm", None), None
+            if llm is not None:
+                llm.llm_engine.engine_core.shutdown()
+                del llm
+        gc.collect()
 
     def use_adapter(self, folder: str | None) -> None:
         """Sample with the LoRA adapter saved in `folder` (a PEFT folder; the engine must have been started with
