@@ -48,8 +48,9 @@ def code_version() -> str:
 
 def load_prompt_set(config: AnnotateConfig) -> tuple[list[TaskRecord], list[verifiers.Rejected]]:
     """The records to annotate and the rejected ones; a prompt too long for the model is rejected
-    here, before any tensor is allocated for it, and so is a --tree whose one tree cannot fit in memory."""
-    if config.sampling.tree is not None:
+    here, before any tensor is allocated for it, and so is a --tree whose one tree cannot fit in memory (with the
+    transformers backend, which decodes a tree in one batch; vLLM schedules rows by the KV cache it has)."""
+    if config.sampling.tree is not None and config.backend == "transformers":
         from tokencredit.pipeline.models.loading import DEFAULT_POLICY, resolve_model_path
         from tokencredit.pipeline.sample.tree import check_tree_fits
 

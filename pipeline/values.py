@@ -40,7 +40,7 @@ from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
 from tokencredit.pipeline.dataset.derived import DerivedJob, DerivedKind, DerivedStore, run_derived, run_sampling
-from tokencredit.pipeline.dataset.writer import _read_json, _sha256, _write_atomic, filesystem
+from tokencredit.pipeline.dataset.writer import _check_part, _read_json, _sha256, _write_atomic, filesystem
 
 PART = "{table}/part-{shard:05d}.parquet"
 MARKER = "_shards/shard-{:05d}.json"
@@ -373,6 +373,11 @@ def connect_values(out: str):
     if not shards:
         raise ValueError(f"{out} holds no values (no complete shard); run `tokencredit values RUN --out {out}`")
     numbers = [int(name.split("-")[1].split(".")[0]) for name in shards]
+    for n in numbers:  # a part gone or cut short: one line, not DuckDB's error
+        rows = _read_json(fs, f"{root}/{MARKER.format(n)}")["rows"]
+        for name in VALUE_TABLES:
+            _check_part(out, root, {"path": PART.format(table=name, shard=n), "rows": rows[name]},
+                        f"resume the values run (tokencredit values RUN --out {out}) to write its shard again")
     con = duckdb.connect()
     sources = {}
     for name in VALUE_TABLES:

@@ -175,6 +175,24 @@ def test_a_missing_or_cut_part_file_is_one_line_naming_it_and_a_resume_repairs_i
     assert main(["export", str(run), "--dest", str(tmp_path / "e"), "--advantage", "gdpo"]) == 0
 
 
+def test_a_missing_values_part_is_one_line_and_resuming_the_values_writes_it(demo_runs, tmp_path, capsys):
+    import shutil
+
+    values = tmp_path / "va"
+    shutil.copytree(demo_runs / "va", values)
+    part = values / "values" / "part-00000.parquet"
+    kept = part.read_bytes()
+    part.unlink()
+    repair = ["repair", str(demo_runs / "a"), "--out", str(tmp_path / "r"), "--cut", "decisive", "--values",
+              str(values), "--runner", "none", "--n", "1"]
+    capsys.readouterr()
+    assert main(repair) == 2
+    err = error_line(capsys)
+    assert "values/part-00000.parquet is missing" in err and "resume the values run" in err
+    assert main(["values", str(demo_runs / "a"), "--out", str(values), *VALUES]) == 0
+    assert part.read_bytes() == kept
+
+
 # ---------------------------------------------------------------- item 9: what the hash cache trusts
 
 def edit_keeping_size_and_mtime(path: Path, old: bytes, new: bytes) -> None:

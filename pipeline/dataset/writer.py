@@ -91,6 +91,8 @@ def _sha256(fs: pafs.FileSystem, path: str) -> str:
     return digest.hexdigest()
 
 
+RESUME_RUN = ("resume the run (rerun the annotate command that wrote it: its manifest keeps each part's sha256, and "
+              "shards whose files differ are written again)")
 _MARKER = re.compile(r"shard-\d{5}\.json")  # a shard's completion marker in OUT/_shards
 _TEMPORARY = re.compile(r"\..+\.[0-9a-f]+\.tmp")  # what `_write_atomic` names a file while writing it
 
@@ -223,10 +225,10 @@ def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
     return RunFiles(fs, root, "://" not in out, manifest, files)
 
 
-def _check_part(out: str, root: str, part: dict[str, Any]) -> None:
+def _check_part(out: str, root: str, part: dict[str, Any], resume: str = RESUME_RUN) -> None:
     """ValueError naming a part file of the run that is gone, is not Parquet any more (cut short) or holds other
-    than the rows its marker counts. Reads only the file's footer: a change that keeps those is found by the
-    sha256 check of a resume."""
+    than the rows its marker counts, and saying how to write it again (`resume`). Reads only the file's footer: a
+    change that keeps those is found by the sha256 check of a resume."""
     try:
         rows = pq.read_metadata(f"{root}/{part['path']}").num_rows
         problem = None if rows == part["rows"] else f"holds {rows} rows where the run wrote {part['rows']}"
@@ -235,9 +237,7 @@ def _check_part(out: str, root: str, part: dict[str, Any]) -> None:
     except (OSError, pa.ArrowInvalid):
         problem = "is not a whole Parquet file (cut short?)"
     if problem:
-        raise ValueError(f"{out}: its part file {part['path']} {problem}; resume the run (rerun the annotate command "
-                         f"that wrote it: its manifest keeps each part's sha256, and shards whose files differ are "
-                         f"written again)")
+        raise ValueError(f"{out}: its part file {part['path']} {problem}; {resume}")
 
 
 @dataclass
