@@ -16,6 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tokencredit.flows.cli import main
@@ -259,29 +260,44 @@ def test_numpy_scores_are_accepted_and_text_that_is_not_unicode_is_that_response
 # ---------------------------------------------------------------- export --format verl
 
 PROBED = '''
-import os
+import os, time
 
 def score(record, response):
-    if response == "PROBE":  # the reference response, which the verl export scores for the reward names
-        os._exit(5)
+    if response == "PROBE" and os.path.exists(record["flag"]):  # the reference response, which the verl export
+        os._exit(5)                                              # scores for the reward names
+    if response == "hang":
+        time.sleep(1000)
     yield "short", float(len(response) < 20), "Be brief."
 '''
 
 
 @pytest.mark.slow
-def test_export_verl_runs_plugins_in_a_worker_under_the_runs_bounds(tmp_path):
+def test_export_verl_and_its_reward_function_run_plugins_in_a_worker_under_the_runs_bounds(tmp_path):
+    from tokencredit.pipeline.integrations.verl import compute_score
+
     (tmp_path / "probed.py").write_text(textwrap.dedent(PROBED))
-    lines = [{"id": f"h{i}", "task": "haiku", "prompt": "Write a haiku.", "reference_response": "PROBE"} for i in range(2)]
+    flag = tmp_path / "flag"
+    flag.write_text("exit")
+    lines = [{"id": f"h{i}", "task": "haiku", "prompt": "Write a haiku.", "reference_response": "PROBE",
+              "flag": str(flag)} for i in range(2)]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     run = tmp_path / "run"
     assert main(["annotate", "--out", str(run), "--prompts", str(tmp_path / "p.jsonl"), "--verifier",
-                 f"haiku={tmp_path / 'probed.py'}:score", "--n", "2", "--max-new-tokens", "8", "--runner", "none"]) == 0
-    done = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "export", str(run), "--format", "verl"],
-                          capture_output=True, text=True, timeout=600)  # in this process it would end pytest
+                 f"haiku={tmp_path / 'probed.py'}:score", "--n", "2", "--max-new-tokens", "8", "--runner", "none",
+                 "--verifier-timeout", "3"]) == 0
+    export = [sys.executable, "-m", "tokencredit.flows.cli", "export", str(run), "--format", "verl"]
+    done = subprocess.run(export, capture_output=True, text=True, timeout=600)  # in this process it would end pytest
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         "tokencredit export: error: record 'h0': the verifiers failed on its reference response (for the reward "
         "names): the verifier process exited with status 5 (os._exit or a crash) on this response")
+    flag.unlink()
+    assert subprocess.run(export, capture_output=True, text=True, timeout=600).returncode == 0
+    row = pq.read_table(run / "export-verl.parquet").to_pylist()[0]
+    assert json.loads(row["extra_info"]["verifier_bounds"]) == [3.0, 2_000_000_000]  # the run's
+    assert compute_score(row["data_source"], "fine", extra_info=row["extra_info"])["short"] == 1.0
+    with pytest.raises(isolation.VerifierFailed, match="ran past 3 s"):
+        compute_score(row["data_source"], "hang", extra_info=row["extra_info"])
 
 
 EXITS = '''

@@ -44,7 +44,9 @@ examples/data_preprocess scripts write it), one row per prompt with its n sample
     extra_info        {"index": row number, "group_id": the task record id,
                        "record": the task record as one JSON line (what compute_score verifies against),
                        "verifiers": JSON list of the run's plugin verifiers for it (target, task, source_sha256),
-                       "reward_keys": JSON list of every reward key in the file (compute_score's keys)}
+                       "reward_keys": JSON list of every reward key in the file (compute_score's keys),
+                       "verifier_bounds": JSON [seconds, bytes]: the run's --verifier-timeout and
+                       --verifier-memory, which compute_score's plugin calls keep}
     prompt_token_ids  list[int32]         the prompt tokens as sampled
     response_id       list[str]           the n responses (ids, then per-response lists below)
     response          list[str]
@@ -116,7 +118,7 @@ VERL_SCHEMA = pa.schema([
     pa.field("reward_model", pa.struct([pa.field("style", pa.string()), pa.field("ground_truth", pa.string())])),
     pa.field("extra_info", pa.struct([pa.field("index", pa.int64()), pa.field("group_id", pa.string()),
                                       pa.field("record", pa.string()), pa.field("verifiers", pa.string()),
-                                      pa.field("reward_keys", pa.string())])),
+                                      pa.field("reward_keys", pa.string()), pa.field("verifier_bounds", pa.string())])),
     pa.field("prompt_token_ids", pa.list_(pa.int32())),
     pa.field("response_id", pa.list_(pa.string())),
     pa.field("response", pa.list_(pa.string())),
@@ -277,8 +279,9 @@ def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mr
             raise _missing_record(out_dir, group_id, members[0]["response_id"], prompts, rejected)
     applying = {g: tuple(ref for ref in refs if plugins.applies(ref, records[g])) for g in groups}
     # verl keeps compute_score's keys per response in one batch: every row returns the file's whole key set
-    keys = json.dumps(sorted(reward_names([records[g] for g in groups], refs, *_bounds(_manifest_config(out_dir)))))
-    table = [verl_row(index, records[g], applying[g], members, scores, keys)
+    bounds = _bounds(_manifest_config(out_dir))
+    keys = json.dumps(sorted(reward_names([records[g] for g in groups], refs, *bounds)))
+    table = [verl_row(index, records[g], applying[g], members, scores, keys, bounds)
              for index, (g, members) in enumerate(groups.items())]
     dest_file = Path(dest_file)
     dest_file.parent.mkdir(parents=True, exist_ok=True)
@@ -287,7 +290,8 @@ def export_verl(out_dir: str | Path, dest_file: str | Path, advantage: str = "mr
 
 
 def verl_row(index: int, record: TaskRecord, applying: tuple[PluginRef, ...], members: list[dict],
-             scores: dict[str, tuple[list[str], list[float]]], reward_keys: str) -> dict:
+             scores: dict[str, tuple[list[str], list[float]]], reward_keys: str,
+             bounds: tuple[float, int] | None = None) -> dict:
     """One prompt's row of the verl export: the fields verl dictates, then the dataset's own columns as
     lists over the prompt's responses (`members`, rows of the training view)."""
     return {
@@ -296,7 +300,8 @@ def verl_row(index: int, record: TaskRecord, applying: tuple[PluginRef, ...], me
         "ability": record.task,
         "reward_model": {"style": "rule", "ground_truth": ground_truth(record)},
         "extra_info": {"index": index, "group_id": record.id, "record": json.dumps(record_json(record)),
-                       "verifiers": refs_json(applying), "reward_keys": reward_keys},
+                       "verifiers": refs_json(applying), "reward_keys": reward_keys,
+                       "verifier_bounds": json.dumps(bounds) if bounds else None},
         "prompt_token_ids": members[0]["prompt_token_ids"],
         **{name: [m[name] for m in members]
            for name in ("response_id", "response", "token_ids", "sample_logprobs", "advantages")},

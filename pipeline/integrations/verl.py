@@ -56,7 +56,8 @@ from tokencredit.pipeline.dataset.export import record_from_json, refs_from_json
 SOURCE_PREFIX = "tokencredit/"
 DATA_SOURCES = tuple(f"{SOURCE_PREFIX}{task}" for task in TASKS)  # and tokencredit/<plugin task>
 RESERVED = ("score", "reward_names", "feedback", "observed")  # compute_score's own keys
-# (seconds, bytes) of each plugin call: annotate's --verifier-timeout and --verifier-memory defaults
+# (seconds, bytes) of each plugin call where the row does not say: annotate's --verifier-timeout and --verifier-memory
+# defaults
 BOUNDS = (AnnotateConfig.verifier_timeout_s, AnnotateConfig.verifier_memory_bytes)
 # verl 0.9.1's v1 trainer reads only these fields from its TransferQueue for the advantage step
 # (trainer/ppo/v1/trainer_base.py, `_compute_advantage`): no token ids, records or feedback to replay
@@ -87,7 +88,9 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None 
         raise ValueError(f"compute_score: extra_info of a {data_source!r} row needs 'record' (the task record "
                          f"as JSON), as the verl export writes it")
     record, refs = row_record(extra_info)
-    scores = isolation.verify(record, solution_str, refs, *BOUNDS)  # plugins in a worker, as annotate runs them
+    # plugins in a worker, under the bounds the run was annotated with (an export of an older version has none)
+    bounds = json.loads(extra_info.get("verifier_bounds") or "null") or BOUNDS
+    scores = isolation.verify(record, solution_str, refs, *bounds)
     clash = [s.name for s in scores if s.name in RESERVED]
     if clash:
         raise ValueError(f"compute_score: record {record.id!r} has a reward named {clash[0]!r}, one of verl's keys "
