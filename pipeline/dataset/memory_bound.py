@@ -12,7 +12,8 @@ a list or a string built in one vector (`SELECT len(list(range(1000000000)))`, `
   allocated between two reads of the watchdog. Address space runs ahead of resident memory (allocators reserve
   more than they touch: a 64 MB sort took 85 MB resident and 140 MB of address space), hence the factor.
 
-The previous soft limit is put back when the query ends, so the bound is the query's, not the process's.
+The previous soft limit is put back when the query ends, so the bound is the query's, not the process's. The
+watchdog and the cap need Linux (/proc/self/statm); elsewhere DuckDB's own limit alone holds.
 `refusal` turns the error of a cancelled or refused allocation into one line naming the limit that was hit.
 """
 from __future__ import annotations
@@ -60,6 +61,9 @@ class MemoryBound:
         self._watchdog = threading.Thread(target=self._watch, daemon=True, name="query-memory-watchdog")
 
     def __enter__(self) -> MemoryBound:
+        self._active = os.path.exists("/proc/self/statm")  # Linux; elsewhere DuckDB's own limit alone holds
+        if not self._active:
+            return self
         size, self._resident = _statm()
         self._previous = resource.getrlimit(resource.RLIMIT_AS)
         soft, hard = size + ADDRESS_FACTOR * self.limit + ADDRESS_SLACK, self._previous[1]
@@ -68,6 +72,8 @@ class MemoryBound:
         return self
 
     def __exit__(self, *exc) -> None:
+        if not self._active:
+            return
         resource.setrlimit(resource.RLIMIT_AS, self._previous)
         self._stop.set()
         self._watchdog.join()
