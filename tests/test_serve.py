@@ -207,7 +207,11 @@ def test_a_run_due_while_one_writes_is_skipped_and_a_stopped_run_resumes(tmp_pat
     serve = Serve(tmp_path, ["--every", "3s", "--out", str(out), *plugin_options(tmp_path, "gated"), "--name", "held"],
                   env)
     try:
-        serve.wait(lambda: "running" in states(out), "a run writing")
+        def writing():  # past its start: its manifest is written, its verifier waits at the gate
+            runs = list_runs(str(out)) if out.exists() else []
+            return any(r["state"] == "running" and read_manifest(str(out / r["folder"])) for r in runs)
+
+        serve.wait(writing, "a run writing")
         serve.wait(lambda: sum(r.state_type.value == "CANCELLED" for r in flow_runs(prefect_server, "held")) >= 2,
                    "two runs due while it writes")
         assert states(out) == ["running"], list_runs(str(out))  # the skipped runs never started a folder
