@@ -88,7 +88,7 @@ def check_verifiers(manifest: dict[str, Any]) -> None:
 def scheduled_annotate(config: AnnotateConfig, out: str, folder: str = "{datetime}",
                        timezone: str | None = None) -> dict[str, Any]:
     """One scheduled run: annotate into OUT/<folder filled in from the scheduled time>, unless the
-    previous run is still writing (then skipped: Cancelled). Records the run in its schedule.json."""
+    previous run is still writing (then skipped: its state Skipped). Records the run in its schedule.json."""
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
@@ -117,8 +117,6 @@ def scheduled_annotate(config: AnnotateConfig, out: str, folder: str = "{datetim
         runs.end_record(out, record, "complete")
         logger.info("%s: complete, %d responses", target, manifest["totals"]["responses"])
         return manifest
-
-
 
 
 def annotate_deployment(config: AnnotateConfig, out: str, schedule, folder: str = "{datetime}",

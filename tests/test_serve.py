@@ -67,6 +67,18 @@ def test_serve_needs_exactly_one_schedule(capsys):
     assert "one of the arguments --cron --every is required" in capsys.readouterr().err
 
 
+def test_a_run_whose_process_died_mid_way_lists_as_incomplete_with_how_to_resume(tmp_path, capsys):
+    """A run killed outright leaves its record `running` behind a process that is gone."""
+    out = tmp_path / "runs"
+    code = f"from tokencredit.flows.runs import start_record; start_record({str(out)!r}, '2026-12-05T03-00-00', {{}})"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    [run] = list_runs(str(out))
+    assert run["state"] == "incomplete" and "its process is gone" in run["error"] and run["responses"] == 0
+    assert main(["runs", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"2026-12-05T03-00-00: incomplete; resume it with: tokencredit runs {out} --resume 2026-12-05T03-00-00")
+
+
 # --- on a real Prefect server -------------------------------------------------------------------
 
 def sorted_rows(path: Path, table: str) -> list[dict]:
