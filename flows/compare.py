@@ -2,12 +2,16 @@
 with runner 'none'), then seed by seed train and score every arm (tokencredit.pipeline.compare.run)."""
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
+
+from tokencredit.pipeline.annotate import load_prompt_set
 
 from tokencredit.pipeline.compare.design import Design
 from tokencredit.pipeline.compare.registry import register
 from tokencredit.pipeline.compare.run import (annotate_config, heldout_records, log, pool_complete, pool_folder,
-                                              score_policy, train_arm)
+                                              score_policy, stage_backend, train_arm)
 
 
 def annotate_pool(design: Design, name: str, out: Path, runner: str) -> Path:
@@ -18,6 +22,8 @@ def annotate_pool(design: Design, name: str, out: Path, runner: str) -> Path:
         return folder
     log(f"annotate pool {name}")
     config = annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
+    planned = len(load_prompt_set(config)[0]) * (pool.n or math.prod(pool.tree)) * pool.max_new_tokens
+    config = dataclasses.replace(config, backend=stage_backend(design, planned))
     if runner == "none":
         from tokencredit.pipeline.annotate import run_annotation
 

@@ -86,7 +86,10 @@ def test_a_bad_design_is_one_line_naming_the_key(tmp_path):
         load_design(write(tmp_path / "d.toml", TINY.replace("seeds = [0, 1]", 'seeds = "abc"')))
     with pytest.raises(ValueError, match=r"\[scoring\] sampled: -1; expected an integer >= 0"):
         load_design(write(tmp_path / "d.toml", TINY.replace("sampled = 1", "sampled = -1")))
+    with pytest.raises(ValueError, match=r"\[policy\] backend: 'fast'; choose from auto, transformers, vllm"):
+        load_design(write(tmp_path / "d.toml", TINY.replace('device = "cpu"', 'backend = "fast"')))
     design = load_design(write(tmp_path / "d.toml", TINY))
+    assert design.policy["backend"] == "auto"  # annotate's default: vllm where installed and worth its start
     assert design.comparisons == (("mrtpo", "gdpo"),) and design.decodes == ["greedy", "sampled-1"]
 
 

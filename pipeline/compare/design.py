@@ -19,9 +19,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokencredit.pipeline.config import AnnotateConfig
-
 OBJECTIVES = ("pg", "sft", "rs")
+BACKENDS = ("auto", "transformers", "vllm")
 SECTIONS = {
     "policy": {"model", "device", "backend"},
     "prompts": {"file", "format", "train_split", "heldout_split", "train_limit", "heldout_limit", "verifier"},
@@ -139,8 +138,11 @@ def load_design(path: str | Path) -> Design:
     _check_types("scoring", raw.get("scoring", {}), {"greedy": bool, "sampled": int, "temperature": float,
                                                      "seed": int, "max_new_tokens": int, "batch_size": int})
     _check_types("targets", raw.get("targets", {}), {"mde": float, "engine_tokens_per_s": float})
-    # the sampling engine of the pools and of scoring: annotate's default unless the design names one
-    policy = {"model": None, "device": "cpu", "backend": AnnotateConfig.backend, **raw.get("policy", {})}
+    # the sampling engine of the pools and of scoring; "auto" (annotate's default): the vllm engine where it is
+    # installed for the device and a stage samples enough tokens for its start to pay (run.stage_backend)
+    policy = {"model": None, "device": "cpu", "backend": "auto", **raw.get("policy", {})}
+    if policy["backend"] not in BACKENDS:
+        raise ValueError(f"design [policy] backend: {policy['backend']!r}; choose from {', '.join(BACKENDS)}")
     prompts = {"format": "native", "train_split": "train", "heldout_split": "test", "train_limit": None,
                "heldout_limit": None, "verifier": [], **raw.get("prompts", {})}
     if "file" not in prompts:

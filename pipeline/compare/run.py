@@ -28,7 +28,19 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] compare: {message}", flush=True)
 
 
-def annotate_config(design: Design, pool: Pool | None, split: str, limit: int | None):
+def stage_backend(design: Design, planned_tokens: int) -> str:
+    """The design's sampling backend for a stage sampling `planned_tokens`; "auto" as annotate's: the vllm engine
+    where it is installed for the device and the stage is long enough for its start to pay, else transformers."""
+    if design.policy["backend"] != "auto":
+        return design.policy["backend"]
+    from tokencredit.pipeline.sample.choice import choose_backend
+
+    backend, why = choose_backend(design.policy["device"], planned_tokens)
+    log(f"backend auto: {backend} ({why})")
+    return backend
+
+
+def annotate_config(design: Design, pool: Pool | None, split: str, limit: int | None, backend: str = "transformers"):
     """The annotate stage's config of a pool (or, with pool None, of the held-out prompt set)."""
     from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
     from tokencredit.verifiers.plugins import resolve
@@ -39,7 +51,7 @@ def annotate_config(design: Design, pool: Pool | None, split: str, limit: int | 
                 if pool else SamplingConfig(max_new_tokens=design.scoring["max_new_tokens"]))
     return AnnotateConfig(prompts=design.prompts["file"], format=design.prompts["format"],
                           verifiers=resolve(design.prompts["verifier"]), split=split, limit=limit,
-                          backend=design.policy["backend"], model=design.policy["model"],
+                          backend=backend, model=design.policy["model"],
                           device=design.policy["device"], shard_size=pool.shard_size if pool else 16,
                           sampling=sampling,
                           credit=CreditConfig(kinds=pool.credit if pool else ("gdpo",),
@@ -121,14 +133,15 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
     the tokens and seconds the decodes took (the engine's measured speed, which `--plan` reads)."""
     from tokencredit import verifiers
     from tokencredit.pipeline.config import SamplingConfig
-    from tokencredit.pipeline.sample import make_sampler
+    from tokencredit.pipeline.sample import make_sampler, release_sampler
     from tokencredit.verifiers.plugins import resolve
 
     path = out / "scores" / f"{label}.json"
     if path.is_file():
         return json.loads(path.read_text())
     log(f"score {label}")
-    backend, model = design.policy["backend"], design.policy["model"]
+    model = design.policy["model"]
+    backend = stage_backend(design, len(records) * len(design.decodes) * design.scoring["max_new_tokens"])
     policy = load_scored_policy(design, adapter)
     if backend == "transformers":
         sampler = make_sampler(backend, model, device=design.policy["device"], policy=policy)
@@ -165,6 +178,7 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
                 "reward": statistics.fmean(s.score for s in scores) if scores else 0.0,
                 "scores": {n: s.score for n, s in zip(names, scores)}}
             tokens += len(sample.token_ids)
+    release_sampler(sampler)  # an engine holds its policy's weights and KV cache: the next policy loads its own
     result = {"label": label, "arm": arm, "seed": seed, "scored_at": now(), "backend": backend,
               "seconds": round(time.perf_counter() - start, 2), "tokens": tokens, "decodes": decodes}
     path.parent.mkdir(parents=True, exist_ok=True)
