@@ -10,10 +10,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.real,
               pytest.mark.skipif(not is_pulled(NAME), reason=f"run `tokencredit models pull {NAME}` first")]
 vllm = pytest.importorskip("vllm")
 
-# Bounds from measurement (bench/bench_engine.py --only replay: engine_replay_max_abs_*_fp32 in engine.json):
-# the engine in float32 against the torch replay in float32, over the response tokens of the 40 localization
-# responses, P_all and every P_\k. Measured max |difference| of a log-prob MEASURED_FP32; the bound leaves 4x.
-LOGPROB_BOUND_FP32 = 1e-3
+# Bound from measurement: the engine in float32 against the torch replay in float32, over the response tokens after
+# P_all and every P_\k (bench/bench_engine.py's replay check, engine_replay_max_abs_logprob_diff_fp32 in
+# engine.json): max |difference| 3.6e-5 over 596 tokens of 5 localization responses at load 13. The bound leaves
+# about 5x for other responses and machines.
+LOGPROB_BOUND_FP32 = 2e-4
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def items(engines):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     from bench_engine import replay_cases
 
-    return replay_cases(engines[1], every=4)  # 41 of the 164 responses
+    return replay_cases(engines[1], every=8)  # 21 of the 164 responses
 
 
 def test_engine_log_probs_match_the_torch_replay_in_float32(engines, items):
@@ -79,11 +80,11 @@ def test_assign_credit_replays_the_default_relevance_through_the_engine(engines)
     from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set, verify_samples
 
     model, tokenizer, sampler = engines
-    records, _ = load_prompt_set(AnnotateConfig(model=NAME, tasks=("sql",), limit=4))
+    records, _ = load_prompt_set(AnnotateConfig(model=NAME, tasks=("instructions",), limit=4))
     samples = sampler.sample(records, SamplingConfig(n=4, max_new_tokens=48))
     by_id = {r.id: r for r in records}
     verified = verify_samples(samples, by_id)
-    config = CreditConfig(kinds=("gdpo", "mrtpo"))
+    config = CreditConfig(kinds=("gdpo", "mrtpo"), locate="replay")  # every ungated pair replayed
     assert config.relevance == "logprob_signed"
     on_torch, torch_stats = assign_credit(verified, by_id, config, model, tokenizer, progress=False)
     on_engine, engine_stats = assign_credit(verified, by_id, config, None, tokenizer, progress=False,
