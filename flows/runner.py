@@ -66,8 +66,15 @@ def main(args_path: str) -> int:
         return 2
     print(f"serving {args['name']!r}: {schedule_text}, each run into {args['out'].rstrip('/')}/{args['folder']}; "
           f"stop with Ctrl-C", flush=True)
-    asyncio.run(runner.start())
+    asyncio.run(_start(runner))
     return 0
+
+
+async def _start(runner: Runner) -> None:
+    # Runner.start installs its SIGTERM handler with signal.signal, which runs only once the event loop
+    # wakes up (its next timer, seconds later); registered with the loop too, a signal wakes it at once
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, runner.handle_sigterm)
+    await runner.start()
 
 
 if __name__ == "__main__":
