@@ -60,14 +60,40 @@ def main(args_path: str) -> int:
                              limit=None, pause_on_shutdown=False)
     try:
         wait_healthy(os.environ["PREFECT_API_URL"])  # serve starts this process beside its server
-        runner.add_deployment(annotate_deployment(**args))
+        deployment_id = runner.add_deployment(annotate_deployment(**args))
+        missed = drop_missed_runs(deployment_id)
     except Exception as error:  # the server refused it, or is gone
         print(f"tokencredit serve: error: the deployment could not be registered: {error}", file=sys.stderr)
         return 2
     print(f"serving {args['name']!r}: {schedule_text}, each run into {args['out'].rstrip('/')}/{args['folder']}; "
-          f"stop with Ctrl-C", flush=True)
+          f"stop with Ctrl-C" + (f" ({missed} runs missed while it was not served: cancelled)" if missed else ""),
+          flush=True)
     asyncio.run(_start(runner))
     return 0
+
+
+def drop_missed_runs(deployment_id) -> int:
+    """Cancel the deployment's scheduled runs that came due before now (while no runner served it): like cron,
+    serve does not catch up, and a run started now would be named by a time long past. Returns how many."""
+    import datetime
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter,
+                                                FlowRunFilterExpectedStartTime, FlowRunFilterState,
+                                                FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled
+
+    due = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
+                        expected_start_time=FlowRunFilterExpectedStartTime(
+                            before_=datetime.datetime.now(datetime.timezone.utc)))
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=due,
+                                     deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+        for run in runs:
+            client.set_flow_run_state(run.id, Cancelled(message="missed: no runner served it when it came due"),
+                                      force=True)
+    return len(runs)
 
 
 async def _start(runner: Runner) -> None:
