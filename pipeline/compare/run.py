@@ -145,7 +145,7 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
     policy = load_scored_policy(design, adapter)
     if backend == "transformers":
         sampler = make_sampler(backend, model, device=design.policy["device"], policy=policy)
-    else:  # an engine that loads its own weights: the merged policy saved once, in DIR/policies
+    else:  # an engine that loads its own weights: the merged policy in DIR/policies/LABEL until it is scored
         folder = out / "policies" / label
         if not folder.is_dir():
             tmp = folder.with_name(folder.name + ".tmp")
@@ -183,4 +183,5 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
               "seconds": round(time.perf_counter() - start, 2), "tokens": tokens, "decodes": decodes}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, result)
+    shutil.rmtree(out / "policies" / label, ignore_errors=True)  # a merged copy for the engine: scored, not needed
     return result
