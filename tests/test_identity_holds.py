@@ -144,6 +144,21 @@ def test_derived_folders_of_an_earlier_run_in_the_same_folder_are_refused(tmp_pa
     assert "--values" in err and "earlier run" in err
 
 
+def test_training_checkpoints_of_an_earlier_run_in_the_same_folder_are_not_resumed(tmp_path, capsys):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["Title one.", "Title two."])
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    train = ["train", "--data", str(run), "--out", str(ckpt), "--advantage", "gdpo", "--batch-size", "2",
+             "--save-every", "1"]
+    assert main(["annotate", "--out", str(run), "--prompts", str(prompts), *FAST]) == 0
+    assert main([*train, "--steps", "1"]) == 0
+    assert main(["annotate", "--out", str(run), "--prompts", str(prompts), "--seed", "7", "--restart", *FAST]) == 0
+    capsys.readouterr()
+    assert main([*train, "--steps", "2"]) == 2  # resuming would go on with the new run's responses
+    err = error_line(capsys)
+    assert str(ckpt) in err and "earlier or another run" in err and "--restart" in err
+    assert not (ckpt / "checkpoint-2").exists()
+
+
 # ---------------------------------------------------------------- item 8: a missing or cut part file
 
 @pytest.mark.parametrize("damage", ["deleted", "truncated"])

@@ -19,13 +19,14 @@ import pyarrow.fs as pafs
 from tokencredit.pipeline.dataset.writer import _read_json, _write_atomic, filesystem
 
 
-def run_identity(run: str) -> dict:
-    """What ties a folder derived from a complete run to that run: its id, config hash, a hash of its inputs'
-    checksums and its dataset checksum. A run written again into the same folder (`annotate --restart`, another
-    seed or an edited prompt file) has another identity, so what was derived from the earlier one is refused."""
+def run_identity(run: str, allow_incomplete: bool = False) -> dict:
+    """What ties a folder derived from a run (values, repair pairs, training checkpoints) to that run: its id, config
+    hash, a hash of its inputs' checksums and its dataset checksum (None while the run is incomplete). A run written
+    again into the same folder (`annotate --restart`, another seed or an edited prompt file) has another identity,
+    so what was derived from the earlier one is refused."""
     from tokencredit.pipeline.dataset.writer import run_files
 
-    manifest = run_files(run).manifest
+    manifest = run_files(run, allow_incomplete=allow_incomplete).manifest
     inputs = json.dumps(manifest.get("inputs") or {}, sort_keys=True).encode()
     return {"run_id": manifest.get("run_id"), "config_hash": manifest.get("config_hash"),
             "inputs_sha256": hashlib.sha256(inputs).hexdigest(), "dataset_checksum": manifest.get("dataset_checksum")}

@@ -55,6 +55,7 @@ from torch import Tensor
 from tokencredit.pipeline import interrupts
 from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
 from tokencredit.pipeline.models.loading import load_policy
+from tokencredit.pipeline.dataset.derived import run_identity
 from tokencredit.pipeline.dataset.query import connect
 from tokencredit.pipeline.dataset.training import check_aligned, parse_advantage, read_training
 from tokencredit.pipeline.dataset.writer import run_files
@@ -428,6 +429,7 @@ def latest_checkpoint(out: Path) -> Path | None:
 def _identity(config: TrainConfig) -> dict[str, Any]:
     fields = {key: getattr(config, key) for key in RESUME_KEYS}
     fields["data"] = str(Path(config.data).resolve())
+    fields["run"] = run_identity(config.data, config.allow_incomplete)  # the run folder's content, not only its path
     return fields
 
 
@@ -438,8 +440,15 @@ def write_config(config: TrainConfig, folder: Path) -> None:
 def check_resumable(checkpoint: Path, config: TrainConfig) -> int:
     """The step of a checkpoint written with the same trajectory settings; ValueError (one line) otherwise."""
     saved = json.loads((checkpoint / CONFIG_FILE).read_text())["identity"]
+    now = _identity(config)
+    run = now.pop("run")
+    if "run" in saved and saved["run"] != run:  # (checkpoints written before runs were recorded have none)
+        raise ValueError(f"{checkpoint.parent} holds checkpoints trained on an earlier or another run in {config.data} "
+                         f"(run id {saved['run'].get('run_id')}, dataset {str(saved['run'].get('dataset_checksum'))[:12]}; "
+                         f"it now holds run id {run['run_id']}, dataset {str(run['dataset_checksum'])[:12]}: written "
+                         f"again since, e.g. by annotate --restart); use a new --out")
     defaults = {"grad_accum": 1, "kl_coef": 0.0}  # checkpoints written before these options existed
-    changed = [f"{k}: saved {saved.get(k, defaults.get(k))!r}, now {v!r}" for k, v in _identity(config).items()
+    changed = [f"{k}: saved {saved.get(k, defaults.get(k))!r}, now {v!r}" for k, v in now.items()
                if saved.get(k, defaults.get(k)) != v]
     if changed:
         raise ValueError(f"{checkpoint.parent} holds a run with another configuration ({'; '.join(changed)}); "
