@@ -201,6 +201,7 @@ def child_replay(args) -> dict:
     torch.set_num_threads(THREADS)
     model, tokenizer = load_policy(args.model)
     items, signs = replay_cases(tokenizer, REPLAY_EVERY)
+    before = load_avg()
     begin = time.perf_counter()
     reference = replay(model, items)
     torch_s = time.perf_counter() - begin
@@ -220,7 +221,7 @@ def child_replay(args) -> dict:
             "max_abs_logprob_diff": float(logprob.max()), "mean_abs_logprob_diff": float(logprob.mean()),
             "max_abs_relevance_diff": float(rel.max()), "mean_abs_relevance_diff": float(rel.mean()),
             "same_top_token": sum(top) / len(top), "torch_replay_s": torch_s, "engine_replay_s": engine_s,
-            "start_s": start_s, "load_avg": [load_avg(), load_avg()]}
+            "start_s": start_s, "load_avg": [before, load_avg()]}
 
 
 CHILDREN = {"sample": child_sample, "tree": child_tree, "scoring": child_scoring, "replay": child_replay}
