@@ -35,7 +35,7 @@ import threading
 from tokencredit.pipeline.interrupts import interruptible
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
                                          ENGINE_DTYPES, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig,
-                                         parse_branch, parse_bytes)
+                                         MIN_VERIFIER_MEMORY, parse_branch, parse_bytes)
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
@@ -133,11 +133,15 @@ def _columns(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((field.strip(), source.strip()) for field, source in pairs)
 
 
-def _size(text: str) -> int:
+def _verifier_memory(text: str) -> int:
     try:
         return parse_bytes(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    if size < MIN_VERIFIER_MEMORY:  # the worker's interpreter and imports alone take that
+        raise argparse.ArgumentTypeError(f"expected at least {MIN_VERIFIER_MEMORY / 1e6:g}MB (the worker's "
+                                         f"interpreter and imports), got {text!r}")
+    return size
 
 
 def add_dataset_args(p: argparse.ArgumentParser) -> None:
@@ -159,7 +163,7 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verifier-timeout", type=_seconds, default=d.verifier_timeout_s,
                    help="seconds per response for its built-in verifiers, and as many for its plugins; past it the "
                    "response is a verifier_error")
-    p.add_argument("--verifier-memory", type=_size, default=d.verifier_memory_bytes, metavar="SIZE",
+    p.add_argument("--verifier-memory", type=_verifier_memory, default=d.verifier_memory_bytes, metavar="SIZE",
                    help=f"memory of the plugin verifiers' worker process, such as 1GB (default "
                    f"{d.verifier_memory_bytes / 1e9:g}GB); an allocation past it makes the response a verifier_error")
     p.add_argument("--tasks", default=None, help="comma list of tasks to annotate (default: all; a task with "

@@ -22,6 +22,7 @@ def refused(argv: list[str], capsys) -> str:
     (["export", "RUN", "--advantage", "mrtpo:0.5,gdpo:inf"], "--advantage"),
     (["annotate", "--out", "OUT", "--verifier-memory", "1e400GB"], "--verifier-memory"),
     (["annotate", "--out", "OUT", "--verifier-memory", "-1GB"], "--verifier-memory"),
+    (["annotate", "--out", "OUT", "--verifier-memory", "0"], "--verifier-memory"),
     (["annotate", "--out", "OUT", "--verifier-timeout", "nan"], "--verifier-timeout"),
     (["annotate", "--out", "OUT", "--verifier-timeout", "inf"], "--verifier-timeout"),
     (["annotate", "--out", "OUT", "--verifier-timeout", "-3"], "--verifier-timeout"),
