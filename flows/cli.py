@@ -135,7 +135,7 @@ def _columns(text: str) -> tuple[tuple[str, str], ...]:
 
 def _verifier_memory(text: str) -> int:
     try:
-        return parse_bytes(text)
+        size = parse_bytes(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     if size < MIN_VERIFIER_MEMORY:  # the worker's interpreter and imports alone take that
