@@ -21,11 +21,15 @@ LOGPROB_BOUND_FP32 = 2e-4
 def engines():
     """(torch policy, tokenizer, vLLM sampler in float32): one engine for the module."""
     from tokencredit.pipeline.models.loading import load_policy
-    from tokencredit.pipeline.sample.vllm_backend import VllmSampler
+    from tokencredit.pipeline.sample import make_sampler, release_sampler
 
     torch.set_num_threads(2)
     model, tokenizer = load_policy(NAME)
-    return model, tokenizer, VllmSampler(NAME, dtype="float32", progress=False)
+    # make_sampler: the process's one engine (another engine in the session stops this one before it starts)
+    sampler = make_sampler("vllm", NAME, device="cpu", dtype="float32")
+    sampler.progress = False
+    yield model, tokenizer, sampler
+    release_sampler(sampler)
 
 
 @pytest.fixture(scope="module")
