@@ -227,6 +227,18 @@ def test_vllm_backend_without_vllm_says_what_to_do(policy_dir):
         make_sampler("vllm", str(policy_dir), device="mps")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_backend_auto_without_an_engine_is_transformers_and_bf16_says_why():
+    from tokencredit.flows.cli import annotate_config, build_parser
+    from tokencredit.pipeline.sample.choice import choose_backend
+
+    assert choose_backend("cpu", 10**9) == ("transformers", "no vllm engine for cpu is installed")
+    args = build_parser().parse_args(["annotate", "--out", "x", "--prompts", "no-such-file.jsonl"])
+    assert annotate_config(args).backend == "transformers"  # without an engine the prompt set is not even read
+    with pytest.raises(ValueError, match="--dtype bfloat16 runs on the vllm engine: no vllm engine for cpu"):
+        annotate_config(build_parser().parse_args(["annotate", "--out", "x", "--dtype", "bfloat16"]))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
                     reason="needs CUDA and vllm")
