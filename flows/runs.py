@@ -74,12 +74,17 @@ def _alive(record: dict[str, Any]) -> bool:
     if record.get("host") != socket.gethostname():
         return True
     try:
-        os.kill(int(record["pid"]), 0)
+        pid = int(record["pid"])
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except (PermissionError, KeyError, TypeError, ValueError):
         return True
-    return True
+    try:  # a killed process not yet reaped (a zombie) is gone too
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def _responses(fs: pafs.FileSystem, root: str, manifest: dict[str, Any] | None) -> int:

@@ -180,6 +180,18 @@ def _wait(runner, stopped: list[int]) -> int:
                 continue
             status = None
         if stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(runner.pid, signal.SIGKILL)
+            _kill_session(runner.pid)
         return runner.wait() if status is None else status
+
+
+def _kill_session(pgid: int, timeout_s: float = STOP_S) -> None:
+    """SIGKILL the runner's process group (its runs and their workers) and wait until it is gone: once serve
+    has exited, no run of it is still writing, and each reads as stopped or incomplete."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            os.killpg(pgid, 0)  # ProcessLookupError once the last one is reaped
+    except ProcessLookupError:
+        pass

@@ -256,12 +256,13 @@ def test_a_failed_run_is_visible_and_the_next_one_fires(tmp_path, prefect_server
                              "--name", "failing"], serve_env(tmp_path, prefect_server))
     try:
         serve.wait(lambda: states(out).count("failed") >= 2, "two failed runs")
+        serve.wait(lambda: sum(r.state_type.value == "FAILED" for r in flow_runs(prefect_server, "failing")) >= 2,
+                   "two Failed flow runs in Prefect")
         serve.stop(signal.SIGTERM)
     finally:
         serve.kill()
     failed = [r for r in list_runs(str(out)) if r["state"] == "failed"]
     assert all("every one of 2 responses of task 'haiku' in shard 0 is a verifier_error" in r["error"] for r in failed)
-    assert sum(r.state_type.value == "FAILED" for r in flow_runs(prefect_server, "failing")) >= 2
     assert main(["runs", str(out)]) == 0
     table = capsys.readouterr().out
     assert table.splitlines()[0].split() == ["folder", "start", "end", "state", "responses", "error"]
