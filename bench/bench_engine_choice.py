@@ -53,6 +53,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 prompts x 2 x 32 tokens")
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--size", default=None, metavar="P,N,T", help="prompts, responses each, tokens (default "
+                        "32,4,96; --quick 8,2,32)")
     args = parser.parse_args()
     from tokencredit.pipeline.config import SamplingConfig
     from tokencredit.pipeline.models.loading import load_policy
@@ -60,7 +62,8 @@ def main() -> None:
     from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
     from tokencredit.verifiers import load_tasks
 
-    prompts, n, tokens = (8, 2, 32) if args.quick else (32, 4, 96)
+    prompts, n, tokens = (map(int, args.size.split(",")) if args.size else (8, 2, 32) if args.quick
+                          else (32, 4, 96))
     records = load_tasks("demo", "native")[0][:prompts]
     warm = SamplingConfig(n=1, max_new_tokens=8, seed=1)
     config = SamplingConfig(n=n, max_new_tokens=tokens, seed=0, batch_size=prompts * n)
@@ -95,7 +98,8 @@ def main() -> None:
         "The vllm engine's stored log-probs against a float32 forward of the same ids, per engine dtype, and the "
         "run size from which the engine (start included) beats the transformers backend; float32 engine. "
         "`python bench/bench_engine_choice.py` in .venv-vllm.",
-        "quick" if args.quick else "full", f"{args.model}, {prompts} prompts x {n} x {tokens} tokens",
+        "quick" if args.quick else f"size {args.size}" if args.size else "full",
+        f"{args.model}, {prompts} prompts x {n} x {tokens} tokens",
         f"|dlogprob| fp32 max {d32['max']:.2g} mean {d32['mean']:.2g}; bf16 max {d16['max']:.3f} mean "
         f"{d16['mean']:.4f}; start vllm {vl_row['start_s']:.0f} s vs transformers {hf_row['start_s']:.0f} s; "
         f"ms/token vllm fp32 {1e3 * vl_row['seconds_per_token']:.1f}, bf16 "
