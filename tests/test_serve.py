@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -156,6 +158,9 @@ def test_a_schedule_fires_twice_with_no_setup_and_sigint_stops_it_with_one_line(
     serve = Serve(tmp_path, ["--every", "5s", "--out", str(out), *OPTIONS, "--name", "fires"], serve_env(tmp_path))
     try:
         serve.wait(lambda: states(out).count("complete") >= 2, "two complete runs")
+        ui = re.search(r"its UI: (http://127\.0\.0\.1:\d+)", serve.log.read_text()).group(1)
+        with urllib.request.urlopen(ui, timeout=30) as page:  # the Prefect UI it names answers
+            assert page.status == 200 and b"<html" in page.read().lower()
         output = serve.stop(signal.SIGINT)
     finally:
         serve.kill()
