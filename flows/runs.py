@@ -24,7 +24,6 @@ from tokencredit.pipeline.dataset.writer import filesystem, read_manifest
 
 RECORD = "schedule.json"
 SKIPPED = "_skipped"
-STATES = ("running", "complete", "incomplete", "failed", "skipped")
 
 
 def now() -> str:
