@@ -108,9 +108,9 @@ def test_hf_export_of_a_real_run_carries_rewards_by_name_and_token_texts(tmp_pat
 
 
 def readme_vocabulary() -> dict[str, set[str]]:
-    """The README's "One vocabulary" table: for each of hf, verl and sft_dataset, the columns marked."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    table = readme.split("### One vocabulary", 1)[1].split("\n\n")[2]
+    """The dataset page's "One vocabulary" table: for each of hf, verl and sft_dataset, the columns marked."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "dataset.md").read_text()
+    table = page.split("## One vocabulary", 1)[1].split("\n\n")[2]
     header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]
     marked = {place: set() for place in header[2:]}
     for name, _, *marks in rows:

@@ -29,8 +29,9 @@ def haiku(record, response):
 
 
 def readme_example(index: int = 0) -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### A verifier of your own"):readme.index("### The native prompt format")]
+    """The `index`-th bash block of the "your own tasks" page's plugin section (docs/own-tasks.md)."""
+    page = (ROOT / "docs" / "own-tasks.md").read_text()
+    section = page[page.index("## A verifier of your own"):page.index("## The native prompt format")]
     return re.findall(r"```bash\n(.*?)```", section, re.DOTALL)[index]
 
 
