@@ -48,6 +48,7 @@ from typing import Any
 from tokencredit.schemas.records import PluginSpec, RewardScore, TaskRecord
 
 from tokencredit.verifiers import spans
+from tokencredit.verifiers.text import encodable
 
 ENTRY_POINT_GROUP = "tokencredit.verifiers"
 
@@ -250,20 +251,12 @@ def _reward(ref: PluginRef, item: Any) -> RewardScore:
     for what, text in (("name", name), ("feedback", feedback), ("observed", observed)):
         if not isinstance(text, str):
             raise PluginError(f"verifier {ref.target}: reward {name!r} has {what} {_short(text)}, expected a string")
-        if not _encodable(text):  # Parquet stores UTF-8: a lone surrogate would fail the whole shard's write
+        if not encodable(text):  # Parquet stores UTF-8: a lone surrogate would fail the whole shard's write
             raise PluginError(f"verifier {ref.target}: reward {_short(name)} has {what} {_short(text)}, which is not "
                               "valid Unicode text (a lone surrogate?)")
     # checked against the response in `score`; a list of lists becomes a tuple of pairs there
     where = tuple(tuple(s) if isinstance(s, list) else s for s in where) if isinstance(where, (list, tuple)) else where
     return RewardScore(name, float(value), feedback, observed, where)
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _short(value: Any) -> str:

@@ -31,6 +31,7 @@ from tokencredit.schemas.records import (
 )
 
 from tokencredit.verifiers import formats, instructions, sql, tools
+from tokencredit.verifiers.text import encodable
 
 SPLITS = ("train", "test")
 DEMO = "demo"  # load_tasks("demo") reads the bundled verifiers/demo/*.jsonl
@@ -126,7 +127,7 @@ def parse_record(obj: Any, line_no: int, base_dir: Path, *, databases: str | Pat
     record_id = obj.get("id")
     if not isinstance(record_id, str) or not record_id.strip():
         raise RecordError(f"line {line_no}", "id", _problem("a non-empty string", obj, "id", isinstance(record_id, str)))
-    _check_unicode(obj, record_id if _encodable(record_id) else f"line {line_no}")
+    _check_unicode(obj, record_id if encodable(record_id) else f"line {line_no}")
     task = _string(obj, "task", record_id)
     plugin = task not in TASKS
     if plugin and task not in plugin_tasks and ANY_TASK not in plugin_tasks:
@@ -214,8 +215,8 @@ def _check_unicode(obj: dict, record_id: str) -> None:
     stack: list[tuple[Any, str]] = [(obj, "")]
     while stack:  # iterative: the JSON parser allows nesting deeper than a recursive walk would
         value, where = stack.pop()
-        if isinstance(value, str) and not _encodable(value):
-            at = next(i for i, ch in enumerate(value) if not _encodable(ch))
+        if isinstance(value, str) and not encodable(value):
+            at = next(i for i, ch in enumerate(value) if not encodable(ch))
             raise RecordError(record_id, where or "<line>", f"a lone surrogate {value[at]!r} at character {at} "
                               "is not valid Unicode text")
         if isinstance(value, dict):
@@ -223,14 +224,6 @@ def _check_unicode(obj: dict, record_id: str) -> None:
             stack.extend((item, _field(where, str(key))) for key, item in value.items())
         elif isinstance(value, list):
             stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _string(obj: dict, key: str, record_id: str, parent: str = "") -> str:

@@ -19,6 +19,16 @@ _WORD = re.compile(r"\w")
 COUNTED = 1000  # sentences a count checks at least (`count_limit`): 0.03 s of Punkt
 
 
+def encodable(text: str) -> bool:
+    """Whether `text` is valid UTF-8 (no lone surrogate): Parquet stores UTF-8, so one such string would fail
+    a whole shard's write."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @functools.cache
 def _punkt():
     from nltk.tabdata import PunktDecoder
