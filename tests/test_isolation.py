@@ -222,3 +222,21 @@ def test_the_prefect_flow_survives_an_exiting_plugin_and_stops_on_a_failing_one(
     with pytest.raises(RuntimeError, match="every one of 2 responses of task 'haiku' in shard 0 is a verifier_error"):
         run_annotate_flow(down, str(tmp_path / "down"), runner="threads", workers=1, progress=False)
     assert (tmp_path / "down/_shards/shard-00000.json").is_file()
+
+
+def test_an_idle_worker_serves_only_a_caller_in_its_own_folder_and_environment(tmp_path, monkeypatch):
+    """A plugin named by module imports from the caller's folder and may read its environment: after a chdir or
+    an environment change in the same process, the next batch gets a worker started there, not a stale idle one."""
+    record = load_prompt_set(AnnotateConfig(limit=1))[0][0]
+    samples = [Sample(f"{record.id}/0", record.id, record.task, "p", [1], record.reference_response, [2], [-0.1], "m", 0)]
+    by_id = {record.id: record}
+    seen = []
+    for folder, gate in (("a", "1"), ("b", "1"), ("b", "2")):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / "gated.py").write_text(
+            f'import os\n\ndef gated(record, response):\n    yield "gate", 1.0, "", "{folder}" + os.environ["GATE"]\n')
+        monkeypatch.chdir(tmp_path / folder)
+        monkeypatch.setenv("GATE", gate)
+        (verified,) = verify_samples(samples, by_id, isolation.resolve(["gated:gated"], 2_000_000_000))
+        seen.append(verified.rewards[-1].observed)
+    assert seen == ["a1", "b1", "b2"]

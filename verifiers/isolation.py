@@ -105,6 +105,9 @@ class _Worker:
     def __init__(self, memory_bytes: int):
         check_memory_bound(memory_bytes)
         self.memory_bytes = memory_bytes
+        # where and with what environment the worker started: a plugin imports from the caller's folder and reads
+        # its environment, so an idle worker serves only a caller that still has both (see `_take`)
+        self.started_in = (os.getcwd(), dict(os.environ))
         self.loaded: set = set()  # the plugin refs imported there
         self._next_measure = 0.0
         # The worker's guard process waits for end-of-file on `alive`: only this process holds the other end
@@ -409,11 +412,17 @@ _idle_lock = threading.Lock()
 
 
 def _take(memory_bytes: int) -> _Worker:
+    """An idle worker started here (this folder and environment) under `memory_bytes`, else a new one; idle
+    workers started elsewhere, or gone, are ended."""
+    here = (os.getcwd(), dict(os.environ))
     with _idle_lock:
-        for i, worker in enumerate(_idle):
-            if worker.memory_bytes == memory_bytes and worker.proc.poll() is None:
-                return _idle.pop(i)
-    return _Worker(memory_bytes)
+        stale = [w for w in _idle if w.started_in != here or w.proc.poll() is not None]
+        _idle[:] = [w for w in _idle if w not in stale]
+        i = next((i for i, w in enumerate(_idle) if w.memory_bytes == memory_bytes), None)
+        worker = _idle.pop(i) if i is not None else None
+    for w in stale:
+        w.kill()
+    return worker or _Worker(memory_bytes)
 
 
 def _give_back(worker: _Worker) -> None:
