@@ -22,6 +22,9 @@ Sizes per `--mode` in SIZES (the issue's are `full`); engine.json records the mo
   replay runs through the engine, `credit.engine_replay`). Target <= 1.3.
 - `tree_over_flat_vllm`: one engine sampling 8 prompts as 4x4 trees against 16 flat samples each (start excluded).
   Target <= 0.85.
+- `cpu_block_{flat,tree}_speedup`: the tree measurement's flat and tree sampling at the CPU build's default
+  KV-cache block (128 tokens) over the backend's (`vllm_backend.CPU_BLOCK_TOKENS`), one engine after the other in
+  one process (`measurements.block_size`, with whether the tokens were the same).
 - `scoring_vllm_over_transformers`: greedy held-out scoring (sample + verify) of one LoRA policy (a rank-8 adapter
   on SmolLM2, merged into a saved folder) on 256 held-out prompts, wall with the model's load. Target <= 0.4.
 - `engine_replay_*_{bf16,fp32}`: MRTPO's replay through the engine (`credit.engine_replay`) in each dtype against
@@ -116,6 +119,36 @@ def child_sample(args) -> dict:
     return {"start_s": start_s, "seconds": seconds, "tokens": tokens, "responses": len(samples),
             "tokens_per_s": tokens / seconds, "dtype": getattr(sampler, "dtype", None) or str(
                 next(sampler.model.parameters()).dtype).removeprefix("torch."), "load_avg": [before, load_avg()]}
+
+
+def child_blocks(args) -> dict:
+    """The engine's KV-cache block size on CPU: the tree measurement's flat and tree sampling (float32) at the
+    CPU build's default block (128 tokens) and at the backend's (CPU_BLOCK_TOKENS), in this one process."""
+    from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.sample import release_sampler
+    from tokencredit.pipeline.sample.vllm_backend import CPU_BLOCK_TOKENS, VllmSampler
+
+    s = json.loads(args.sizes)
+    records = instruction_records("train", s["tree_prompts"])
+    leaves = s["tree"][0] * s["tree"][1]
+    out = {"load_avg": [load_avg()]}
+    for block in (128, CPU_BLOCK_TOKENS):
+        sampler = VllmSampler(args.model, dtype="float32", threads=THREADS, progress=False, block_size=block)
+        sampler.sample(instruction_records("train", 2), SamplingConfig(n=1, max_new_tokens=4))
+        for name, config in (("flat", SamplingConfig(n=leaves, max_new_tokens=s["tree_max_new_tokens"])),
+                             ("tree", SamplingConfig(tree=tuple(s["tree"]), max_new_tokens=s["tree_max_new_tokens"]))):
+            begin = time.perf_counter()
+            samples = sampler.sample(records, config)
+            out[f"{name}_seconds_block{block}"] = time.perf_counter() - begin
+            out[f"{name}_tokens_block{block}"] = [len(x.token_ids) for x in samples]
+        release_sampler(sampler)
+    out["load_avg"].append(load_avg())
+    out["same_tokens"] = all(out[f"{n}_tokens_block128"] == out[f"{n}_tokens_block{CPU_BLOCK_TOKENS}"]
+                             for n in ("flat", "tree"))
+    for name in ("flat", "tree"):
+        out[f"{name}_tokens_block128"] = sum(out[f"{name}_tokens_block128"])
+        out[f"{name}_tokens_block{CPU_BLOCK_TOKENS}"] = sum(out[f"{name}_tokens_block{CPU_BLOCK_TOKENS}"])
+    return out
 
 
 def child_tree(args) -> dict:
@@ -224,7 +257,8 @@ def child_replay(args) -> dict:
             "start_s": start_s, "load_avg": [before, load_avg()]}
 
 
-CHILDREN = {"sample": child_sample, "tree": child_tree, "scoring": child_scoring, "replay": child_replay}
+CHILDREN = {"sample": child_sample, "tree": child_tree, "scoring": child_scoring, "replay": child_replay,
+            "blocks": child_blocks}
 
 
 # --- the parent: runs the children, writes engine.json as it goes -----------------------------------------
@@ -284,8 +318,8 @@ def annotate_wall(python: str, backend: str, credit: str, args: argparse.Namespa
     if done.returncode != 0:
         raise RuntimeError(f"annotate {backend} {credit} failed ({done.returncode}): {done.stderr.strip()[-3000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
-    return {"wall_s": wall, "load_avg": [before, load_avg()], "responses": manifest.get("responses"),
-            "backend": manifest.get("backend"), "dtype": manifest.get("dtype")}
+    return {"wall_s": wall, "load_avg": [before, load_avg()], "responses": manifest["totals"]["responses"],
+            "backend": manifest["config"]["backend"], "dtype": manifest["config"]["dtype"]}
 
 
 def lora_policy_folder(args) -> str:
@@ -389,6 +423,7 @@ def main() -> None:
             measure(f"replay_vllm_{dtype}", lambda: run_child(vpy, "replay", args, model=args.model, dtype=dtype))
     if "tree" in only:
         measure("tree_vllm", lambda: run_child(vpy, "tree", args, model=args.model))
+        measure("block_size", lambda: run_child(vpy, "blocks", args, model=args.model))
     if "annotate" in only:
         measure("annotate_vllm", lambda: annotate_wall(vpy, "vllm", "gdpo,mrtpo", args))
         measure("annotate_vllm_gdpo", lambda: annotate_wall(vpy, "vllm", "gdpo", args))
@@ -428,6 +463,13 @@ def summarize(results: Results, default: str) -> None:
         keys["tree_over_flat_vllm"] = ratio(tree["tree_seconds"] + tree["tree_again_seconds"],
                                             tree["flat_seconds"] + tree["flat_again_seconds"])
         loads["tree_over_flat_vllm"] = tree["load_avg"]
+    blocks = m.get("block_size")
+    if blocks:  # the CPU block the backend uses (CPU_BLOCK_TOKENS) against the CPU build's default
+        small = next(k for k in blocks if k.startswith("flat_seconds_block") and k != "flat_seconds_block128")
+        for name in ("flat", "tree"):
+            keys[f"cpu_block_{name}_speedup"] = ratio(blocks[f"{name}_seconds_block128"],
+                                                      blocks[small.replace("flat", name)])
+        loads["cpu_block_flat_speedup"] = loads["cpu_block_tree_speedup"] = blocks["load_avg"]
     s_t, s_v = m.get("scoring_transformers"), m.get("scoring_vllm")
     if s_t and s_v:
         keys["scoring_vllm_over_transformers"] = ratio(s_v["wall_s"], s_t["wall_s"])

