@@ -3,6 +3,7 @@ curve falls most?
 
     python bench/bench_localization_own.py [--limit 64] [--pairs 200] [--k 16] [--cuts 8] [--quick]
     python bench/bench_localization_own.py --pool tree [--tree-run RUN] [--pairs 200] [--k 16]
+    .venv-vllm/bin/python bench/bench_localization_own.py --backend vllm ...   # sampled on the CPU engine
 
 SmolLM2 samples the closed-loop train prompts once (temperature 0.5, max_new_tokens 96) and the same verified
 responses are credited gdpo,mrtpo under each `--locate` (bench/own_runs.py). `tokencredit values` measures the
@@ -265,7 +266,7 @@ def measured_pairs(args, run: str, name: str) -> list[dict]:
     if not args.values:
         started = time.perf_counter()
         summary = run_values(run, values, ValuesConfig(k=args.k, cuts=args.cuts, pairs=args.pairs, seed=args.seed,
-                                                       shard_size=2), progress=True)
+                                                       shard_size=2), progress=True, backend=args.backend)
         print(f"values: {summary['pairs']} pairs, {summary['continuations']} continuations, "
               f"{summary['continuation_tokens']} tokens, {time.perf_counter() - started:.0f} s this call", flush=True)
     measured = connect_values(values).execute("SELECT DISTINCT k FROM \"values\" WHERE k > 0").fetchall()
@@ -283,7 +284,8 @@ def measure_tree(args) -> list[dict]:
         raise SystemExit(f"--tree-run {run}: the run has no mc credit (tree-sampled groups credited gdpo,mc)")
     pairs = measured_pairs(args, run, "tree-")
     credits = {("mc", "-"): mc, ("gdpo", "uniform"): None, ("first_token", "-"): first_token_credit(pairs)}
-    return [{**row, "pool": "tree"} for row in rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed)]
+    rows = rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed)
+    return [{**row, "pool": "tree", "backend": args.backend} for row in rows]
 
 
 def measure(args) -> list[dict]:
@@ -300,8 +302,9 @@ def measure(args) -> list[dict]:
     credits[("gdpo", "uniform")] = None
     credits[("first_token", "-")] = first_token_credit(pairs)
     held = rm_heldout(runs["replay"], pairs) if ("p2t", "-") in credits else None
-    return [{**row, "pool": "flat"} for row in rows_for(args.model, pairs, credits, args.k, args.bootstrap,
-                                                         args.seed, {"rm_heldout": held} if held is not None else None)]
+    rows = rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed,
+                    {"rm_heldout": held} if held is not None else None)
+    return [{**row, "pool": "flat", "backend": args.backend} for row in rows]
 
 
 def report(rows: list[dict]) -> list[str]:

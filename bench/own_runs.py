@@ -26,7 +26,7 @@ def config_for(args, locate: str):
     from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
 
     return AnnotateConfig(prompts=str(args.prompts), tasks=("instructions",), split="train", limit=args.limit,
-                          model=args.model, sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens,
+                          model=args.model, backend=args.backend, sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens,
                                                                     temperature=args.temperature, seed=args.seed),
                           reward_model=args.reward_model if locate == "replay" else None,
                           credit=CreditConfig(kinds=("gdpo", "mrtpo", "p2t") if locate == "replay" and args.reward_model
@@ -81,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tree", type=lambda text: tuple(int(x) for x in text.split(",")), default=(4, 2),
                         help="R,L: the tree run's branching (its groups have R x L leaves)")
+    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers",
+                        help="sampler of the runs and of the value curves' continuations (vllm: run in the CPU "
+                        "engine's environment, .ci/vllm-env)")
     parser.add_argument("--reward-model", default=None, help="P2T's reward model for the replay run (a folder of "
                         "`tokencredit rm train`); without it the runs hold no P2T")
 

@@ -351,9 +351,10 @@ def finish_values(job: ValuesJob, markers: Sequence[dict]) -> dict:
 
 
 def run_values(run: str, out: str, config: ValuesConfig = ValuesConfig(), device: str = "cpu",
-               progress: bool = True) -> dict:
-    """Measure every selected pair of `run` not yet done under `out`, in this process; returns the summary."""
-    return run_derived(VALUES_KIND, run, out, config, device, progress)
+               progress: bool = True, backend: str = "transformers") -> dict:
+    """Measure every selected pair of `run` not yet done under `out`, in this process; returns the summary.
+    `backend`: the continuations' sampler (transformers or vllm)."""
+    return run_derived(VALUES_KIND, run, out, config, device, progress, backend=backend)
 
 
 VALUES_KIND = DerivedKind("values", "response", prepare_values, finish_values,
