@@ -224,6 +224,22 @@ def test_values_and_repair_sample_on_the_engine(runs, tmp_path):
     assert values and repair
 
 
+def test_a_dask_worker_starts_one_engine_and_writes_the_in_process_rows(prefect_harness, runs, tmp_path, capfd):
+    from tokencredit.flows.annotate import run_annotate_flow
+
+    root, manifests = runs
+    capfd.readouterr()
+    dask = run_annotate_flow(small_config("vllm"), str(tmp_path / "dask"), runner="dask", workers=1, progress=False)
+    assert dask["n_shards"] == manifests["vllm"]["n_shards"] > 1
+    for table in ("responses", "credits"):
+        rows = [sorted(ds.dataset(folder / table).to_table().to_pylist(), key=lambda r: json.dumps(r, default=str))
+                for folder in (root / "vllm", tmp_path / "dask")]
+        assert rows[0] == rows[1]
+    # the worker writes vLLM's log to this process's streams: one engine start for all of its shards
+    log = capfd.readouterr()
+    assert (log.out + log.err).count("Initializing a V1 LLM engine") == 1
+
+
 @pytest.mark.slow
 def test_a_vllm_run_killed_mid_run_resumes_without_duplicates_or_gaps(tmp_path):
     out = tmp_path / "killed"
