@@ -1025,6 +1025,23 @@ def measured_costs() -> dict:
             "source": "closed_loop_pilot.json (SmolLM2, T 0.5, batch 64, 2-core CPU) and train.json (trainer step)"}
 
 
+def engine_hours(chosen: dict, costs, arms: int) -> dict:
+    """The chosen design's hours on each engine measured side by side on a quiet CPU (engine.json, full mode:
+    128 responses of up to 96 tokens, 2 threads, start excluded), with the same trainings."""
+    engine = json.loads((ROOT / "bench" / "results" / "engine.json").read_text())
+    if engine.get("mode") != "full":
+        return {}
+    trainings = chosen["seeds"] * arms
+    out = {}
+    for name in ("sample_transformers", "sample_vllm_float32", "sample_vllm_bfloat16"):
+        m = engine["measurements"].get(name)
+        if m:
+            seconds = chosen["tokens"] / m["tokens_per_s"] + trainings * costs.train_seconds
+            out[name.removeprefix("sample_")] = {"tokens_per_s": m["tokens_per_s"], "hours": seconds / 3600,
+                                                 "load_avg": m["load_avg"], "source": "engine.json"}
+    return out
+
+
 def cmd_plan(args) -> dict:
     """compare --plan for the powered design (bench/compare_designs/powered.toml) from the Monte-Carlo credit
     experiment's components (compare_details.json), the MRTPO experiment's measured decode term, and the costs
@@ -1056,6 +1073,9 @@ def cmd_plan(args) -> dict:
             log(f"{key}: {line}")
         out[key] = {"cheapest": cheapest["cheapest"], "at_design": at_design["cheapest"]}
     chosen = out["measured_decode_term"]["at_design"]
+    out["engines"] = engine_hours(chosen, costs, out["arms"])
+    for name, row in out["engines"].items():
+        log(f"at the design's size on {name}: {row['hours']:.1f} h ({row['tokens_per_s']:.1f} tokens/s)")
     out.update(seeds=chosen["seeds"], prompts=chosen["prompts"], decodes=chosen["decodes"],
                tokens=chosen["tokens"], hours=chosen["hours"], worst_mde=chosen["worst_mde"],
                mde=chosen["mde"])
@@ -1074,9 +1094,12 @@ def cmd_plan(args) -> dict:
                 f"{costs.tokens_per_s:.1f} tokens/s, {costs.train_seconds:.0f} s per training",
         f"{chosen['seeds']} seeds: detectable " + ", ".join(f"{k} {v:.4f}" for k, v in chosen["mde"].items())
         + f"; {chosen['tokens']:,} tokens, {chosen['hours']:.1f} h on this CPU (without the decode term: "
-          f"{alt['seeds']} seeds, {alt['hours']:.1f} h)",
-        f"run on this machine in the session: not possible ({chosen['hours']:.1f} h of scoring and training on "
-        "2 shared cores); blocked")
+          f"{alt['seeds']} seeds, {alt['hours']:.1f} h)" + "".join(
+              f"; on {name} at its quiet speed ({row['tokens_per_s']:.0f} tokens/s, engine.json) {row['hours']:.1f} h"
+              for name, row in out["engines"].items()),
+        "run: on the vLLM CPU engine (the design amended to it before any scoring), "
+        + (f"{out['engines']['vllm_float32']['hours']:.1f} h at its quiet speed, " if "vllm_float32" in out["engines"]
+           else "") + "longer than a session: `tokencredit compare` resumes it session after session")
     return out
 
 
