@@ -7,6 +7,7 @@
     python bench/closed_loop.py report                                     # json, plot, RESULTS.md
     python bench/closed_loop.py quick                                      # CI: both arms, a few steps, tiny
     python bench/closed_loop.py compare    # both experiments' offline arms by compare's statistics: compare.json
+                                           # (and the powered design's rows, once bench/.closed_loop-powered has them)
     python bench/closed_loop.py plan       # compare --plan for bench/compare_designs/powered.toml
 
 The experiments' offline arms are compare designs (bench/compare_designs/issue18.toml, issue25.toml): a new run is
@@ -1002,10 +1003,23 @@ def cmd_compare(args) -> list[dict]:
             log(f"{name} {row['method']} - {row['baseline']}: {row['diff']:+.4f} [{row['ci_low']:+.4f}, "
                 f"{row['ci_high']:+.4f}] detectable {row['mde']:.4f} (crossed bootstrap [{row['ci_low_crossed']:+.4f}, "
                 f"{row['ci_high_crossed']:+.4f}], {row['mde_crossed']:.4f}); {verdict(row)}")
+    for row in powered_rows():
+        details.append({"design": "powered", **row})
+        rows.append({k: row[k] for k in KEYS})
     COMPARE_JSON.write_text(json.dumps(rows, indent=1) + "\n")
     COMPARE_DETAILS_JSON.write_text(json.dumps(details, indent=1) + "\n")
     write_results_md_compare(details)
     return rows
+
+
+POWERED_RUN = ROOT / "bench" / ".closed_loop-powered"  # `tokencredit compare` of POWERED, run in .venv-vllm
+
+
+def powered_rows() -> list[dict]:
+    """The powered design's difference rows as its compare folder holds them after `tokencredit compare` (or
+    `--report-only` on the seeds scored so far); none before it has written them."""
+    path = POWERED_RUN / "compare.json"
+    return json.loads(path.read_text())["rows"] if path.is_file() else []
 
 
 POWERED = ROOT / "bench" / "compare_designs" / "powered.toml"
