@@ -131,23 +131,19 @@ def child_blocks(args) -> dict:
     s = json.loads(args.sizes)
     records = instruction_records("train", s["tree_prompts"])
     leaves = s["tree"][0] * s["tree"][1]
-    out = {"load_avg": [load_avg()]}
+    out, tokens = {"load_avg": [load_avg()]}, {}
     for block in (128, CPU_BLOCK_TOKENS):
         sampler = VllmSampler(args.model, dtype="float32", threads=THREADS, progress=False, block_size=block)
         sampler.sample(instruction_records("train", 2), SamplingConfig(n=1, max_new_tokens=4))
         for name, config in (("flat", SamplingConfig(n=leaves, max_new_tokens=s["tree_max_new_tokens"])),
                              ("tree", SamplingConfig(tree=tuple(s["tree"]), max_new_tokens=s["tree_max_new_tokens"]))):
             begin = time.perf_counter()
-            samples = sampler.sample(records, config)
+            tokens[name, block] = [x.token_ids for x in sampler.sample(records, config)]
             out[f"{name}_seconds_block{block}"] = time.perf_counter() - begin
-            out[f"{name}_tokens_block{block}"] = [len(x.token_ids) for x in samples]
+            out[f"{name}_tokens_block{block}"] = sum(map(len, tokens[name, block]))
         release_sampler(sampler)
     out["load_avg"].append(load_avg())
-    out["same_tokens"] = all(out[f"{n}_tokens_block128"] == out[f"{n}_tokens_block{CPU_BLOCK_TOKENS}"]
-                             for n in ("flat", "tree"))
-    for name in ("flat", "tree"):
-        out[f"{name}_tokens_block128"] = sum(out[f"{name}_tokens_block128"])
-        out[f"{name}_tokens_block{CPU_BLOCK_TOKENS}"] = sum(out[f"{name}_tokens_block{CPU_BLOCK_TOKENS}"])
+    out["same_tokens"] = all(tokens[n, 128] == tokens[n, CPU_BLOCK_TOKENS] for n in ("flat", "tree"))
     return out
 
 
@@ -465,10 +461,11 @@ def summarize(results: Results, default: str) -> None:
         loads["tree_over_flat_vllm"] = tree["load_avg"]
     blocks = m.get("block_size")
     if blocks:  # the CPU block the backend uses (CPU_BLOCK_TOKENS) against the CPU build's default
-        small = next(k for k in blocks if k.startswith("flat_seconds_block") and k != "flat_seconds_block128")
+        from tokencredit.pipeline.sample.vllm_backend import CPU_BLOCK_TOKENS  # vllm itself loads lazily
+
         for name in ("flat", "tree"):
             keys[f"cpu_block_{name}_speedup"] = ratio(blocks[f"{name}_seconds_block128"],
-                                                      blocks[small.replace("flat", name)])
+                                                      blocks[f"{name}_seconds_block{CPU_BLOCK_TOKENS}"])
         loads["cpu_block_flat_speedup"] = loads["cpu_block_tree_speedup"] = blocks["load_avg"]
     s_t, s_v = m.get("scoring_transformers"), m.get("scoring_vllm")
     if s_t and s_v:
