@@ -1016,10 +1016,20 @@ POWERED_RUN = ROOT / "bench" / ".closed_loop-powered"  # `tokencredit compare` o
 
 
 def powered_rows() -> list[dict]:
-    """The powered design's difference rows as its compare folder holds them after `tokencredit compare` (or
-    `--report-only` on the seeds scored so far); none before it has written them."""
+    """The powered design's difference rows as its compare folder holds them after `tokencredit compare`; none
+    before it has written them, and none while a row has fewer seeds than the design (`--report-only` on the
+    seeds scored so far writes such rows: they are not the registered result)."""
+    from tokencredit.pipeline.compare.design import load_design
+
     path = POWERED_RUN / "compare.json"
-    return json.loads(path.read_text())["rows"] if path.is_file() else []
+    if not path.is_file():
+        return []
+    rows, seeds = json.loads(path.read_text())["rows"], len(load_design(POWERED).seeds)
+    short = [f"{r['method']} - {r['baseline']}" for r in rows if len(r["seeds"]) < seeds]
+    if short:
+        log(f"powered: not added, {len(short)} rows have fewer than its {seeds} seeds ({short[0]}, ...)")
+        return []
+    return rows
 
 
 POWERED = ROOT / "bench" / "compare_designs" / "powered.toml"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from pathlib import Path
 
 from tokencredit.pipeline.annotate import load_prompt_set
@@ -11,7 +12,7 @@ from tokencredit.pipeline.annotate import load_prompt_set
 from tokencredit.pipeline.compare.design import Design
 from tokencredit.pipeline.compare.registry import register
 from tokencredit.pipeline.compare.run import (annotate_config, heldout_records, log, pool_complete, pool_folder,
-                                              score_policy, stage_backend, train_arm)
+                                              score_policy, scores_path, stage_backend, train_arm)
 
 
 def annotate_pool(design: Design, name: str, out: Path, runner: str) -> Path:
@@ -43,8 +44,17 @@ def run_compare(design: Design, out: Path, runner: str = "threads") -> dict:
     pools = {name: annotate_pool(design, name, out, runner) for name in design.pools if name in used}
     records = heldout_records(design)
     score_policy(design, "start", None, records, out)
-    for seed in design.seeds:
-        for arm in design.arms.values():
-            adapter = train_arm(design, arm, seed, pools[arm.pool], out)
-            score_policy(design, f"{arm.name}-{seed}", adapter, records, out, arm=arm.name, seed=seed)
+    policies = [(seed, arm) for seed in design.seeds for arm in design.arms.values()]
+    started, done_here = time.monotonic(), 0
+    for i, (seed, arm) in enumerate(policies, 1):
+        label = f"{arm.name}-{seed}"
+        if scores_path(out, label).is_file():
+            continue
+        left = sum(not scores_path(out, f"{a.name}-{s}").is_file() for s, a in policies)
+        pace = (time.monotonic() - started) / done_here if done_here else None
+        log(f"policy {i} of {len(policies)}: {label}"
+            + (f" (about {pace * left / 3600:.1f} h left at this run's pace)" if pace else ""))
+        adapter = train_arm(design, arm, seed, pools[arm.pool], out)
+        score_policy(design, label, adapter, records, out, arm=arm.name, seed=seed)
+        done_here += 1
     return registration

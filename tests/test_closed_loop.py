@@ -206,3 +206,16 @@ def test_compare_rows_of_the_older_designs_are_reproduced_from_their_stored_rewa
                         "amendments": [{"arms": closed_loop.OLDER_DESIGNS[name]["exploratory"]}]}
         again = [{k: r[k] for k in KEYS} for r in closed_loop.older_rows(name, registration)]
         assert json.loads(json.dumps(again)) == rows
+
+
+def test_the_powered_rows_join_compare_json_only_with_every_seed_of_the_design(tmp_path, monkeypatch):
+    monkeypatch.setattr(closed_loop, "POWERED_RUN", tmp_path)
+    assert closed_loop.powered_rows() == []  # not written yet
+    from tokencredit.pipeline.compare.design import load_design
+
+    seeds = load_design(closed_loop.POWERED).seeds
+    row = {"method": "mc", "baseline": "gdpo", "diff": 0.01}
+    (tmp_path / "compare.json").write_text(json.dumps({"rows": [{**row, "seeds": seeds[:2]}]}))
+    assert closed_loop.powered_rows() == []  # `--report-only` on the seeds scored so far
+    (tmp_path / "compare.json").write_text(json.dumps({"rows": [{**row, "seeds": seeds}]}))
+    assert closed_loop.powered_rows() == [{**row, "seeds": seeds}]

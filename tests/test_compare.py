@@ -192,8 +192,12 @@ def stable(out: Path) -> dict:
 def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_path):
     design = write(tmp_path / "design.toml", TINY)
     whole = run_cli(str(design), "--out", str(tmp_path / "whole"), "--runner", "none")
-    _, err = whole.communicate(timeout=600)
+    printed, err = whole.communicate(timeout=600)
     assert whole.returncode == 0, err[-2000:]
+    progress = [line.split("compare: ", 1)[1] for line in printed.splitlines() if "compare: policy " in line]
+    assert [p.split(" (")[0] for p in progress] == ["policy 1 of 4: gdpo-0", "policy 2 of 4: mrtpo-0",
+                                                    "policy 3 of 4: gdpo-1", "policy 4 of 4: mrtpo-1"]
+    assert all(p.endswith("h left at this run's pace)") for p in progress[1:]), progress
 
     killed = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none")
     first_score, deadline = tmp_path / "killed" / "scores" / "gdpo-0.json", time.monotonic() + 600

@@ -220,3 +220,27 @@ def test_an_interrupted_train_resumes_to_the_uninterrupted_weights(clean, tmp_pa
     assert main(["train", *args, "--out", str(out)]) == 0
     for name in ("model.safetensors",):
         assert (out / "checkpoint-4" / name).read_bytes() == (whole / "checkpoint-4" / name).read_bytes()
+
+
+@pytest.mark.slow
+def test_an_interrupted_rm_train_leaves_no_folder_and_reruns_to_the_uninterrupted_model(tmp_path):
+    from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
+    from tokencredit.pipeline.models.loading import DEFAULT_POLICY
+    from tokencredit.pipeline.steps import Pipeline
+
+    run = tmp_path / "run"
+    Pipeline(AnnotateConfig(prompts="demo", tasks=("instructions",), limit=16, credit=CreditConfig(kinds=("gdpo",)),
+                            sampling=SamplingConfig(n=8, max_new_tokens=32))).run(str(run))
+    args = ["rm", "train", str(run), "--base", str(DEFAULT_POLICY), "--train-layers", "1", "--epochs", "30",
+            "--layer-lr", "1e-3"]
+    whole, out, log = tmp_path / "whole", tmp_path / "out", tmp_path / "log"
+    assert main([*args, "--out", str(whole)]) == 0
+    proc = start([*args, "--out", str(out)], log)
+    wait_for(lambda: "rm top layers" in log.read_text(), proc, "the top layers' progress")
+    interrupt(proc, signal.SIGINT, log, "rm")
+    assert list(tmp_path.glob("*out*")) == [], "an interrupted rm train left a folder"
+    (tmp_path / ".out.tmp-1").mkdir()  # as a kill -9 while saving leaves it
+    assert main([*args, "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*out*")) == ["out"]
+    assert json.loads((out / "rm_train.json").read_text()) == json.loads((whole / "rm_train.json").read_text())
+    assert (out / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()

@@ -127,6 +127,10 @@ def load_scored_policy(design: Design, adapter: Path | None):
     return load_policy(str(adapter), device=device)
 
 
+def scores_path(out: Path, label: str) -> Path:
+    return out / "scores" / f"{label}.json"
+
+
 def score_policy(design: Design, label: str, adapter: Path | None, records, out: Path,
                  arm: str | None = None, seed: int | None = None) -> dict:
     """DIR/scores/LABEL.json: per held-out prompt and decode, the mean of its rewards and each reward's score;
@@ -136,7 +140,7 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
     from tokencredit.pipeline.sample import make_sampler, release_sampler
     from tokencredit.verifiers.plugins import resolve
 
-    path = out / "scores" / f"{label}.json"
+    path = scores_path(out, label)
     if path.is_file():
         return json.loads(path.read_text())
     log(f"score {label}")

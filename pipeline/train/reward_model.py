@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tokencredit.pipeline.interrupts import hold
+
 MIN_PAIRS = 8  # fewer train or held-out pairs make the accuracy noise
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # the head's L2 strengths tried by cross-validation on the train groups
 
@@ -311,12 +313,14 @@ def save_reward_model(model, tokenizer, pooling: str, out: str | Path, report: d
     from tokencredit.pipeline.credit.p2t import POOLING_KEY
 
     out = Path(out)
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a run killed while saving
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     setattr(model.config, POOLING_KEY, pooling)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "rm_train.json").write_text(json.dumps(report, indent=2) + "\n")
+    hold()  # an interrupt being handled: the folder it cut short is not renamed into place
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
