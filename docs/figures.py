@@ -126,6 +126,19 @@ def result_ci(file: str, key, low="ci_low", high="ci_high", fmt: str | None = No
             f"{result(file, high, fmt, scale, **where)}]")
 
 
+def has_rows(file: str, **where) -> bool:
+    """Whether a row of `file` matches `where`: a section that waits on a run's rows is written without them."""
+    return bool(rows_of(file, where))
+
+
+def result_verdict(file: str, **where) -> str:
+    """A difference row's verdict from its 95% interval: 'detected above 0', 'detected below 0' or 'not detected'
+    (its figures are rendered beside it with `result_ci` and `result`)."""
+    from tokencredit.pipeline.compare.report import detected
+
+    return detected(row_of(file, where))
+
+
 def cell(file: str, row: dict, column, where: dict) -> str:
     """A table cell: column is [header, key], [header, key, fmt] or [header, key, fmt, scale]; a key
     `ci:diff,ci_low,ci_high` writes a value with its interval."""
@@ -190,17 +203,27 @@ HEADLINES = [
     ("Own samples: the first-token rule on the same pairs",
      "localization_own.json", "top_in_decisive", dict(credit="first_token", kind="all", pool="flat"),
      "experiments/localization.md"),
-    ("Training, offline: MRTPO minus GDPO, held-out reward (5 seeds x 256 prompts; not detected)",
+    ("Training, offline: MRTPO minus GDPO, held-out reward",
      "compare.json", "diff", dict(method="mrtpo", baseline="gdpo", design_hash=MC_DESIGN),
      "experiments/compare.md"),
-    ("Training, offline: Monte-Carlo credit on tree groups minus GDPO (5 seeds x 256 prompts; not "
-     "detected)",
+    ("Training, offline: Monte-Carlo credit on tree groups minus GDPO",
      "compare.json", "diff", dict(method="mc", baseline="gdpo", design_hash=MC_DESIGN), "experiments/compare.md"),
     ("Reward model head on frozen SmolLM2: held-out pairwise accuracy",
      "reward_model.json", "pairwise_accuracy", dict(family="mean", train_layers=0, pooling="response_mean"),
      "experiments/reward-model.md"),
     ("Annotation time, MRTPO over GDPO alone (SmolLM2, 256 new tokens)", "speed.json", "mrtpo_over_gdpo", {},
      "benchmarks.md"),
+]
+# the powered design (bench/compare_designs/powered.toml, as registered): its rows join once its run has scored
+# every seed, and the README's table leads with its primary differences from then on
+POWERED_DESIGN = "cdc5becceba3d240ddfce2257846994be3561ea84cb9ca6d9f07fa86699f5b37"
+POWERED_HEADLINES = [
+    ("Training, powered: Monte-Carlo credit minus GDPO on the same tree pool, held-out reward", "compare.json", "diff",
+     dict(method="mc", baseline="gdpo_tree", design_hash=POWERED_DESIGN), "experiments/compare.md"),
+    ("Training, powered: MRTPO minus GDPO, held-out reward", "compare.json", "diff",
+     dict(method="mrtpo", baseline="gdpo", design_hash=POWERED_DESIGN), "experiments/compare.md"),
+    ("Training, powered: Monte-Carlo credit on tree groups minus GDPO, held-out reward", "compare.json", "diff",
+     dict(method="mc", baseline="gdpo", design_hash=POWERED_DESIGN), "experiments/compare.md"),
 ]
 CI_KEYS = {"localization_own.json": ("ci_low", "ci_high"), "compare.json": ("ci_low", "ci_high"),
            "reward_model.json": ("ci_low", "ci_high")}
@@ -210,11 +233,15 @@ def headline_table(docs_url: str = "docs/") -> str:
     """The README's results table: each finding, its figure (with the 95% interval where the row has one), its
     results file and the page that explains it."""
     lines = ["| finding | figure [95% interval] | row | details |", "|---|---|---|---|"]
-    for text, file, key, where, page in HEADLINES:
+    powered = POWERED_HEADLINES if has_rows("compare.json", design_hash=POWERED_DESIGN) else []
+    for text, file, key, where, page in powered + HEADLINES:
         fmt = "+.3f" if key == "diff" else ".2f" if key == "mrtpo_over_gdpo" else ".3f"
         if file in CI_KEYS:
             figure = result_ci(file, key, *CI_KEYS[file], fmt=fmt, **where)
-            if file == "compare.json":  # a difference is read beside what the design could have detected
+            if file == "compare.json":  # a difference is read beside its verdict and what the design could detect
+                row = row_of(file, where)
+                text += (f" ({len(row['seeds'])} seeds x {row['prompts']:,} prompts x {len(row['decodes'])} "
+                         f"decode{'s' * (len(row['decodes']) > 1)}; {result_verdict(file, **where)})")
                 figure += f"; detectable {result(file, 'mde', fmt='.3f', **where)}"
         else:
             figure = result(file, key, fmt=fmt, **where) + ("x" if key.endswith("_over_gdpo") else "")
@@ -300,9 +327,12 @@ def field_comments(name: str) -> dict[str, str]:
     return notes
 
 
+MACROS = (result, result_ci, result_ratio, result_table, result_verdict, has_rows, cli_reference, schema_table)
+
+
 def define_env(env) -> None:
     """mkdocs-macros' hook: the macros pages call."""
-    for fn in (result, result_ci, result_ratio, result_table, cli_reference, schema_table):
+    for fn in MACROS:
         env.macro(fn)
 
 

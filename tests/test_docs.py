@@ -31,8 +31,8 @@ def render(figures, page: Path) -> tuple[str, list[dict]]:
     """The page as mkdocs-macros renders it (Jinja with the module's macros), and the figures it rendered."""
     figures.RENDERED.clear()
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    for name in ("result", "result_ci", "result_ratio", "result_table", "cli_reference", "schema_table"):
-        env.globals[name] = getattr(figures, name)
+    for fn in figures.MACROS:
+        env.globals[fn.__name__] = fn
     text = env.from_string(page.read_text()).render()
     return text, list(figures.RENDERED)
 
@@ -233,3 +233,39 @@ def test_the_cli_reference_and_the_schema_tables_come_from_the_code(figures):
     table = figures.schema_table("CREDITS")
     assert table.count("\n") == len(schemas.CREDITS) + 1
     assert "| `constraint_index` | `int32` | yes | which constraint of an instruction record; NULL elsewhere |" in table
+
+
+def test_the_powered_section_renders_its_rows_once_they_exist(figures, tmp_path, monkeypatch):
+    """compare.md's powered design waits on its run: without its rows a line says so; with them (stand-in rows here,
+    until the run's are in) each primary difference is written with its interval, its verdict and what it could
+    detect."""
+    page = DOCS / "experiments" / "compare.md"
+    powered = "cdc5becceba3d240ddfce2257846994be3561ea84cb9ca6d9f07fa86699f5b37"
+    rows = [r for r in raw("compare.json") if r["design_hash"] != powered]
+    for name in (p.name for p in (ROOT / "bench" / "results").glob("*.json")):
+        (tmp_path / name).write_text((ROOT / "bench" / "results" / name).read_text())
+    pairs = [("mc", "gdpo_tree", 0.021, 0.004), ("mrtpo", "gdpo", 0.002, -0.009), ("mc", "gdpo", -0.02, -0.031),
+             ("mc", "rs", 0.0, -0.01), ("gdpo_tree", "gdpo", 0.0, -0.01)]
+    stand_in = [{**rows[0], "method": m, "baseline": b, "diff": d, "ci_low": low, "ci_high": low + 0.02, "mde": 0.012,
+                 "seeds": [100, 101, 102, 103], "design_hash": powered} for m, b, d, low in pairs]
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    texts, readme = [], []
+    for content in (rows, rows + stand_in):
+        (tmp_path / "compare.json").write_text(json.dumps(content))
+        figures.load.cache_clear()
+        try:
+            texts.append(render(figures, page)[0])
+            readme.append(figures.headline_table())
+        finally:
+            figures.load.cache_clear()
+    waiting, text = texts
+    assert "has not scored every seed yet" in waiting and "(primary)" not in waiting
+    assert "powered" not in readme[0]
+    assert readme[1].splitlines()[2].startswith(  # the README's table leads with the powered design's differences
+        "| Training, powered: Monte-Carlo credit minus GDPO on the same tree pool, held-out reward (4 seeds x 256 "
+        "prompts x 1 decode; detected above 0) | +0.021 [+0.004, +0.024]; detectable 0.012 |")
+    assert "has not scored every seed yet" not in text
+    assert "`mc - gdpo_tree` (primary): +0.021 [+0.004, +0.024],\n  detected above 0; detectable\n  0.012" in text
+    assert "`mrtpo - gdpo` (primary): +0.002 [-0.009, +0.011],\n  not detected;" in text
+    assert "`mc - gdpo` (primary): -0.020 [-0.031, -0.011],\n  detected below 0;" in text
+    assert "| mc | rs | +0.000 [-0.010, +0.010] |" in text

@@ -135,13 +135,19 @@ def arm_lines(scores: dict[str, dict], untrained: set[str] = frozenset()) -> lis
     return lines
 
 
-def verdict(row: dict) -> str:
-    """'detected above 0', 'detected below 0', or 'not detected (detectable difference M)'."""
+def detected(row: dict) -> str:
+    """'detected above 0', 'detected below 0' or 'not detected': where the difference's 95% interval lies."""
     if row["ci_low"] > 0:
         return "detected above 0"
     if row["ci_high"] < 0:
         return "detected below 0"
-    return f"not detected (detectable difference {row['mde']:.3f})"
+    return "not detected"
+
+
+def verdict(row: dict) -> str:
+    """`detected`, with the detectable difference beside 'not detected' (which is not 'no difference')."""
+    found = detected(row)
+    return found if found != "not detected" else f"{found} (detectable difference {row['mde']:.3f})"
 
 
 def plot(rows: list[dict], path: Path) -> None:
