@@ -910,6 +910,8 @@ OLDER_DESIGNS = {
                 "design_file": ("46041f7", "bench/closed_loop.py"), "registered": False,
                 "exploratory": ["mrtpo_both"]},
 }
+DESIGN_NAMES = {"issue25": "the Monte-Carlo credit experiment", "issue18": "the MRTPO experiment",
+                "powered": "the powered design"}
 COMPARE_JSON = ROOT / "bench" / "results" / "compare.json"
 COMPARE_DETAILS_JSON = ROOT / "bench" / "results" / "compare_details.json"
 
@@ -1142,14 +1144,17 @@ def write_results_md_compare(details: list[dict]) -> None:
                 f"prompts x {len(r['decodes'])} decodes; {verdict(r)}"
                 + (" (exploratory)" if r["exploratory"] else "") + early)
 
+    sizes = {r["design"]: f"{DESIGN_NAMES[r['design']]}: {len(r['seeds'])} seeds x {r['prompts']} held-out prompts x "
+                          f"({', '.join(r['decodes'])})" for r in details}
     upsert_result(
         "compare: the closed-loop experiments re-analysed (closed_loop.py compare)",
-        "Issue 18's and issue 25's offline arms (bench/compare_designs/) re-analysed from their stored per-prompt "
-        "rewards with `tokencredit compare`'s statistics: each difference's variance components (seed, prompt, "
+        "The offline arms of the MRTPO experiment and of the Monte-Carlo credit experiment (bench/compare_designs/) "
+        "re-analysed from their stored per-prompt rewards with `tokencredit compare`'s statistics, and the powered "
+        "design's rows once its run has scored every seed: each difference's variance components (seed, prompt, "
         "cell) and a Student-t interval from them (Satterthwaite's degrees of freedom), the detectable difference "
         "at 80% power / 5%, and the crossed bootstrap the older rows used beside it. Rows: "
         "`bench/results/compare.json` (every column: `compare_details.json`).",
-        "full", "issue 25: 5 seeds x 256 held-out prompts x greedy; issue 18: 3 seeds x 256 x (greedy, 1 sampled)",
+        "full", "; ".join(sizes.values()),
         " | ".join(line(r) for r in details),
         "; ".join(f"{r['design']} {r['method']} - {r['baseline']}: {verdict(r)}" for r in details if r["primary"]))
 
