@@ -396,8 +396,10 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
         history = ", ".join(f"{a:.3f}" for a in report["dev_accuracy_per_epoch"])
         print(f"  top {config.train_layers} layers trained; dev accuracy per epoch (0: the head alone): {history}")
     for row in report["families"]:
-        print(f"  {row['family']}: held-out pairwise accuracy {row['pairwise_accuracy']:.3f} "
-              f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}] over {row['pairs_heldout']} pairs")
+        interval = (f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]" if row["ci_low"] is not None
+                    else "(no interval: its pairs come from one held-out prompt)")
+        print(f"  {row['family']}: held-out pairwise accuracy {row['pairwise_accuracy']:.3f} {interval} "
+              f"over {row['pairs_heldout']} pairs")
     return 0
 
 

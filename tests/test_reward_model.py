@@ -14,8 +14,8 @@ from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingCo
 from tokencredit.pipeline.credit.p2t import attribute, encode_for_reward_model
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_reward_model
 from tokencredit.pipeline.steps import Pipeline
-from tokencredit.pipeline.train.reward_model import (L2_GRID, Response, RewardModelConfig, check_top_layers,
-                                                     choose_head, family_pairs, heldout_groups, load_base,
+from tokencredit.pipeline.train.reward_model import (L2_GRID, Response, RewardModelConfig, bootstrap_interval,
+                                                     check_top_layers, choose_head, family_pairs, heldout_groups, load_base,
                                                      mean_reward_pairs, pairwise_accuracy, response_features)
 from tokencredit.pipeline.train.top_layers import all_scores, top_backbone, train_top_layers
 
@@ -42,6 +42,15 @@ def test_heldout_groups_are_a_fixed_fraction_never_all():
     assert len(held) == 5 and held == heldout_groups(list(reversed(groups)), 0.25, seed=0)
     assert held != heldout_groups(groups, 0.25, seed=1)
     assert len(heldout_groups(["a", "b"], 0.9, seed=0)) == 1
+
+
+def test_the_bootstrap_interval_resamples_prompts_and_is_none_for_pairs_of_one_prompt():
+    responses = [response("x0", "x", [1, 1]), response("x1", "x", [0, 0]), response("y0", "y", [1, 1]),
+                 response("y1", "y", [0, 0]), response("y2", "y", [0, 1])]
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5])
+    assert bootstrap_interval(scores, [(0, 1)], responses, 200, seed=0) == (None, None)  # was [nan, nan] in JSON
+    low, high = bootstrap_interval(scores, [(0, 1), (2, 3), (2, 4)], responses, 200, seed=0)
+    assert low == pytest.approx(0.0) and high == pytest.approx(1.0)  # a draw of only y (0/2) and one of only x (1/1)
 
 
 def test_pairwise_accuracy_counts_ties_half():

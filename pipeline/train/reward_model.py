@@ -287,14 +287,15 @@ def family_pairs(responses: Sequence[Response], groups: set[str]) -> dict[str, l
 
 
 def bootstrap_interval(scores: Tensor, pairs: Sequence[tuple[int, int]], responses: Sequence[Response],
-                       resamples: int, seed: int) -> tuple[float, float]:
-    """95% percentile interval of the pairwise accuracy over resampled held-out groups (pairs move with their group)."""
+                       resamples: int, seed: int) -> tuple[float | None, float | None]:
+    """95% percentile interval of the pairwise accuracy over resampled held-out groups (pairs move with their group);
+    (None, None) where the pairs come from one group (nothing to resample)."""
     by_group: dict[str, list[tuple[int, int]]] = {}
     for c, r in pairs:
         by_group.setdefault(responses[c].group_id, []).append((c, r))
     groups = sorted(by_group)
     if len(groups) < 2 or resamples < 1:
-        return float("nan"), float("nan")
+        return None, None
     right = {g: sum(float(scores[c] > scores[r]) + 0.5 * float(scores[c] == scores[r]) for c, r in by_group[g])
              for g in groups}
     counts = torch.tensor([len(by_group[g]) for g in groups], dtype=torch.float64)
