@@ -492,6 +492,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.compare.design import load_design
 
     design = load_design(args.design)
+    if args.status:
+        from tokencredit.pipeline.compare.run import status
+
+        print("\n".join(status(design, Path(args.out))))
+        return 0
     if args.plan:
         from tokencredit.pipeline.compare.plan import cli_plan
 
@@ -705,6 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runner", choices=["threads", "none"], default="threads",
                    help="the annotate stage's Prefect task runner; 'none' runs it in this process without Prefect")
     p.add_argument("--report-only", action="store_true", help="analyse the policies scored so far; run nothing")
+    p.add_argument("--status", action="store_true", help="what --out holds (pools, policies scored) and the hours "
+                   "left at its measured pace; reads no reward, runs nothing")
     p.add_argument("--plan", action="store_true", help="size the design: seeds x held-out prompts x decodes for "
                    "[targets] mde from --pilot's variance components, and its cost from measured speeds")
     p.add_argument("--pilot", default=None, help="--plan: a compare folder (or a compare.json of rows) whose "

@@ -3,6 +3,7 @@ on the tiny policy (resumed after kill -9 and after SIGTERM with identical rows;
 line)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tokencredit.flows.cli import main
 from tokencredit.pipeline.compare.design import load_design
 from tokencredit.pipeline.compare.plan import Costs, plan
 from tokencredit.pipeline.compare.registry import git_commit, register, scored_before_commit
 from tokencredit.pipeline.compare.report import rows_for, table
+from tokencredit.pipeline.compare.run import status
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"
@@ -189,7 +192,7 @@ def stable(out: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_path):
+def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_path, capsys):
     design = write(tmp_path / "design.toml", TINY)
     whole = run_cli(str(design), "--out", str(tmp_path / "whole"), "--runner", "none")
     printed, err = whole.communicate(timeout=600)
@@ -207,6 +210,15 @@ def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_
     os.kill(killed.pid, signal.SIGKILL)  # mid-run: the start policy and gdpo-0 scored, the rest not
     killed.communicate()
     assert not (tmp_path / "killed" / "compare.json").exists()
+    for folder, expected in (("killed", "policies scored: 2 of 5; next: mrtpo-0"),
+                             ("whole", "policies scored: 5 of 5; complete"), ("none", "not started")):
+        assert main(["compare", str(design), "--out", str(tmp_path / folder), "--status"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert any(expected in line for line in lines), lines
+        assert not any("reward" in line for line in lines)
+    assert lines == [f"{tmp_path / 'none'}: not started (no registration.json)"] and not (tmp_path / "none").exists()
+    assert re.fullmatch(r"about \d+\.\d h left: 3 policies x \(\d+ s scoring \+ \d+ s training, this folder's medians\)",
+                        status(load_design(design), tmp_path / "killed")[-1])
     # resumed, then interrupted (SIGTERM) in seed 1: one line, exit 143, nothing half-written
     interrupted = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none")
     seed_one = tmp_path / "killed" / "scores" / "gdpo-1.json"
@@ -238,8 +250,6 @@ def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_
 
 
 def test_plan_command_sizes_the_design_from_a_pilots_rows(tmp_path, capsys):
-    from tokencredit.flows.cli import main
-
     pilot = tmp_path / "rows.json"
     pilot.write_text(json.dumps([{"method": "mrtpo", "baseline": "gdpo", "design_hash": "abc", "var_seed": 0.0002,
                                   "var_prompt": 0.005, "var_cell": 0.07, "decodes": ["greedy"]}]))

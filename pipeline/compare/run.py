@@ -131,6 +131,33 @@ def scores_path(out: Path, label: str) -> Path:
     return out / "scores" / f"{label}.json"
 
 
+def status(design: Design, out: Path) -> list[str]:
+    """What DIR holds and the hours its run has left at the pace it measured, read without a reward (a look at a
+    running experiment that does not peek at its result): lines to print."""
+    if not (out / "registration.json").is_file():
+        return [f"{out}: not started (no registration.json)"]
+    registration = json.loads((out / "registration.json").read_text())
+    commit = registration["design_commit"][:12] if registration["design_commit"] else "none: not pre-registered"
+    lines = [f"{out}: registered {registration['registered_at']} under design {registration['design_hash'][:12]} "
+             f"(commit {commit})"]
+    used = [name for name in design.pools if any(arm.pool == name for arm in design.arms.values())]
+    lines.append("pools: " + ", ".join(
+        f"{name} {'complete' if pool_complete(pool_folder(out, design.pools[name])) else 'not complete'}"
+        for name in used))
+    labels = ["start"] + [f"{arm.name}-{seed}" for seed in design.seeds for arm in design.arms.values()]
+    done = [label for label in labels if scores_path(out, label).is_file()]
+    left = len(labels) - len(done)
+    lines.append(f"policies scored: {len(done)} of {len(labels)}"
+                 + (f"; next: {next(x for x in labels if x not in done)}" if left else "; complete"))
+    scoring = [json.loads(scores_path(out, label).read_text())["seconds"] for label in done]
+    training = [json.loads(p.read_text())["seconds"] for p in (out / "train").glob("*/seconds.json")]
+    if left and scoring:
+        score_s, train_s = statistics.median(scoring), statistics.median(training) if training else 0.0
+        lines.append(f"about {left * (score_s + train_s) / 3600:.1f} h left: {left} policies x ({score_s:.0f} s "
+                     f"scoring + {train_s:.0f} s training, this folder's medians)")
+    return lines
+
+
 def score_policy(design: Design, label: str, adapter: Path | None, records, out: Path,
                  arm: str | None = None, seed: int | None = None) -> dict:
     """DIR/scores/LABEL.json: per held-out prompt and decode, the mean of its rewards and each reward's score;
