@@ -217,8 +217,8 @@ def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_
         assert any(expected in line for line in lines), lines
         assert not any("reward" in line for line in lines)
     assert lines == [f"{tmp_path / 'none'}: not started (no registration.json)"] and not (tmp_path / "none").exists()
-    assert re.fullmatch(r"about \d+\.\d h left: 3 policies x \(\d+ s scoring \+ \d+ s training, this folder's medians\)",
-                        status(load_design(design), tmp_path / "killed")[-1])
+    assert re.fullmatch(r"about \d+\.\d h left: 3 policies x \(\d+ s scoring \+ \d+ s training, "
+                        r"this folder's medians\)", status(load_design(design), tmp_path / "killed")[-1])
     # resumed, then interrupted (SIGTERM) in seed 1: one line, exit 143, nothing half-written
     interrupted = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none")
     seed_one = tmp_path / "killed" / "scores" / "gdpo-1.json"

@@ -15,8 +15,9 @@ from tokencredit.pipeline.credit.p2t import attribute, encode_for_reward_model
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_reward_model
 from tokencredit.pipeline.steps import Pipeline
 from tokencredit.pipeline.train.reward_model import (L2_GRID, Response, RewardModelConfig, bootstrap_interval,
-                                                     check_top_layers, choose_head, family_pairs, heldout_groups, load_base,
-                                                     mean_reward_pairs, pairwise_accuracy, response_features)
+                                                     check_top_layers, choose_head, family_pairs, heldout_groups,
+                                                     load_base, mean_reward_pairs, pairwise_accuracy,
+                                                     response_features)
 from tokencredit.pipeline.train.top_layers import all_scores, top_backbone, train_top_layers
 
 ROOT = Path(__file__).resolve().parents[1]
