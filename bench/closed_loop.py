@@ -994,8 +994,9 @@ def older_rows(name: str, registration: dict | None = None) -> list[dict]:
 
 def cmd_compare(args) -> list[dict]:
     """bench/results/compare.json (compare's row keys, exactly) and compare_details.json (every column, the
-    crossed bootstrap's among them) of the older designs, and their RESULTS.md section."""
-    from tokencredit.pipeline.compare.report import KEYS, verdict
+    crossed bootstrap's among them) of the older designs and, once complete, the powered design (with its figure,
+    docs/experiments/compare_powered.png), and their RESULTS.md section."""
+    from tokencredit.pipeline.compare.report import KEYS, plot, verdict
 
     rows, details = [], []
     for name in OLDER_DESIGNS:
@@ -1005,9 +1006,12 @@ def cmd_compare(args) -> list[dict]:
             log(f"{name} {row['method']} - {row['baseline']}: {row['diff']:+.4f} [{row['ci_low']:+.4f}, "
                 f"{row['ci_high']:+.4f}] detectable {row['mde']:.4f} (crossed bootstrap [{row['ci_low_crossed']:+.4f}, "
                 f"{row['ci_high_crossed']:+.4f}], {row['mde_crossed']:.4f}); {verdict(row)}")
-    for row in powered_rows():
+    powered = powered_rows()
+    for row in powered:
         details.append({"design": "powered", **row})
         rows.append({k: row[k] for k in KEYS})
+    if powered:  # the docs' figure of the result, drawn from these rows
+        plot(powered, ROOT / "docs" / "experiments" / "compare_powered.png")
     COMPARE_JSON.write_text(json.dumps(rows, indent=1) + "\n")
     COMPARE_DETAILS_JSON.write_text(json.dumps(details, indent=1) + "\n")
     write_results_md_compare(details)

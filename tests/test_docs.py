@@ -97,6 +97,13 @@ def check(entry: dict) -> None:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_every_image_a_rendered_page_shows_exists(figures, page):
+    """(mkdocs build --strict does not check images; a generated figure must be committed with its rows)"""
+    for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", render(figures, page)[0]):
+        assert (page.parent / target).is_file(), f"{page.name}: {target} is missing"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
 def test_every_rendered_figure_equals_its_row(figures, page):
     _, rendered = render(figures, page)
     for entry in rendered:
@@ -264,7 +271,7 @@ def test_the_powered_section_renders_its_rows_once_they_exist(figures, tmp_path,
     assert readme[1].splitlines()[2].startswith(  # the README's table leads with the powered design's differences
         "| Training, powered: Monte-Carlo credit minus GDPO on the same tree pool, held-out reward (4 seeds x 256 "
         "prompts x 1 decode; detected above 0) | +0.021 [+0.004, +0.024]; detectable 0.012 |")
-    assert "has not scored every seed yet" not in text
+    assert "has not scored every seed yet" not in text and "](compare_powered.png)" in text
     assert "`mc - gdpo_tree` (primary): +0.021 [+0.004, +0.024],\n  detected above 0; detectable\n  0.012" in text
     assert "`mrtpo - gdpo` (primary): +0.002 [-0.009, +0.011],\n  not detected;" in text
     assert "`mc - gdpo` (primary): -0.020 [-0.031, -0.011],\n  detected below 0;" in text
