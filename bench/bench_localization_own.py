@@ -43,7 +43,8 @@ replaces its own pool's rows and keeps the other's.
 
 Nothing is tuned on these pairs (every option is the product's default), so there is no dev split: every pair is
 a test pair. Rows go to bench/results/localization_own.json as they are (a run smaller than the issue's target,
-200 pairs x K 16, is labelled so in RESULTS.md). The runs and the values folder stay in `--work`, so a stopped
+200 pairs x K 16, is labelled so in RESULTS.md), and each pair's segment and per-credit scores, of which every row
+is a mean, to bench/results/localization_own_pairs.json (`pair_records`). The runs and the values folder stay in `--work`, so a stopped
 run resumes; `--values DIR` scores a values folder as it stands (a stopped `tokencredit values` run: its complete
 shards, a random sample of its pairs since the shards take the responses in a shuffled order).
 """
@@ -59,6 +60,7 @@ from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch 
 from own_runs import LOCATES, add_arguments, make_runs, make_tree_run
 
 RESULTS_JSON = ROOT / "bench" / "results" / "localization_own.json"
+PAIRS_JSON = ROOT / "bench" / "results" / "localization_own_pairs.json"
 TARGET_PAIRS, TARGET_K = 200, 16
 
 
@@ -252,6 +254,16 @@ def rows_for(model: str, pairs: list[dict], credits: dict[tuple[str, str], dict 
     return rows
 
 
+def pair_records(pool: str, pairs: list[dict], credits: dict[tuple[str, str], dict | None]) -> list[dict]:
+    """Per pair: its decisive segment and, per credit (CREDIT/LOCATE), the share of its top tokens in the segment
+    (`top_in`) and of its negative mass (`mass_in`). Every row is a mean of these over its pairs, so a key added
+    later (another prior, another interval) is computed from the file instead of from a rerun."""
+    scored = {f"{credit}/{locate}": scores_of(pairs, tokens) for (credit, locate), tokens in credits.items()}
+    return [{"pool": pool, **pair, "credits": {name: {"top_in": s[i][0], "mass_in": s[i][1]}
+                                               for name, s in scored.items() if s is not None}}
+            for i, pair in enumerate(pairs)]
+
+
 def measured_pairs(args, run: str, name: str) -> list[dict]:
     """The decisive pairs of `run`'s value curves: `args.values` as it stands (a stopped `tokencredit values` run:
     its complete shards), else a values run of `args.pairs` failed pairs into WORK (resumed if stopped). Sets
@@ -274,9 +286,10 @@ def measured_pairs(args, run: str, name: str) -> list[dict]:
     return decisive_pairs(values)
 
 
-def measure_tree(args) -> list[dict]:
+def measure_tree(args) -> tuple[list[dict], list[dict]]:
     """Rows of the tree run (`--tree-run`, else WORK/tree sampled with `--tree`, which then becomes args.tree_run):
-    `mc` beside chance and the first-token rule, on its own failed pairs (other responses than the flat runs')."""
+    `mc` beside chance and the first-token rule, on its own failed pairs (other responses than the flat runs');
+    and the pairs' records (`pair_records`)."""
     args.out = args.work
     run = args.tree_run = args.tree_run or make_tree_run(args)
     mc = token_credits(run).get("mc")
@@ -285,12 +298,12 @@ def measure_tree(args) -> list[dict]:
     pairs = measured_pairs(args, run, "tree-")
     credits = {("mc", "-"): mc, ("gdpo", "uniform"): None, ("first_token", "-"): first_token_credit(pairs)}
     rows = rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed)
-    return [{**row, "pool": "tree", "backend": args.backend} for row in rows]
+    return [{**row, "pool": "tree", "backend": args.backend} for row in rows], pair_records("tree", pairs, credits)
 
 
-def measure(args) -> list[dict]:
+def measure(args) -> tuple[list[dict], list[dict]]:
     """Rows of the flat runs (one per --locate, the same responses): every credit they hold on their failed
-    pairs."""
+    pairs; and the pairs' records (`pair_records`)."""
     args.out = args.work
     runs = make_runs(args)
     pairs = measured_pairs(args, runs["both"], "")
@@ -304,7 +317,7 @@ def measure(args) -> list[dict]:
     held = rm_heldout(runs["replay"], pairs) if ("p2t", "-") in credits else None
     rows = rows_for(args.model, pairs, credits, args.k, args.bootstrap, args.seed,
                     {"rm_heldout": held} if held is not None else None)
-    return [{**row, "pool": "flat", "backend": args.backend} for row in rows]
+    return [{**row, "pool": "flat", "backend": args.backend} for row in rows], pair_records("flat", pairs, credits)
 
 
 def report(rows: list[dict]) -> list[str]:
@@ -352,14 +365,15 @@ def main() -> None:
             None, "demo", 3, 4, 32, 6, 4, 4, (2, 2)
         with tempfile.TemporaryDirectory() as tmp:
             args.work = tmp
-            print("\n".join(report(pool(args))))
+            print("\n".join(report(pool(args)[0])))
         return
-    rows = pool(args)
+    rows, records = pool(args)
     lines = report(rows)
     print("\n".join(lines))
-    kept = [r for r in json.loads(RESULTS_JSON.read_text()) if r.get("pool", "flat") != args.pool] \
-        if RESULTS_JSON.exists() else []
-    RESULTS_JSON.write_text(json.dumps(kept + rows, indent=1) + "\n")
+    for path, new in ((RESULTS_JSON, rows), (PAIRS_JSON, records)):  # the other pool's rows stay
+        kept = [r for r in json.loads(path.read_text()) if r.get("pool", "flat") != args.pool] \
+            if path.exists() else []
+        path.write_text(json.dumps(kept + new, indent=1) + "\n")
     (record_tree if args.pool == "tree" else record_flat)(args, rows, lines)
 
 

@@ -49,6 +49,30 @@ print(json.dumps({"same": same, "better": better}))""")
     assert better["minus_prior_first"] == 0.5 and 0 <= better["minus_prior_first_ci_low"] <= 0.5
 
 
+def test_every_row_is_the_mean_of_the_kept_pair_records():
+    out = in_child("""
+pairs = [{"response_id": f"r{i}", "reward": "c", "constraint_index": 0, "start": s, "end": e, "length": 6}
+         for i, (s, e) in enumerate([(0, 2), (2, 4), (0, 1), (3, 6), (1, 2)])]
+credit = {(p["response_id"], "c", 0): [0.0] * 6 for p in pairs}
+for (r, _, _), adv, t in zip(credit, credit.values(), [1, 3, 4, 5, 1]):
+    adv[t] = -1.0
+credits = {("mrtpo", "replay"): credit, ("gdpo", "uniform"): None, ("first_token", "-"): first_token_credit(pairs)}
+rows = rows_for("m", pairs, credits, 4, 200, 0)
+print(json.dumps({"rows": rows, "records": pair_records("flat", pairs, credits)}))""")
+    rows = {(r["credit"], r["locate"]): r for r in out["rows"] if r["kind"] == "all"}
+    records = out["records"]
+    assert [r["start"] for r in records] == [0, 2, 0, 3, 1] and {r["pool"] for r in records} == {"flat"}
+    for (credit, locate), row in rows.items():
+        top = [r["credits"][f"{credit}/{locate}"]["top_in"] for r in records]
+        mass = [r["credits"][f"{credit}/{locate}"]["mass_in"] for r in records]
+        assert row["top_in_decisive"] == pytest.approx(sum(top) / 5)
+        assert row["mass_in_decisive"] == pytest.approx(sum(mass) / 5)
+        first = [float(r["start"] == 0) for r in records]
+        assert row["minus_prior_first"] == pytest.approx(sum(t - f for t, f in zip(top, first)) / 5)
+    assert rows[("mrtpo", "replay")]["top_in_decisive"] == pytest.approx(4 / 5)  # all but the third (4 not in [0, 1))
+    assert rows[("first_token", "-")]["top_in_decisive"] == pytest.approx(2 / 5)
+
+
 def test_met_is_judged_against_the_stronger_null():
     out = in_child("""
 p2t = {"top_in_decisive": 0.224, "chance": 0.108, "ci_low": 0.169, "prior_first_token": 0.383, "prior_linear": 0.2,
