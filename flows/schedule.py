@@ -156,7 +156,8 @@ def serve(deployment_args: dict[str, Any], schedule_text: str, poll_s: float) ->
             signal.signal(s, handler)
     if not stopped:
         return status or 1
-    print(f"tokencredit serve: stopped on {signal.Signals(stopped[0]).name}; what ran: tokencredit runs "
+    # a newline first: a run cut off mid progress bar leaves the terminal's line unfinished
+    print(f"\ntokencredit serve: stopped on {signal.Signals(stopped[0]).name}; what ran: tokencredit runs "
           f"{deployment_args['out']}", file=sys.stderr, flush=True)
     return 128 + stopped[0]
 
