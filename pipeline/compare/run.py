@@ -153,7 +153,8 @@ def status(design: Design, out: Path) -> list[str]:
     training = [json.loads(p.read_text())["seconds"] for p in (out / "train").glob("*/seconds.json")]
     if left and scoring:
         score_s, train_s = statistics.median(scoring), statistics.median(training) if training else 0.0
-        lines.append(f"about {left * (score_s + train_s) / 3600:.1f} h left: {left} policies x ({score_s:.0f} s "
+        policies = "policy" if left == 1 else "policies"
+        lines.append(f"about {left * (score_s + train_s) / 3600:.1f} h left: {left} {policies} x ({score_s:.0f} s "
                      f"scoring + {train_s:.0f} s training, this folder's medians)")
     return lines
 
