@@ -251,14 +251,20 @@ def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_
 
 def test_plan_command_sizes_the_design_from_a_pilots_rows(tmp_path, capsys):
     pilot = tmp_path / "rows.json"
-    pilot.write_text(json.dumps([{"method": "mrtpo", "baseline": "gdpo", "design_hash": "abc", "var_seed": 0.0002,
-                                  "var_prompt": 0.005, "var_cell": 0.07, "decodes": ["greedy"]}]))
+    pilot.write_text(json.dumps([{"method": "mrtpo", "baseline": "gdpo", "design_hash": "abc", "var_seed": 0.0,
+                                  "var_prompt": 0.005, "var_cell": 0.07, "decodes": ["greedy"], "seeds": [0, 1, 2],
+                                  "prompts": 256}]))
     design = write(tmp_path / "d.toml", TINY)
     args = ["compare", str(design), "--out", str(tmp_path / "x"), "--plan", "--pilot", str(pilot),
             "--tokens-per-s", "40", "--tokens-per-response", "74", "--train-seconds", "100"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "cheapest: " in out and "at this design's 6 held-out prompts x 2 decodes:" in out
+    # a seed component estimated at 0 from 3 seeds is planned for at its upper bound too: more seeds
+    lines = out.splitlines()
+    cautious = next(i for i, line in enumerate(lines) if line.startswith("cautious, each seed component at its 80%"))
+    seeds_of = [int(line.split(" seeds x ")[0].removeprefix("cheapest: ")) for line in (lines[1], lines[cautious + 1])]
+    assert seeds_of[1] > seeds_of[0], out
     assert not (tmp_path / "x").exists()  # a plan registers and scores nothing
     assert main([*args, "--pilot-design", "other"]) == 2
     assert "has no row for mrtpo - gdpo" in capsys.readouterr().err
