@@ -1007,11 +1007,14 @@ def cmd_compare(args) -> list[dict]:
                 f"{row['ci_high']:+.4f}] detectable {row['mde']:.4f} (crossed bootstrap [{row['ci_low_crossed']:+.4f}, "
                 f"{row['ci_high_crossed']:+.4f}], {row['mde_crossed']:.4f}); {verdict(row)}")
     powered = powered_rows()
+    if powered:
+        store_powered_per_prompt()
     for row in powered:
         details.append({"design": "powered", **row})
         rows.append({k: row[k] for k in KEYS})
     if powered:  # the docs' figure of the result, drawn from these rows
         plot(powered, ROOT / "docs" / "experiments" / "compare_powered.png")
+        plan_from_powered(powered)
     COMPARE_JSON.write_text(json.dumps(rows, indent=1) + "\n")
     COMPARE_DETAILS_JSON.write_text(json.dumps(details, indent=1) + "\n")
     write_results_md_compare(details)
@@ -1019,6 +1022,35 @@ def cmd_compare(args) -> list[dict]:
 
 
 POWERED_RUN = ROOT / "bench" / ".closed_loop-powered"  # `tokencredit compare` of POWERED, run in .venv-vllm
+
+
+POWERED_PER_PROMPT = ROOT / "bench" / "results" / "compare_powered_per_prompt.json"
+
+
+def store_powered_per_prompt() -> None:
+    """The powered run's registration and each policy's held-out rewards (per decode, in the order of `prompts`),
+    committed so that its rows are re-analysed from them (`powered_scores`) without the run's folder."""
+    policies, prompts = {}, None
+    for path in sorted((POWERED_RUN / "scores").glob("*.json")):
+        score = json.loads(path.read_text())
+        prompts = prompts or sorted(score["decodes"]["greedy"])
+        policies[score["label"]] = {"arm": score["arm"], "seed": score["seed"], "scored_at": score["scored_at"],
+                                    "decodes": {d: [cells[pid]["reward"] for pid in prompts]
+                                                for d, cells in score["decodes"].items()}}
+    registration = json.loads((POWERED_RUN / "registration.json").read_text())
+    POWERED_PER_PROMPT.write_text(json.dumps({"registration": registration, "prompts": prompts,
+                                              "policies": policies}, separators=(",", ":")) + "\n")
+
+
+def powered_scores() -> tuple[dict, dict[str, dict]]:
+    """The powered run's registration and compare's scores (LABEL -> arm, seed, scored_at, decodes), from the
+    committed per-prompt rewards."""
+    stored = json.loads(POWERED_PER_PROMPT.read_text())
+    scores = {label: {**policy, "decodes": {d: {pid: {"reward": r, "scores": {}} for pid, r in
+                                                zip(stored["prompts"], rewards)}
+                                            for d, rewards in policy["decodes"].items()}}
+              for label, policy in stored["policies"].items()}
+    return stored["registration"], scores
 
 
 def powered_rows() -> list[dict]:
@@ -1117,8 +1149,9 @@ def cmd_plan(args) -> dict:
         "compare --plan: the powered closed-loop design (closed_loop.py plan)",
         "`bench/compare_designs/powered.toml` (committed before any scoring) sized with compare's plan from the "
         "Monte-Carlo credit experiment's variance components (compare_details.json) and the MRTPO experiment's "
-        "measured decode term; costs measured on this CPU (closed_loop_pilot.json, train.json). Not run: see the "
-        "hours. Rows: `bench/results/compare_plan.json`.",
+        "measured decode term; costs measured on this CPU (closed_loop_pilot.json, train.json). Its run's rows are "
+        "the powered rows of the compare section; the plan checked against them, and the next design planned from "
+        "them: `from_powered` in `bench/results/compare_plan.json` (closed_loop.py compare).",
         "plan", f"{out['arms']} arms; {chosen['prompts']} held-out prompts x {chosen['decodes']} decodes; target "
                 f"detectable {target}; {costs.tokens_per_response:.1f} tokens per response at "
                 f"{costs.tokens_per_s:.1f} tokens/s, {costs.train_seconds:.0f} s per training",
@@ -1131,6 +1164,45 @@ def cmd_plan(args) -> dict:
         + (f"{out['engines']['vllm_float32']['hours']:.1f} h at its quiet speed, " if "vllm_float32" in out["engines"]
            else "") + "longer than a session: `tokencredit compare` resumes it session after session")
     return out
+
+
+def plan_from_powered(rows: list[dict]) -> dict:
+    """The plan checked against its run, and the next one: for each primary difference the detectable difference
+    the plan expected at the design's size and the one measured, the seed components of the pilot and of the
+    run, and compare's plan from the run's own components and measured costs (the cheapest design that would reach
+    the target, held-out prompts up to 4096, and the cheapest at this design's prompts and decodes), and what the
+    pilot's plan would have asked with each seed component at its upper bound (plan.seed_component_bound); the
+    `from_powered` key of compare_plan.json."""
+    from tokencredit.pipeline.compare.plan import measured_costs as folder_costs
+    from tokencredit.pipeline.compare.plan import plan, seed_component_bound
+
+    out = json.loads(PLAN_JSON.read_text())
+    details = json.loads(COMPARE_DETAILS_JSON.read_text())
+    pilot = {(r["method"], r["baseline"]): r for r in details if r["design"] == "issue25"}
+    primary = [r for r in rows if r["primary"]]
+    costs = folder_costs(POWERED_RUN)
+    fixed = {"prompts": rows[0]["prompts"], "decodes": len(rows[0]["decodes"])}
+    checked = {f"{r['method']} - {r['baseline']}": {
+        "planned_mde": out["mde"][f"{r['method']} - {r['baseline']}"], "measured_mde": r["mde"],
+        "pilot_var_seed": pilot[(r["method"], r["baseline"])]["var_seed"], "var_seed": r["var_seed"], "df": r["df"]}
+        for r in primary}
+    cautious = [{**pilot[p], "var_seed": seed_component_bound(pilot[p]), "var_decode": out["var_decode"]}
+                for p in ((r["method"], r["baseline"]) for r in primary)]
+    out["from_powered"] = {
+        "costs": vars(costs), "checked": checked,
+        "cautious_pilot_at_design": plan(cautious, out["target_mde"], out["arms"], costs, fixed=fixed,
+                                         seeds=range(2, 61))["cheapest"],
+        "cheapest": plan(primary, out["target_mde"], out["arms"], costs, max_prompts=4096)["cheapest"],
+        "at_design": plan(primary, out["target_mde"], out["arms"], costs, fixed=fixed, seeds=range(2, 61))["cheapest"]}
+    PLAN_JSON.write_text(json.dumps(out, indent=1) + "\n")
+    for name, c in checked.items():
+        log(f"powered {name}: detectable planned {c['planned_mde']:.4f}, measured {c['measured_mde']:.4f}; seed "
+            f"component pilot {c['pilot_var_seed']:.2g}, run {c['var_seed']:.2g} (df {c['df']:.1f})")
+    for key in ("cautious_pilot_at_design", "cheapest", "at_design"):  # hours at the powered run's costs
+        o = out["from_powered"][key]
+        log(f"{key}: {o['seeds']} seeds x {o['prompts']} prompts x "
+            f"{o['decodes']} decodes, worst detectable {o['worst_mde']:.4f}, {o['hours']:.1f} h")
+    return out["from_powered"]
 
 
 def write_results_md_compare(details: list[dict]) -> None:
@@ -1160,7 +1232,9 @@ def write_results_md_compare(details: list[dict]) -> None:
         "`bench/results/compare.json` (every column: `compare_details.json`).",
         "full", "; ".join(sizes.values()),
         " | ".join(line(r) for r in details),
-        "; ".join(f"{r['design']} {r['method']} - {r['baseline']}: {verdict(r)}" for r in details if r["primary"]))
+        "; ".join(f"{r['design']} {r['method']} - {r['baseline']}: {verdict(r)}"
+                  + ("" if r.get("met") is None else f", detectability target {'met' if r['met'] else 'missed'}")
+                  for r in details if r["primary"]))
 
 
 def pass_rates(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
