@@ -190,13 +190,15 @@ def test_the_powered_prompt_set_is_the_builders_and_fresh():
     assert not {r["prompt"] for r in held_out} & {r["prompt"] for r in final}  # none the older runs scored
 
 
-def test_compare_rows_of_the_older_designs_are_reproduced_from_their_stored_rewards():
-    from tokencredit.pipeline.compare.report import KEYS
+def test_compare_rows_of_every_design_are_reproduced_from_their_stored_rewards():
+    from tokencredit.pipeline.compare.design import file_sha256, load_design
+    from tokencredit.pipeline.compare.report import KEYS, rows_for
 
     stored = json.loads((ROOT / "bench" / "results" / "compare.json").read_text())
     by_hash: dict[str, list] = {}
     for row in stored:
         by_hash.setdefault(row["design_hash"], []).append(row)
+    powered = by_hash.pop(file_sha256(closed_loop.POWERED))
     assert len(by_hash) == 2
     for rows in by_hash.values():
         first = rows[0]
@@ -206,12 +208,22 @@ def test_compare_rows_of_the_older_designs_are_reproduced_from_their_stored_rewa
                         "amendments": [{"arms": closed_loop.OLDER_DESIGNS[name]["exploratory"]}]}
         again = [{k: r[k] for k in KEYS} for r in closed_loop.older_rows(name, registration)]
         assert json.loads(json.dumps(again)) == rows
+    # the powered design's, from its committed per-prompt rewards: registered before any policy was scored
+    registration, scores = closed_loop.powered_scores()
+    design = load_design(closed_loop.POWERED)
+    assert registration["design_hash"] == file_sha256(closed_loop.POWERED)
+    assert len(scores) == len(design.arms) * len(design.seeds) + 1  # and the start policy
+    again = [{k: r[k] for k in KEYS} for r in rows_for(scores, registration, design.comparisons, design.primary,
+                                                         design.targets.get("mde"))]
+    assert json.loads(json.dumps(again)) == powered
+    assert all(r["design_commit"] and not r["exploratory"] for r in powered)
+    assert min(p["scored_at"] for p in scores.values()) > registration["registered_at"]
 
 
 def test_the_powered_rows_join_compare_json_only_with_every_seed_of_the_design(tmp_path, monkeypatch):
     monkeypatch.setattr(closed_loop, "POWERED_RUN", tmp_path)
     assert closed_loop.powered_rows() == []  # not written yet
-    from tokencredit.pipeline.compare.design import load_design
+    from tokencredit.pipeline.compare.design import file_sha256, load_design
 
     seeds = load_design(closed_loop.POWERED).seeds
     row = {"method": "mc", "baseline": "gdpo", "diff": 0.01}
