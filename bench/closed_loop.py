@@ -1007,12 +1007,11 @@ def cmd_compare(args) -> list[dict]:
                 f"{row['ci_high']:+.4f}] detectable {row['mde']:.4f} (crossed bootstrap [{row['ci_low_crossed']:+.4f}, "
                 f"{row['ci_high_crossed']:+.4f}], {row['mde_crossed']:.4f}); {verdict(row)}")
     powered = powered_rows()
-    if powered:
-        store_powered_per_prompt()
     for row in powered:
         details.append({"design": "powered", **row})
         rows.append({k: row[k] for k in KEYS})
-    if powered:  # the docs' figure of the result, drawn from these rows
+    if powered:  # its rewards, the docs' figure (drawn from these rows) and the plan checked against them
+        store_powered_per_prompt()
         plot(powered, ROOT / "docs" / "experiments" / "compare_powered.png")
         plan_from_powered(powered)
     COMPARE_JSON.write_text(json.dumps(rows, indent=1) + "\n")
@@ -1171,10 +1170,10 @@ def plan_from_powered(rows: list[dict]) -> dict:
     the plan expected at the design's size and the one measured, the seed components of the pilot and of the
     run, and compare's plan from the run's own components and measured costs (the cheapest design that would reach
     the target, held-out prompts up to 4096, and the cheapest at this design's prompts and decodes), and what the
-    pilot's plan would have asked with each seed component at its upper bound (plan.seed_component_bound); the
+    pilot's plan would have asked with each seed component at its upper bound (plan.cautious); the
     `from_powered` key of compare_plan.json."""
     from tokencredit.pipeline.compare.plan import measured_costs as folder_costs
-    from tokencredit.pipeline.compare.plan import plan, seed_component_bound
+    from tokencredit.pipeline.compare.plan import cautious, plan
 
     out = json.loads(PLAN_JSON.read_text())
     details = json.loads(COMPARE_DETAILS_JSON.read_text())
@@ -1186,11 +1185,10 @@ def plan_from_powered(rows: list[dict]) -> dict:
         "planned_mde": out["mde"][f"{r['method']} - {r['baseline']}"], "measured_mde": r["mde"],
         "pilot_var_seed": pilot[(r["method"], r["baseline"])]["var_seed"], "var_seed": r["var_seed"], "df": r["df"]}
         for r in primary}
-    cautious = [{**pilot[p], "var_seed": seed_component_bound(pilot[p]), "var_decode": out["var_decode"]}
-                for p in ((r["method"], r["baseline"]) for r in primary)]
+    bounded = cautious([{**pilot[(r["method"], r["baseline"])], "var_decode": out["var_decode"]} for r in primary])
     out["from_powered"] = {
         "costs": vars(costs), "checked": checked,
-        "cautious_pilot_at_design": plan(cautious, out["target_mde"], out["arms"], costs, fixed=fixed,
+        "cautious_pilot_at_design": plan(bounded, out["target_mde"], out["arms"], costs, fixed=fixed,
                                          seeds=range(2, 61))["cheapest"],
         "cheapest": plan(primary, out["target_mde"], out["arms"], costs, max_prompts=4096)["cheapest"],
         "at_design": plan(primary, out["target_mde"], out["arms"], costs, fixed=fixed, seeds=range(2, 61))["cheapest"]}

@@ -60,6 +60,11 @@ def seed_component_bound(row: dict, level: float = SEED_BOUND) -> float:
     return max(row["var_seed"], float(upper))
 
 
+def cautious(components: list[dict]) -> list[dict]:
+    """The components with each seed component at its upper bound (seed_component_bound)."""
+    return [{**c, "var_seed": seed_component_bound(c)} for c in components]
+
+
 def plan(components: list[dict], target: float, arms: int, costs: Costs, *, seeds=range(2, 21),
          prompts=(256, 512, 1024, 1536, 2048, 3072, 4096), decodes=(1, 2, 3, 4, 6, 8), max_prompts: int | None = None,
          fixed: dict | None = None) -> dict:
@@ -155,13 +160,13 @@ def cli_plan(design, args) -> list[str]:
         lines += [f"at this design's {fixed['prompts']} held-out prompts x {fixed['decodes']} decodes:"]
         lines += plan_lines(plan(components, target, len(design.arms), costs, fixed=fixed))[1:2]
     if all("seeds" in c and "prompts" in c for c in components):
-        cautious = [{**c, "var_seed": seed_component_bound(c)} for c in components]
+        bounded = cautious(components)
         lines += [f"cautious, each seed component at its {SEED_BOUND:.0%} upper bound ("
-                  + ", ".join(f"{c['method']} - {c['baseline']} {c['var_seed']:.2g}" for c in cautious) + "):"]
-        lines += plan_lines(plan(cautious, target, len(design.arms), costs, max_prompts=args.max_prompts,
+                  + ", ".join(f"{c['method']} - {c['baseline']} {c['var_seed']:.2g}" for c in bounded) + "):"]
+        lines += plan_lines(plan(bounded, target, len(design.arms), costs, max_prompts=args.max_prompts,
                                  seeds=range(2, 61)))[1:2]
         if fixed["prompts"]:
-            lines += plan_lines(plan(cautious, target, len(design.arms), costs, fixed=fixed, seeds=range(2, 61)))[1:2]
+            lines += plan_lines(plan(bounded, target, len(design.arms), costs, fixed=fixed, seeds=range(2, 61)))[1:2]
     else:
         lines += ["no cautious plan: the pilot's rows do not give their seeds and prompts"]
     return lines
