@@ -71,6 +71,8 @@ print(json.dumps({"rows": rows, "records": pair_records("flat", pairs, credits)}
         assert row["minus_prior_first"] == pytest.approx(sum(t - f for t, f in zip(top, first)) / 5)
     assert rows[("mrtpo", "replay")]["top_in_decisive"] == pytest.approx(4 / 5)  # all but the third (4 not in [0, 1))
     assert rows[("first_token", "-")]["top_in_decisive"] == pytest.approx(2 / 5)
+    assert all(row["stronger_null"] == "first_token" for row in rows.values())  # 2 of 5 start at token 0
+    assert rows[("mrtpo", "replay")]["met"] is False  # 0.8 is short of 2 x 0.4
 
 
 def test_met_is_judged_against_the_stronger_null():
@@ -80,10 +82,12 @@ p2t = {"top_in_decisive": 0.224, "chance": 0.108, "ci_low": 0.169, "prior_first_
 late = {"top_in_decisive": 0.5, "chance": 0.1, "ci_low": 0.4, "prior_first_token": 0.05, "prior_linear": 0.2,
         "minus_prior_first": 0.45, "minus_prior_first_ci_low": 0.3}
 print(json.dumps([stronger_null(p2t), met_against_stronger_null(p2t), stronger_null(late),
-                  met_against_stronger_null(late), met_against_stronger_null({**late, "top_in_decisive": 0.35})]))""")
+                  met_against_stronger_null(late), met_against_stronger_null({**late, "top_in_decisive": 0.35}),
+                  verdict_keys(late)]))""")
     assert out[0] == ["first_token", 0.383] and out[1] is False  # 2x chance, but below the first-token rule
     assert out[2] == ["linear", 0.2] and out[3] is True
     assert out[4] is False  # under 2x the linear prior
+    assert out[5] == {"stronger_null": "linear", "stronger_null_value": 0.2, "met": True}  # the keys the docs render
 
 
 def test_every_own_sample_row_carries_the_prior_keys():
