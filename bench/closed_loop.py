@@ -1,4 +1,4 @@
-"""Does token credit train better than sequence credit? The closed-loop experiment (issue 18).
+"""Does token credit train better than sequence credit? The closed-loop experiments.
 
     python bench/closed_loop.py pilot     [--temperatures 0.5,0.7,1.0]   # pass rate per kind, train split
     python bench/closed_loop.py offline   [--seeds 0,1,2] [--steps S]      # one pool, three credits
@@ -10,8 +10,8 @@
                                            # (and the powered design's rows, once bench/.closed_loop-powered has them)
     python bench/closed_loop.py plan       # compare --plan for bench/compare_designs/powered.toml
 
-The experiments' offline arms are compare designs (bench/compare_designs/issue18.toml, issue25.toml): a new run is
-`tokencredit compare bench/compare_designs/NAME.toml --out DIR`, and `compare` re-analyses the stored per-prompt
+The experiments' offline arms are compare designs (bench/compare_designs/mrtpo_offline.toml, mc_tree.toml): a new
+run is `tokencredit compare bench/compare_designs/NAME.toml --out DIR`, and `compare` re-analyses the stored per-prompt
 rewards with compare's variance-components intervals (the crossed bootstrap below kept beside them as a column).
 
 Design (the README and RESULTS.md follow the numbers whatever they are). The 2026-12-04 CPU run was not
@@ -77,16 +77,16 @@ from tokencredit.pipeline.compare import analysis
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "bench" / "closed_loop_prompts"
 SMOLLM2 = "smollm2-135m-instruct"
-# Each experiment keeps its own state and results: issue 25's (tree-sampled groups and the mc credit,
-# pre-registered in bench/closed_loop_design.md) under the plain names, issue 18's (MRTPO against GDPO, not
-# pre-registered) under `_issue18`.
-EXPERIMENTS = ("issue25", "issue18")
+# Each experiment keeps its own state and results: mc_tree's (tree-sampled groups and the mc credit,
+# pre-registered in bench/closed_loop_design.md) under the plain names, mrtpo_offline's (MRTPO against GDPO, not
+# pre-registered) under `_mrtpo_offline`.
+EXPERIMENTS = ("mc_tree", "mrtpo_offline")
 
 
 def use_experiment(name: str) -> None:
     """Point STATE and the result files at one experiment's."""
     global STATE, RESULTS_JSON, PER_PROMPT_JSON, DETAILS_JSON, PLOT
-    suffix = "" if name == "issue25" else f"_{name}"
+    suffix = "" if name == "mc_tree" else f"_{name}"
     STATE = ROOT / "bench" / f".closed_loop{suffix.replace('_', '-')}"
     RESULTS_JSON = ROOT / "bench" / "results" / f"closed_loop{suffix}.json"
     PER_PROMPT_JSON = ROOT / "bench" / "results" / f"closed_loop{suffix}_per_prompt.json"
@@ -94,7 +94,7 @@ def use_experiment(name: str) -> None:
     PLOT = ROOT / "bench" / f"closed_loop{suffix}.png"
 
 
-use_experiment("issue25")
+use_experiment("mc_tree")
 
 
 def log(message: str) -> None:
@@ -444,9 +444,10 @@ def cmd_iterated(args) -> None:
                 if round_ >= done:  # the rounds before the latest kept policy were evaluated when they ran
                     evaluate_policy(f"iterated-{method}-{seed}-{round_ * args.round_steps}",
                                     lambda: load_policy(policy, device=args.device), held_out, args)
-        if args.final_eval:  # the last round's policies on every held-out prompt (issue 18: greedy and sampled)
+        if args.final_eval:  # the last round's policies on every held-out prompt (mrtpo_offline's: sampled too)
             every_prompt = load_records(prompts, "test")[: args.eval_prompts or None]
-            both = argparse.Namespace(**{**vars(args), "greedy_only": args.experiment != "issue18" and args.greedy_only})
+            sampled_too = args.experiment == "mrtpo_offline"
+            both = argparse.Namespace(**{**vars(args), "greedy_only": not sampled_too and args.greedy_only})
             for method, (_, policy) in current.items():
                 evaluate_policy(f"iteratedfinal-{method}-{seed}-{args.rounds * args.round_steps}",
                                 lambda: load_policy(policy, device=args.device), every_prompt, both)
@@ -718,7 +719,7 @@ def diagnose(pool: Path, records_path: Path) -> dict:
 
 
 def mc_landing(pool: Path, records_path: Path) -> dict:
-    """Where `mc` puts a failed constraint's penalty on a tree pool (issue 25 item 6): over the failed (leaf,
+    """Where `mc` puts a failed constraint's penalty on a tree pool: over the failed (leaf,
     constraint) pairs with negative mc mass, the share of that mass on the root segment and on the leaf's own
     segment, split by where the verifier's span starts (in the root segment, in the leaf segment, or no span);
     per split the pair count and the mean share of the tokens the root segment holds (the share a uniform
@@ -731,7 +732,8 @@ def mc_landing(pool: Path, records_path: Path) -> dict:
     roots = dict(db.sql("SELECT response_id, \"end\" FROM leaf_segments WHERE depth = 0").fetchall())
     rows = db.sql(
         "SELECT c.response_id, r.group_id, r.response, c.constraint_index, c.position, c.char_start, c.mc "
-        "FROM credits c JOIN responses r USING (response_id) WHERE c.mc IS NOT NULL AND r.rewards[c.constraint_index + 1] < 1 "
+        "FROM credits c JOIN responses r USING (response_id) "
+        "WHERE c.mc IS NOT NULL AND r.rewards[c.constraint_index + 1] < 1 "
         "ORDER BY c.response_id, c.constraint_index, c.position").fetchall()
     pairs: dict[tuple, list] = {}
     for row in rows:
@@ -889,10 +891,10 @@ def cmd_report(args) -> list[dict]:
         {"diagnosis": diagnosis, "pool": pool_figures, "pass_rates": rates, "hypotheses": hypotheses,
          "settings": settings}, indent=1) + "\n")
     plot(evals, PLOT)
-    if args.experiment == "issue18":
+    if args.experiment == "mrtpo_offline":
         write_results_md(rows, evals, diagnosis, hypotheses, settings)
     else:
-        write_results_md_issue25(rows, evals, settings)
+        write_results_md_mc_tree(rows, evals, settings)
     return rows
 
 
@@ -900,17 +902,18 @@ def cmd_report(args) -> list[dict]:
 
 
 # Each older design as a compare design (bench/compare_designs/), the per-prompt rewards it stored, the file that
-# held the design at its commit (issue 25: pre-registered; issue 18: the script's docstring, not pre-registered, its
-# commit not a registration) and the arms added after held-out results (exploratory).
+# held the design at its commit (mc_tree: pre-registered; mrtpo_offline: the script's docstring, not pre-registered,
+# its commit not a registration) and the arms added after held-out results (exploratory). A file's earlier names
+# follow it: the git history of each is where a policy's time of scoring is read (`first_scored`).
+MRTPO_OFFLINE_PER_PROMPT = ("closed_loop_mrtpo_offline_per_prompt.json", "closed_loop_issue18_per_prompt.json")
 OLDER_DESIGNS = {
-    "issue25": {"toml": "issue25.toml", "per_prompt": ("closed_loop_per_prompt.json",
-                                                       "closed_loop_issue18_per_prompt.json"),
+    "mc_tree": {"toml": "mc_tree.toml", "per_prompt": ("closed_loop_per_prompt.json", *MRTPO_OFFLINE_PER_PROMPT),
                 "design_file": ("0d643ae", "bench/closed_loop_design.md"), "registered": True, "exploratory": []},
-    "issue18": {"toml": "issue18.toml", "per_prompt": ("closed_loop_issue18_per_prompt.json",),
-                "design_file": ("46041f7", "bench/closed_loop.py"), "registered": False,
-                "exploratory": ["mrtpo_both"]},
+    "mrtpo_offline": {"toml": "mrtpo_offline.toml", "per_prompt": MRTPO_OFFLINE_PER_PROMPT,
+                      "design_file": ("46041f7", "bench/closed_loop.py"), "registered": False,
+                      "exploratory": ["mrtpo_both"]},
 }
-DESIGN_NAMES = {"issue25": "the Monte-Carlo credit experiment", "issue18": "the MRTPO experiment",
+DESIGN_NAMES = {"mc_tree": "the Monte-Carlo credit experiment", "mrtpo_offline": "the MRTPO experiment",
                 "powered": "the powered design"}
 COMPARE_JSON = ROOT / "bench" / "results" / "compare.json"
 COMPARE_DETAILS_JSON = ROOT / "bench" / "results" / "compare_details.json"
@@ -935,7 +938,7 @@ def first_scored(files: tuple[str, ...]) -> dict[str, tuple[str, dict]]:
             commit, when = line.split()
             when = datetime.fromisoformat(when).astimezone(timezone.utc).isoformat(timespec="seconds")
             listed = git("ls-tree", "--name-only", commit, "--", path).strip()
-            if not listed:  # the commit that renamed issue 18's file away from this name
+            if not listed:  # a commit that renamed the file away from this name
                 continue
             for label, result in json.loads(git("show", f"{commit}:{path}")).items():
                 if label not in found or (when < found[label][0] and result == found[label][1]):
@@ -1119,8 +1122,8 @@ def cmd_plan(args) -> dict:
         tmp.flush()
         design = load_design(tmp.name)
     details = json.loads(COMPARE_DETAILS_JSON.read_text())
-    pilot = {(r["method"], r["baseline"]): r for r in details if r["design"] == "issue25"}
-    decode = next(r for r in details if (r["design"], r["method"], r["baseline"]) == ("issue18", "mrtpo", "gdpo"))
+    pilot = {(r["method"], r["baseline"]): r for r in details if r["design"] == "mc_tree"}
+    decode = next(r for r in details if (r["design"], r["method"], r["baseline"]) == ("mrtpo_offline", "mrtpo", "gdpo"))
     costs = Costs(**measured_costs())
     target = float(design.targets["mde"])
     fixed = {"prompts": design.prompts["heldout_limit"], "decodes": len(design.decodes)}
@@ -1177,7 +1180,7 @@ def plan_from_powered(rows: list[dict]) -> dict:
 
     out = json.loads(PLAN_JSON.read_text())
     details = json.loads(COMPARE_DETAILS_JSON.read_text())
-    pilot = {(r["method"], r["baseline"]): r for r in details if r["design"] == "issue25"}
+    pilot = {(r["method"], r["baseline"]): r for r in details if r["design"] == "mc_tree"}
     primary = [r for r in rows if r["primary"]]
     costs = folder_costs(POWERED_RUN)
     fixed = {"prompts": rows[0]["prompts"], "decodes": len(rows[0]["decodes"])}
@@ -1254,9 +1257,9 @@ PRIMARY = (("mc", "gdpo"), ("mc", "rs"))
 DESIGN_SEEDS = {"offline": 5, "iterated": 3}  # the design's seeds per arm: a row with fewer is incomplete
 
 
-def write_results_md_issue25(rows: list[dict], evals: dict[str, dict], settings: dict) -> None:
-    """RESULTS.md's section of issue 25's experiment: every comparison row, then the primary targets' verdicts
-    (a target missing its rows, or with fewer seeds than the design's, is 'not measured')."""
+def write_results_md_mc_tree(rows: list[dict], evals: dict[str, dict], settings: dict) -> None:
+    """RESULTS.md's section of the Monte-Carlo credit experiment: every comparison row, then the primary targets'
+    verdicts (a target missing its rows, or with fewer seeds than the design's, is 'not measured')."""
     from common import upsert_result
 
     shown = [r for r in rows if r["decoding"] == "greedy"]
@@ -1281,7 +1284,7 @@ def write_results_md_issue25(rows: list[dict], evals: dict[str, dict], settings:
                 f"{r['mde_seeds']:.3f} <= 0.03: {verdict_of(r['mde_seeds'] <= 0.03)}")
 
     upsert_result(
-        "Closed loop, SmolLM2: Monte-Carlo credit from tree-sampled groups (closed_loop.py, issue 25)",
+        "Closed loop, SmolLM2: Monte-Carlo credit from tree-sampled groups (closed_loop.py --experiment mc_tree)",
         "The pre-registered experiment of `bench/closed_loop_design.md` (its commit is in every row's "
         "`design_commit`). Held-out mean reward, greedy; every difference with a 95% crossed bootstrap interval "
         "(trained seeds and held-out prompts resampled together), each seed's difference and the detectable "
@@ -1293,7 +1296,7 @@ def write_results_md_issue25(rows: list[dict], evals: dict[str, dict], settings:
         f"lr {settings['lr']}, batch {settings['batch_size']}, {settings['steps']} steps; held-out "
         f"{len(evals['start']['greedy']) if 'start' in evals else 0} prompts; design {settings.get('design_commit')}",
         " | ".join(line(r) for r in shown) or "no policy scored yet",
-        "issue 25: " + "; ".join(verdict(m, b) for m, b in PRIMARY),
+        "pre-registered: " + "; ".join(verdict(m, b) for m, b in PRIMARY),
     )
 
 
@@ -1354,7 +1357,7 @@ def write_results_md(rows: list[dict], evals: dict[str, dict], diagnosis: dict, 
         "(train) prompts, 1 seed, vs MRTPO [95% over prompts]: " + "; ".join(
             f"{h['variant']} {h['reward']:.3f}" + (" ({:+.3f} [{:+.3f}, {:+.3f}])".format(*h["vs_mrtpo"])
                                                    if "vs_mrtpo" in h else "") for h in hypotheses),
-        "issue 18, seeds and prompts crossed: 95% interval of MRTPO - GDPO above 0 in one arm: "
+        "seeds and prompts crossed: 95% interval of MRTPO - GDPO above 0 in one arm: "
         f"{verdict_of(any(r['ci_low_seeds'] > 0 for r in mrtpo_gdpo))} ({'; '.join(above)}); MRTPO's gain >= 1.3x "
         f"GDPO's: {verdict_of(any(r['gain_ratio_ci_low_seeds'] >= 1.3 for r in mrtpo_gdpo))} ({'; '.join(ratios)}); "
         f"GDPO's final in <= 0.7x the steps: not measured ({'; '.join(steps)}); detectable difference <= 0.03: "
@@ -1401,7 +1404,8 @@ def main() -> None:
     import common  # noqa: F401 - sets the torch thread count (BENCH_THREADS) before torch runs anything
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["pilot", "offline", "iterated", "dev", "report", "quick", "compare", "plan"])
+    parser.add_argument("command",
+                        choices=["pilot", "offline", "iterated", "dev", "report", "quick", "compare", "plan"])
     parser.add_argument("--model", default=SMOLLM2)
     parser.add_argument("--device", default="cpu", help="torch device (cuda: the full-size run on a GPU)")
     parser.add_argument("--temperatures", default="0.5,0.7,1.0")
@@ -1444,7 +1448,7 @@ def main() -> None:
                         help="the tree pools' branching R,L (gdpo_tree and mc)")
     parser.add_argument("--branch", default=None, help="the tree pools' branch point (default: the sampler's)")
     parser.add_argument("--experiment", choices=EXPERIMENTS, default=EXPERIMENTS[0],
-                        help="whose state and result files (issue 18's: the earlier MRTPO experiment)")
+                        help="whose state and result files (mrtpo_offline: the earlier MRTPO experiment)")
     args = parser.parse_args()
     args.quick = False
     use_experiment(args.experiment)

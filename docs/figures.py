@@ -188,7 +188,7 @@ def result_table(file: str, columns: list, where: dict | None = None, order: lis
 
 
 # The README's headline results: one row per finding, each figure from its row (see `headline_table`)
-# the Monte-Carlo credit experiment's design (bench/compare_designs/issue25.toml), re-analysed by compare
+# the Monte-Carlo credit experiment's design (bench/compare_designs/mc_tree.toml), re-analysed by compare
 MC_DESIGN = "59894c4cd8697f4984c94381c94c203180a553a74d19121d37e160c88b5ed6f0"
 HEADLINES = [
     ("MRTPO's replay puts a blamed reward's top relevance on a hand-made edit (top-1, test split)",

@@ -29,8 +29,8 @@ FLAT_N = 4  # responses per prompt of flat sampling unless `n` says otherwise
 # trees (bench/bench_tree.py --quick: 4 prompts, 32 tokens; bench/results/tree.json `branch_stats`):
 # fraction:0.25 branched every root, at 27% of the leaf, and every set of siblings differed; sentence branched
 # 75% of roots, late (70% of the leaf: SQL and tool calls have no early sentence end); entropy:0.1 branched 88%
-# at 38%. An early, always-taken branch point is also where issue 25 finds failures decided (the pass rate
-# falls most within the first quarter of the response).
+# at 38%. An early, always-taken branch point is also where the Monte-Carlo credit experiment found failures
+# decided (the pass rate falls most within the first quarter of the response).
 DEFAULT_BRANCH = "fraction:0.25"
 
 

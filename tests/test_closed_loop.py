@@ -172,7 +172,8 @@ def test_quick_mode_runs_both_arms_and_keeps_nothing(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "quick run: 52 rows" in done.stdout and "dev variants" in done.stdout
     assert "('iterated', 'mrtpo', 'gdpo')" in done.stdout and "('offline', 'rs', 'gdpo')" in done.stdout
-    # issue 25's arms: the tree pool's GDPO and mc, and mc's iterated arm against GDPO and rejection sampling
+    # the Monte-Carlo credit experiment's arms: the tree pool's GDPO and mc, and mc's iterated arm against GDPO and
+    # rejection sampling
     assert "('offline', 'mc', 'gdpo_tree')" in done.stdout and "('iterated', 'mc', 'rs')" in done.stdout
     assert '"mc_landing"' in done.stdout
     assert sorted(p.name for p in (ROOT / "bench" / "results").iterdir()) == before
@@ -202,7 +203,7 @@ def test_compare_rows_of_every_design_are_reproduced_from_their_stored_rewards()
     assert len(by_hash) == 2
     for rows in by_hash.values():
         first = rows[0]
-        name = "issue25" if first["design_commit"] else "issue18"  # issue 18's was not pre-registered
+        name = "mc_tree" if first["design_commit"] else "mrtpo_offline"  # the MRTPO experiment was not pre-registered
         registration = {"design_hash": first["design_hash"], "design_commit": first["design_commit"],
                         "design_commit_time": None,
                         "amendments": [{"arms": closed_loop.OLDER_DESIGNS[name]["exploratory"]}]}

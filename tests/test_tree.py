@@ -1,4 +1,4 @@
-"""Tree-sampled groups (issue 25): leaves equal flat sampling of their prefixes, the shared prefix cache equals a
+"""Tree-sampled groups: leaves equal flat sampling of their prefixes, the shared prefix cache equals a
 prefill, the nodes table and views, resume after a kill mid-tree, and the bad inputs refused before a model loads."""
 from __future__ import annotations
 
