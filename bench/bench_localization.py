@@ -389,7 +389,7 @@ def write_results_md(table: list[dict]) -> None:
         f"{len({r['model'] for r in table})} models x {len(STYLES)} styles x {len(ABLATIONS)} ablations x "
         f"{len(RELEVANCES)} relevances",
         " | ".join(lines),
-        "issue 10 (SmolLM2, test, default): top-1 >= 0.50 overall and >= 0.35 per family, top-3 >= 0.75, "
+        "SmolLM2, test, default: top-1 >= 0.50 overall and >= 0.35 per family, top-3 >= 0.75, "
         "format mass median >= 0.5",
     )
 

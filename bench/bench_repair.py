@@ -301,12 +301,16 @@ def sample_of(args) -> str:
            f"temperature {args.temperature}"
 
 
+# The rows measured before rows named their sample: sample_of's name for the settings they ran with.
+FIRST_SAMPLE = "bench/closed_loop_prompts/prompts.jsonl instructions split train limit 24 n 8 temperature 0.7"
+
+
 def merge_rows(old: list[dict], new: list[dict], sample: str) -> list[dict]:
     """The file's rows of other samples (given `cut` and `fixes_per_token` where they predate them), then this one's."""
     kept = []
     for row in old:
         # an older row does not say its resamples per cut, so its fixes per token are not recomputed here
-        row = {"sample": "issue 19", "cut": CUT_OF.get(row["locate"], "blamed"), "fixes_per_token": None, **row}
+        row = {"sample": FIRST_SAMPLE, "cut": CUT_OF.get(row["locate"], "blamed"), "fixes_per_token": None, **row}
         if row["sample"] != sample:
             kept.append(row)
     return kept + [{**row, "sample": sample} for row in new]
@@ -352,7 +356,7 @@ def write_results_md(table: list[dict], args) -> None:
         full_size = decisive["pairs"] >= 200
         lines.append(f"decisive cut's fixes per resampled token: {vs_random:.2f}x the random cut's "
                      f"{_interval(decisive['vs_random_ci'])}, {vs_full:.2f}x the whole resample's "
-                     f"{_interval(decisive['vs_whole_ci'])} on {decisive['pairs']} pairs (issue 26 targets 1.5x and 1x "
+                     f"{_interval(decisive['vs_whole_ci'])} on {decisive['pairs']} pairs (targets 1.5x and 1x "
                      f"over >= 200 pairs: "
                      + (f"{verdict(vs_random >= 1.5)}, {verdict(vs_full >= 1)}" if full_size else
                         "a SMALLER sample, no verdict") + ")")
@@ -368,7 +372,7 @@ def write_results_md(table: list[dict], args) -> None:
         f"{args.limit or 'all'} prompts), n {args.n}, "
         f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens}, {args.resamples} resamples per cut",
         " | ".join(lines),
-        "issue 19: >= 200 pairs; both >= 1.5x the random cut's fixes per resampled token and >= the full resample's",
+        ">= 200 pairs; both >= 1.5x the random cut's fixes per resampled token and >= the full resample's",
     )
 
 

@@ -153,7 +153,7 @@ def write(result: dict, args) -> None:
         f"values {1000 * result['values_s_per_token']:.2f} ms/token, sampler {1000 * result['sampler_s_per_token']:.2f} "
         f"ms/token: {result['ratio']:.2f}x (sampling alone {result['sampling_only_ratio']:.2f}x); "
         f"{result['values_tokens']} / {result['sampler_tokens']} tokens",
-        f"issue 26: within 1.2x of the sampler's at 64 pairs x 8 cuts x K 16: "
+        f"within 1.2x of the sampler's at 64 pairs x 8 cuts x K 16: "
         f"{verdict(result['ratio'] <= 1.2) if full else 'not measured at that size (a smaller sample: no verdict)'}",
     )
 
