@@ -1,4 +1,4 @@
-"""Localization on the model's own samples (issue 26): does each credit's most penalized token lie where the value
+"""Localization on the model's own samples: does each credit's most penalized token lie where the value
 curve falls most?
 
     python bench/bench_localization_own.py [--limit 64] [--pairs 200] [--k 16] [--cuts 8] [--quick]
@@ -30,8 +30,8 @@ is chance) and per constraint kind:
   segment starts at token 0) and a linearly decreasing weight (the chance that a token drawn with weight T - t
   lies in the segment); minus_prior_first, minus_prior_first_ci_low, minus_prior_first_ci_high: the credit's
   top_in_decisive less the first-token rule's, with a paired 95% bootstrap interval over pairs. The target is
-  judged against the stronger of chance and the two priors (`--fill-priors` adds the keys that rows stored
-  without their pairs determine: the priors' point difference; the rest needs a rerun).
+  judged against the stronger of chance and the two priors; stronger_null, stronger_null_value and met say which
+  null that is and whether the target (2x it, its interval excluding it) is met.
 
 `mc` needs tree-sampled groups, so `--pool tree` measures it on a run of its own (`--tree-run`, e.g. closed_loop.py's
 `bench/.closed_loop/pool-tree`, else WORK/tree sampled with `--tree R,L`): its failed pairs are other responses,
@@ -42,10 +42,10 @@ replaces its own pool's rows and keeps the other's.
 `--reward-model`, a folder of `tokencredit rm train`, which may have trained on the other pairs' responses).
 
 Nothing is tuned on these pairs (every option is the product's default), so there is no dev split: every pair is
-a test pair. Rows go to bench/results/localization_own.json as they are (a run smaller than the issue's target,
-200 pairs x K 16, is labelled so in RESULTS.md), and each pair's segment and per-credit scores, of which every row
-is a mean, to bench/results/localization_own_pairs.json (`pair_records`). The runs and the values folder stay in `--work`, so a stopped
-run resumes; `--values DIR` scores a values folder as it stands (a stopped `tokencredit values` run: its complete
+a test pair. Rows go to bench/results/localization_own.json as they are (a run smaller than the target, 200 pairs
+x K 16, is labelled so in RESULTS.md), and each pair's segment and per-credit scores, of which every row is a mean,
+to bench/results/localization_own_pairs.json (`pair_records`). The runs and the values folder stay in `--work`, so
+a stopped run resumes; `--values DIR` scores a values folder as it stands (a stopped `tokencredit values` run: its complete
 shards, a random sample of its pairs since the shards take the responses in a shuffled order).
 """
 from __future__ import annotations
@@ -183,25 +183,6 @@ def verdict_keys(row: dict) -> dict:
     against it."""
     name, value = stronger_null(row)
     return {"stronger_null": name, "stronger_null_value": value, "met": met_against_stronger_null(row)}
-
-
-def fill_priors_from_rows(rows: list[dict]) -> list[dict]:
-    """For rows measured before the prior keys existed, whose per-pair values were not kept: prior_first_token is the
-    first_token row's top_in_decisive on the same pool and kind (the same pairs), minus_prior_first the difference of
-    the two means; the paired interval and prior_linear need the pairs, so they are None and `priors_note` says so."""
-    first = {(r.get("pool", "flat"), r["kind"]): r["top_in_decisive"] for r in rows if r["credit"] == "first_token"}
-    out = []
-    for row in rows:
-        if "prior_first_token" in row or (row.get("pool", "flat"), row["kind"]) not in first:
-            out.append(row)
-            continue
-        prior = first[(row.get("pool", "flat"), row["kind"])]
-        out.append({**row, "prior_first_token": prior, "prior_linear": None,
-                    "minus_prior_first": row["top_in_decisive"] - prior, "minus_prior_first_ci_low": None,
-                    "minus_prior_first_ci_high": None,
-                    "priors_note": "filled from the stored rows (per-pair values not kept): the paired interval and "
-                                   "prior_linear need a rerun"})
-    return out
 
 
 def first_token_credit(pairs: list[dict]) -> dict:
@@ -358,13 +339,7 @@ def main() -> None:
                         "values): its complete shards are measured as they stand, nothing is sampled")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap rounds")
     parser.add_argument("--quick", action="store_true", help="the tiny policy on a few demo prompts; writes nothing")
-    parser.add_argument("--fill-priors", action="store_true", help="add the prior keys that the stored rows determine "
-                        "(without per-pair values) to localization_own.json, and stop")
     args = parser.parse_args()
-    if args.fill_priors:
-        RESULTS_JSON.write_text(json.dumps(fill_priors_from_rows(json.loads(RESULTS_JSON.read_text())), indent=1)
-                                + "\n")
-        return
     pool = measure_tree if args.pool == "tree" else measure
     if args.quick:
         import tempfile
@@ -386,7 +361,7 @@ def main() -> None:
 
 
 def record_flat(args, rows: list[dict], lines: list[str]) -> None:
-    """The flat runs' RESULTS.md row, with the issue's verdict on the best credit."""
+    """The flat runs' RESULTS.md row, with the verdict on the best credit."""
     best = max((r for r in rows if r["kind"] == "all" and r["credit"] not in ("gdpo", "first_token")),
                key=lambda r: r["top_in_decisive"])
     first = next(r for r in rows if r["kind"] == "all" and r["credit"] == "first_token")
@@ -417,7 +392,7 @@ def record_flat(args, rows: list[dict], lines: list[str]) -> None:
 
 
 def record_tree(args, rows: list[dict], lines: list[str]) -> None:
-    """The tree run's RESULTS.md row: mc's figure, reported as it is (the issue's verdict is on the best credit)."""
+    """The tree run's RESULTS.md row: mc's figure, reported as it is (the verdict is on the best credit)."""
     from tokencredit.pipeline.dataset.derived import run_sampling
 
     settings, sampling = run_sampling(args.tree_run)

@@ -82,11 +82,14 @@ def value_of(file: str, row: dict, key, where: dict):
 
 
 def fmt_value(value, fmt: str | None = None) -> str:
-    """A figure as the docs write it: `fmt` (a format spec), else a float with 3 decimals, an int as it is."""
+    """A figure as the docs write it: `fmt` (a format spec; "met": a target's bool as "met" or "not met"), else a
+    float with 3 decimals, an int as it is."""
     if value is None:
         return "n/a"
     if isinstance(value, list):
         return "[" + ", ".join(fmt_value(v, fmt) for v in value) + "]"
+    if fmt == "met":
+        return "met" if value else "not met"
     if fmt is not None:
         return format(value, fmt)
     if isinstance(value, bool) or isinstance(value, str):

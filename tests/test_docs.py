@@ -67,7 +67,9 @@ def parse(text: str):
     return float(number) / scale, decimals + (2 if scale == 100 else 0)
 
 
-def agrees(text: str, value) -> bool:
+def agrees(text: str, value, fmt: str | None = None) -> bool:
+    if fmt == "met":
+        return isinstance(value, bool) and text == ("met" if value else "not met")
     if isinstance(value, (bool, str)):
         return text == str(value)
     parsed, decimals = parse(text)
@@ -92,7 +94,7 @@ def check(entry: dict) -> None:
         value = lookup(entry["file"], entry["key"], entry["where"])
     if entry.get("scale") is not None and value is not None:
         value = [v * entry["scale"] for v in value] if isinstance(value, list) else value * entry["scale"]
-    assert agrees(entry["text"], value), f"{entry['file']} {entry['key']} {entry['where']}: rendered " \
+    assert agrees(entry["text"], value, entry.get("fmt")), f"{entry['file']} {entry['key']} {entry['where']}: rendered " \
                                          f"{entry['text']!r}, the row holds {value!r}"
 
 
@@ -204,6 +206,7 @@ def test_the_figures_check_catches_a_figure_that_differs_from_its_row(figures):
     entry = {"file": "speed.json", "key": "mrtpo_over_gdpo", "where": {}, "text": "1.49"}
     with pytest.raises(AssertionError, match="the row holds"):
         check(entry)
+    assert agrees(figures.fmt_value(False, "met"), False, "met") and not agrees("met", False, "met")
     assert loose_numbers(["| a | b |", "|---|---|", "| x | **0.65** |", "| y | verl 0.9 caps it below 5.11 |"]) == \
         ["0.65"]
     assert loose_numbers(["| a | b |", "|---|---|", f"| x | {OPEN}0.383{CLOSE} [{OPEN}0.318{CLOSE}, "
