@@ -45,8 +45,8 @@ Nothing is tuned on these pairs (every option is the product's default), so ther
 a test pair. Rows go to bench/results/localization_own.json as they are (a run smaller than the target, 200 pairs
 x K 16, is labelled so in RESULTS.md), and each pair's segment and per-credit scores, of which every row is a mean,
 to bench/results/localization_own_pairs.json (`pair_records`). The runs and the values folder stay in `--work`, so
-a stopped run resumes; `--values DIR` scores a values folder as it stands (a stopped `tokencredit values` run: its complete
-shards, a random sample of its pairs since the shards take the responses in a shuffled order).
+a stopped run resumes; `--values DIR` scores a values folder as it stands (a stopped `tokencredit values` run: its
+complete shards, a random sample of its pairs since the shards take the responses in a shuffled order).
 """
 from __future__ import annotations
 

@@ -94,8 +94,8 @@ def check(entry: dict) -> None:
         value = lookup(entry["file"], entry["key"], entry["where"])
     if entry.get("scale") is not None and value is not None:
         value = [v * entry["scale"] for v in value] if isinstance(value, list) else value * entry["scale"]
-    assert agrees(entry["text"], value, entry.get("fmt")), f"{entry['file']} {entry['key']} {entry['where']}: rendered " \
-                                         f"{entry['text']!r}, the row holds {value!r}"
+    assert agrees(entry["text"], value, entry.get("fmt")), \
+        f"{entry['file']} {entry['key']} {entry['where']}: rendered {entry['text']!r}, the row holds {value!r}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
