@@ -367,11 +367,10 @@ def record_flat(args, rows: list[dict], lines: list[str]) -> None:
     first = next(r for r in rows if r["kind"] == "all" and r["credit"] == "first_token")
     full = rows[0]["pairs"] >= TARGET_PAIRS and args.k >= TARGET_K
     smaller = "; a SMALLER sample than the target 200 pairs x K 16: not a verdict on the target"
-    null, value = stronger_null(best)
-    met = met_against_stronger_null(best)
+    null, value = best["stronger_null"], best["stronger_null_value"]
     lines.append(f"best {best['credit']}/{best['locate']}: {best['top_in_decisive'] / best['chance']:.2f}x chance, "
                  f"{best['top_in_decisive'] / value:.2f}x the stronger null ({null} {value:.3f}); target 2x the "
-                 f"stronger null, interval excluding it: {verdict(met)}{'' if full else smaller}")
+                 f"stronger null, interval excluding it: {verdict(best['met'])}{'' if full else smaller}")
     lines.append(f"the decisive segment starts in the response's first quarter for {first['starts_first_quarter']} of "
                  f"{first['pairs']} pairs, at its first token for {first['starts_at_first_token']}")
     lines.append(f"position-only controls: {best['credit']}'s own top positions shuffled over pairs score "
