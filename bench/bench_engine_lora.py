@@ -1,6 +1,6 @@
 """Scoring a LoRA policy through the vllm engine: its own LoRA support against the adapter merged into a saved folder.
 
-    source .venv-vllm/bin/activate && python bench/bench_engine_lora.py [--quick]
+    python bench/bench_engine_lora.py [--quick]
 
 One LoRA adapter on SmolLM2-135M (rank 8 on every linear layer, as bench/closed_loop.py trains; B drawn small so
 that it changes the policy), greedy responses to held-out prompts, the two ways side by side in one process:
@@ -103,8 +103,7 @@ def main() -> None:
     upsert_result(
         "Engine LoRA (scoring a LoRA policy on the vllm engine)",
         "Greedy held-out responses of one LoRA policy: the engine's LoRA support (one engine for every policy) "
-        "against the adapter merged into a saved folder (an engine per policy). `python bench/bench_engine_lora.py` "
-        "in .venv-vllm.",
+        "against the adapter merged into a saved folder (an engine per policy). `python bench/bench_engine_lora.py`.",
         "quick" if args.quick else "full", f"{args.model}, rank {RANK}, {prompts} prompts x {tokens} tokens greedy",
         f"lora: start {result['lora']['start_s']:.0f} s, sampling {result['lora']['sample_s']:.1f} s; merged: start "
         f"{result['merged']['start_s']:.0f} s (merge + save + engine), sampling {result['merged']['sample_s']:.1f} s; "

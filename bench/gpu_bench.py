@@ -2,6 +2,7 @@
 
     python bench/gpu_bench.py [--quick] [--peak-tflops 790]      # on a CUDA machine; figures to $OUT if set
     python bench/gpu_bench.py --smoke                             # CPU check of the script with a tiny config
+    python bench/gpu_bench.py --gpus 4                            # also annotate on 4 engine workers, a GPU each
 
 The model is built from a Qwen2-1.5B-shaped config with random weights in bf16 (nothing is
 downloaded). Inputs are random token ids: N responses of T tokens after a P-token task prompt and
@@ -245,6 +246,31 @@ def annotate_walls(folder: Path, smoke: bool, prompts: int, n: int, max_new: int
     return out
 
 
+def annotate_on_workers(folder: Path, smoke: bool, prompts: int, n: int, max_new: int, gpus: int) -> dict:
+    """`tokencredit annotate --runner dask --workers W` on the engine, W = 1 then `gpus` (one GPU per worker; --smoke:
+    one CPU core each): wall seconds each, start included, and the ratio. The runs' rows must be equal."""
+    import pyarrow.dataset as ds
+
+    out, rows = {}, {}
+    for workers in (1, gpus):
+        run = Path(tempfile.mkdtemp(prefix=f"gpu_bench_workers{workers}_")) / "run"
+        command = [sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(run), "--tasks",
+                   "instructions", "--limit", str(prompts), "--n", str(n), "--max-new-tokens", str(max_new),
+                   "--credit", "gdpo", "--backend", "vllm", "--model", str(folder), "--device",
+                   "cpu" if smoke else "cuda", "--dtype", "float32" if smoke else "bfloat16", "--runner", "dask",
+                   "--workers", str(workers), "--shard-size", str(max(1, prompts // (4 * gpus))), "--cpu-threads", "1"]
+        begin = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"failed": f"--workers {workers} ({done.returncode}): {done.stderr.strip()[-500:]}"}
+        out[f"workers{workers}_wall_s"] = time.perf_counter() - begin
+        rows[workers] = sorted(ds.dataset(run / "responses").to_table().column("response").to_pylist())
+        shutil.rmtree(run.parent, ignore_errors=True)
+    out[f"workers{gpus}_over_workers1_wall"] = out[f"workers{gpus}_wall_s"] / out["workers1_wall_s"]
+    out["same_responses"] = rows[1] == rows[gpus]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer responses and repeats")
@@ -253,6 +279,8 @@ def main() -> None:
     parser.add_argument("--no-engine", action="store_true",
                         help="skip the product's paths on the engine (sampling, tree, engine replay, annotate)")
     parser.add_argument("--record", action="store_true", help="also write bench/results/gpu_bench.json")
+    parser.add_argument("--gpus", type=int, default=1, help="with more than 1: also annotate on that many engine "
+                        "workers, one GPU each (`--runner dask --workers N`), against one worker")
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("gpu_bench.py: no CUDA device here (torch.cuda.is_available() is False); nothing was run. "
@@ -303,6 +331,9 @@ def main() -> None:
                 print(f"engine: {json.dumps(results['engine'])}", flush=True)
                 results["annotate"] = annotate_walls(folder, args.smoke, e_prompts, e_n, e_new)
                 print(f"annotate: {json.dumps(results['annotate'])}", flush=True)
+                if args.gpus > 1:
+                    results["workers"] = annotate_on_workers(folder, args.smoke, e_prompts, e_n, e_new, args.gpus)
+                    print(f"workers: {json.dumps(results['workers'])}", flush=True)
             except Exception as error:  # noqa: BLE001 - keep the figures measured before
                 results.setdefault("engine", f"failed: {type(error).__name__}: {error}")
                 print(f"engine: failed: {type(error).__name__}: {error}", flush=True)

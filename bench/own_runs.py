@@ -82,8 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree", type=lambda text: tuple(int(x) for x in text.split(",")), default=(4, 2),
                         help="R,L: the tree run's branching (its groups have R x L leaves)")
     parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers",
-                        help="sampler of the runs and of the value curves' continuations (vllm: run in the CPU "
-                        "engine's environment, .ci/vllm-env)")
+                        help="sampler of the runs and of the value curves' continuations (vllm: the CPU engine of "
+                        "the README's environment)")
     parser.add_argument("--reward-model", default=None, help="P2T's reward model for the replay run (a folder of "
                         "`tokencredit rm train`); without it the runs hold no P2T")
 

@@ -17,12 +17,14 @@ import pyarrow.parquet as pq
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.futures import as_completed
-from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm.auto import tqdm
 
+from tokencredit.flows.cluster import task_runner
 from tokencredit.pipeline.annotate import (AnnotateConfig, annotate_shard, check_first_shard, code_version, finish_run,
                                            load_models, prepare_run, shard_bar)
 from tokencredit.pipeline.dataset.writer import RunWriter
+from tokencredit.pipeline.devices import worker_identity
+from tokencredit.pipeline.sample import engine_starts
 from tokencredit.schemas.records import TaskRecord
 
 
@@ -45,20 +47,7 @@ def annotate_shard_task(records: list[TaskRecord], shard: int, config: AnnotateC
     if writer.is_complete(shard):
         return writer.shard_entry(shard)
     tables, stats = annotate_shard(records, shard, config, load_models(config))
-    return writer.write_shard(shard, tables, stats, code_version=code_version())
-
-
-def task_runner(runner: str, dask_address: str | None = None, workers: int = 2):
-    if runner == "threads":
-        return ThreadPoolTaskRunner(max_workers=workers)
-    if runner == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        if dask_address:
-            return DaskTaskRunner(address=dask_address)
-        return DaskTaskRunner(cluster_class="distributed.LocalCluster",
-                              cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True})
-    raise ValueError(f"unknown runner {runner!r}; choose threads or dask")
+    return writer.write_shard(shard, tables, stats, code_version=code_version(), worker=worker_identity(engine_starts()))
 
 
 @flow(name="annotate", log_prints=True)
@@ -112,5 +101,7 @@ def run_annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = Non
                       dask_address: str | None = None, workers: int = 2, progress: bool = True,
                       restart: bool = False) -> dict[str, Any]:
     """Run the flow with the chosen task runner (threads, or Dask local/remote)."""
-    configured = annotate_flow.with_options(task_runner=task_runner(runner, dask_address, workers))
+    cores = config.cpu_threads if config.device == "cpu" else 1
+    configured = annotate_flow.with_options(task_runner=task_runner(runner, dask_address, workers, config.device,
+                                                                    cores))
     return configured(config, out, run_id=run_id, progress=progress, restart=restart)

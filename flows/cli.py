@@ -262,6 +262,8 @@ def _auto_backend(config: AnnotateConfig) -> AnnotateConfig:
     from tokencredit.pipeline.annotate import load_prompt_set
 
     records, _ = load_prompt_set(config)
+    if not records:  # the run stops on its rejected records: which backend would have sampled them is noise
+        return config
     backend, why = choose_backend(config.device, len(records) * config.sampling.n * config.sampling.max_new_tokens,
                                   config.dtype)
     print(f"tokencredit: --backend auto: {backend} ({why})", file=sys.stderr)
@@ -364,7 +366,7 @@ def _run_derived(kind, args: argparse.Namespace, config) -> dict:
     from tokencredit.flows.derived import run_derived_flow
 
     return run_derived_flow(kind, args.run, args.out, config, device=args.device, workers=args.workers,
-                            backend=args.backend)
+                            backend=args.backend, runner=args.runner)
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
@@ -484,6 +486,15 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
 
     pull(args.name)
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from tokencredit.pipeline.environment import environment_checks
+
+    checks = environment_checks()
+    for check in checks:
+        print(check.line())
+    return 0 if all(check.ok for check in checks) else 1
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -612,9 +623,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto", help="sampler of the "
                    "resamples; auto: the vllm engine where it is installed for --device, else transformers")
-    p.add_argument("--runner", choices=["threads", "none"], default="threads",
-                   help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
-    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads)")
+    p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
+                   help="Prefect task runner for the shards: threads, or a local Dask cluster of --workers processes "
+                   "of one core (or GPU) each, each with its own engine; 'none' runs them in this process without "
+                   "Prefect")
+    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
     p.add_argument("--cut", choices=["penalty", "decisive"], default="penalty",
                    help="where to cut: before the credit's top penalty, or at the start of the decisive segment of "
                         "the value curve (needs --values)")
@@ -636,9 +649,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto", help="sampler of the "
                    "continuations; auto: the vllm engine where it is installed for --device, else transformers")
-    p.add_argument("--runner", choices=["threads", "none"], default="threads",
-                   help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
-    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads)")
+    p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
+                   help="Prefect task runner for the shards: threads, or a local Dask cluster of --workers processes "
+                   "of one core (or GPU) each, each with its own engine; 'none' runs them in this process without "
+                   "Prefect")
+    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
     p.set_defaults(func=cmd_values)
 
     p = command("train", "train a policy from a run's training view")
@@ -737,6 +752,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("name", help="model name (tokencredit models list)")
     q.set_defaults(func=cmd_models_pull)
 
+    p = command("doctor", "what this environment runs: torch, transformers, the vLLM engine and its release; the "
+                          "command that mends each thing broken (exit 1 when one is)")
+    p.set_defaults(func=cmd_doctor)
+
     p = command("serve", "annotate on a schedule (a Prefect deployment; a local Prefect server unless "
                          "PREFECT_API_URL names one)")
     add_dataset_args(p)
@@ -764,6 +783,17 @@ def _one_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def _environment_fix(error: BaseException) -> str:
+    """'; fix: COMMAND' where an import failed beside the vision packages that break transformers and vLLM on a CPU
+    torch (environment.py), else ''."""
+    from tokencredit.pipeline.environment import REMOVE_VISION, vision_packages
+
+    text = str(error)
+    if "fix:" in text or not (isinstance(error, ImportError) or "torchvision" in text or "Could not import" in text):
+        return ""
+    return f"; fix: {REMOVE_VISION} (tokencredit doctor checks the environment)" if vision_packages() else ""
+
+
 def debugging() -> bool:
     """TOKENCREDIT_DEBUG=1, true or yes (any case) asks for tracebacks; 0, false or empty does not."""
     return os.environ.get("TOKENCREDIT_DEBUG", "").strip().lower() in ("1", "true", "yes")
@@ -783,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as error:
         if debugging():
             raise
-        print(f"tokencredit {args.command}: error: {_one_line(error)}", file=sys.stderr)
+        print(f"tokencredit {args.command}: error: {_one_line(error)}{_environment_fix(error)}", file=sys.stderr)
         return 2
 
 

@@ -1,7 +1,7 @@
 """Prefect flow for folders derived from a run (`repair`, `values`): one Prefect task per shard, like the
 annotate flow. Each shard writes its parts and then its marker, so a re-run skips the shards whose marker
 matches their files and a killed run resumes where it stopped. Shards run on threads (one policy copy per
-process, loaded once)."""
+process, loaded once) or on a local Dask cluster of one-core workers, each with its own engine."""
 from __future__ import annotations
 
 import functools
@@ -10,8 +10,8 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.futures import as_completed
-from prefect.task_runners import ThreadPoolTaskRunner
 
+from tokencredit.flows.cluster import task_runner
 from tokencredit.pipeline.dataset.derived import DerivedKind
 from tokencredit.pipeline.progress import Progress
 from tokencredit.pipeline.repair import REPAIR
@@ -55,9 +55,10 @@ def derived_flow(kind: str, run: str, out: str, config, device: str = "cpu", pro
 
 
 def run_derived_flow(kind: DerivedKind, run: str, out: str, config, device: str = "cpu", workers: int = 1,
-                     progress: bool = True, backend: str = "transformers") -> dict[str, Any]:
-    """The flow (named after `kind`) on a thread pool of `workers` shards at a time; the inputs are checked
+                     progress: bool = True, backend: str = "transformers", runner: str = "threads") -> dict[str, Any]:
+    """The flow (named after `kind`), `workers` shards at a time on threads, or on `workers` Dask workers of one
+    core (or GPU) each, whose engines then compute the same floats whatever their number; the inputs are checked
     before Prefect starts (the flow reads the run again)."""
     kind.prepare(run, out, config)
-    configured = derived_flow.with_options(name=kind.name, task_runner=ThreadPoolTaskRunner(max_workers=workers))
+    configured = derived_flow.with_options(name=kind.name, task_runner=task_runner(runner, None, workers, device, 1))
     return configured(kind.name, run, out, config, device=device, progress=progress, backend=backend)

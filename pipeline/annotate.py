@@ -28,9 +28,10 @@ from tokencredit.verifiers.plugins import PluginRef, tasks_of
 from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
-from tokencredit.pipeline.sample import make_sampler
+from tokencredit.pipeline.sample import engine_starts, make_sampler
 from tokencredit.pipeline.dataset.tables import credits_table, nodes_table, responses_table
 from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_restartable
+from tokencredit.pipeline.devices import worker_identity
 from tokencredit.pipeline.identity import record_hashes, run_inputs
 
 
@@ -387,7 +388,7 @@ def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
         models = load_models(config) if todo else None
         for s in tqdm(todo, desc="shards", unit="shard", disable=not shard_bar(progress)):
             tables, stats = annotate_shard(shards[s], s, config, models)
-            writer.write_shard(s, tables, stats, code_version=code_version())
+            writer.write_shard(s, tables, stats, code_version=code_version(), worker=worker_identity(engine_starts()))
             if s == todo[0]:
                 check_first_shard(tables["responses"], s, out)
         return finish_run(writer, len(shards), rejected)

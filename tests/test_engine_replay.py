@@ -1,5 +1,5 @@
 """MRTPO's replay through the vLLM engine (`credit.engine_replay`) against the torch replay, on SmolLM2 and the
-localization benchmark's responses; runs where vllm imports (.ci/vllm-env's environment) and SmolLM2 is pulled."""
+localization benchmark's responses; runs where vllm imports (the README's environment) and SmolLM2 is pulled."""
 import pytest
 import torch
 

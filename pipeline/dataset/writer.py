@@ -447,12 +447,15 @@ class RunWriter:
         return entry
 
     def write_shard(self, shard: int, tables: dict[str, pa.Table], stats: dict[str, Any],
-                    code_version: str | None = None) -> dict[str, Any]:
+                    code_version: str | None = None, worker: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write every table of one shard atomically, then its completion marker.
 
         `code_version`: of the code that computed the shard (a Dask worker may run other code
-        than the process that started the run)."""
+        than the process that started the run). `worker`: the process that computed it
+        (`devices.worker_identity`), kept in the marker only."""
         entry: dict[str, Any] = {"shard": shard, "stats": stats, "code_version": code_version}
+        if worker is not None:
+            entry["worker"] = worker
         for name, table in tables.items():
             path = f"{self.root}/{name}/part-{shard:05d}.parquet"
             table = table.cast(with_version(TABLES[name], name))

