@@ -771,7 +771,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("runs", "what tokencredit serve ran under its --out: folder, start, end, state, responses, error")
     p.add_argument("out", help="the --out of tokencredit serve")
     p.add_argument("--json", action="store_true", help="the rows as JSON")
-    p.add_argument("--resume", type=_folder_name("folder"), default=None, metavar="FOLDER", help="finish the incomplete run OUT/FOLDER with the "
+    p.add_argument("--resume", type=_folder_name("folder"), default=None, metavar="FOLDER",
+                   help="finish the incomplete run OUT/FOLDER with the "
                    "config its manifest records (the shards written are kept)")
     p.set_defaults(func=cmd_runs)
     return parser

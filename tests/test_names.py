@@ -123,8 +123,7 @@ def test_serve_name_is_one_folder_name_refused_before_any_server_starts(tmp_path
 def test_serve_keeps_its_state_per_output_folder(home, tmp_path):
     """Two --out of one --name never share a Prefect database: a first serve of a folder finds no runs missed by
     another folder's serve."""
-    first, again = state_home("nightly-annotate", str(tmp_path / "a")), state_home("nightly-annotate", str(tmp_path / "a"))
-    other = state_home("nightly-annotate", str(tmp_path / "b"))
+    first, again, other = (state_home("nightly-annotate", str(tmp_path / out)) for out in ("a", "a", "b"))
     assert first == again and first != other
     assert first.parent == other.parent == home / "serve" / "nightly-annotate"
 

@@ -4,8 +4,8 @@ DIR/registration.json holds the design file's sha256, its commit (the last commi
 tracked and unmodified in a git repository; else null: not pre-registered), that commit's time, the design's
 content, and the sha256 of every input the design names (prompt file, databases, models, plugin sources). A later
 run into DIR under another design is refused, unless the only change is added arms: those are recorded as an
-amendment and are exploratory in every table; a later run whose inputs changed is refused too. A policy scored before the design's commit time is
-named as such (`scored_before_commit`).
+amendment and are exploratory in every table; a later run whose inputs changed is refused too. A policy scored
+before the design's commit time is named as such (`scored_before_commit`).
 """
 from __future__ import annotations
 

@@ -236,5 +236,6 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
               "seconds": round(time.perf_counter() - start, 2), "tokens": tokens, "decodes": decodes}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, result)
-    shutil.rmtree(within(out, "policies", label), ignore_errors=True)  # a merged copy for the engine: scored, not needed
+    # a merged copy for the engine: scored, not needed
+    shutil.rmtree(within(out, "policies", label), ignore_errors=True)
     return result
