@@ -106,6 +106,20 @@ def _integer(low: int, high: int | None = None):
 
 
 _seed = _integer(0, SEED_MAX)
+# torch threads past the machine's cores only contend (and 100000 crashed torch); the default is never refused
+CPU_THREADS_MAX = max(os.cpu_count() or 1, AnnotateConfig.cpu_threads)
+
+
+def _folder_name(what: str):
+    """An option naming one folder under a folder the command was given (names.check_name)."""
+    def parse(text: str) -> str:
+        from tokencredit.pipeline.names import check_name
+
+        try:
+            return check_name(text, what)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return parse
 
 
 def _advantage(text: str) -> str:
@@ -208,8 +222,9 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
                    help="mean relevance under which a pair gets uniform weights (default: the option's calibrated floor)")
     p.add_argument("--store-js", action="store_true", help="also store the JS distance beside another relevance")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="prompts per shard")
-    p.add_argument("--cpu-threads", type=int, default=d.cpu_threads,
-                   help="torch threads per process on CPU (part of the dataset's identity)")
+    p.add_argument("--cpu-threads", type=_integer(1, CPU_THREADS_MAX), default=d.cpu_threads,
+                   help="torch threads per process on CPU (part of the dataset's identity), at most this machine's "
+                   "cores")
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -448,9 +463,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from tokencredit.flows.schedule import check_folder, make_schedule, parse_every, serve
 
-    config = annotate_config(args)
     schedule = make_schedule(args.cron, args.every, args.timezone)  # a bad one is refused before Prefect starts
     check_folder(args.folder)
+    config = annotate_config(args)
     when = f"cron {args.cron!r}" if args.cron else f"every {args.every}"
     when += f" ({schedule.timezone})" if schedule.timezone else ""
     # the runner asks the server for due runs this often (and starts them up to as much early)
@@ -518,7 +533,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if args.report_only:
-        registration = register(design, out)
+        from tokencredit.pipeline.compare.run import design_inputs
+
+        registration = register(design, out, design_inputs(design))
     else:
         from tokencredit.flows.compare import run_compare
 
@@ -766,13 +783,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: this machine's)")
     p.add_argument("--folder", default="{datetime}", help="each run's folder under --out, from its scheduled time: "
                    "{datetime} (default, 2026-12-05T03-00-00) and/or {date} (2026-12-05: one run's dataset a day)")
-    p.add_argument("--name", default="nightly-annotate", help="deployment name")
+    p.add_argument("--name", type=_folder_name("name"), default="nightly-annotate", help="deployment name "
+                   "(letters, digits, '.', '_', '-')")
     p.set_defaults(func=cmd_serve)
 
     p = command("runs", "what tokencredit serve ran under its --out: folder, start, end, state, responses, error")
     p.add_argument("out", help="the --out of tokencredit serve")
     p.add_argument("--json", action="store_true", help="the rows as JSON")
-    p.add_argument("--resume", default=None, metavar="FOLDER", help="finish the incomplete run OUT/FOLDER with the "
+    p.add_argument("--resume", type=_folder_name("folder"), default=None, metavar="FOLDER",
+                   help="finish the incomplete run OUT/FOLDER with the "
                    "config its manifest records (the shards written are kept)")
     p.set_defaults(func=cmd_runs)
     return parser

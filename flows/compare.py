@@ -11,8 +11,8 @@ from tokencredit.pipeline.annotate import load_prompt_set
 
 from tokencredit.pipeline.compare.design import Design
 from tokencredit.pipeline.compare.registry import register
-from tokencredit.pipeline.compare.run import (annotate_config, heldout_records, log, pool_complete, pool_folder,
-                                              score_policy, scores_path, stage_backend, train_arm)
+from tokencredit.pipeline.compare.run import (annotate_config, design_inputs, heldout_records, log, pool_complete,
+                                              pool_folder, score_policy, scores_path, stage_backend, train_arm)
 
 
 def annotate_pool(design: Design, name: str, out: Path, runner: str) -> Path:
@@ -39,10 +39,10 @@ def annotate_pool(design: Design, name: str, out: Path, runner: str) -> Path:
 def run_compare(design: Design, out: Path, runner: str = "threads") -> dict:
     """Every stage of the design into `out`, in an order that leaves whole seeds when stopped: the registration,
     the pools, the start policy's scores, then seed by seed every arm trained and scored. The registration."""
-    registration = register(design, out)
+    registration = register(design, out, design_inputs(design))
+    records = heldout_records(design)  # a design without held-out records is refused before its pools are annotated
     used = {arm.pool for arm in design.arms.values()}
     pools = {name: annotate_pool(design, name, out, runner) for name in design.pools if name in used}
-    records = heldout_records(design)
     score_policy(design, "start", None, records, out)
     policies = [(seed, arm) for seed in design.seeds for arm in design.arms.values()]
     started, done_here = time.monotonic(), 0

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from tokencredit.pipeline.dataset.writer import filesystem, read_manifest
+from tokencredit.pipeline.names import inside
 
 RECORD = "schedule.json"
 SKIPPED = "_skipped"
@@ -148,7 +149,9 @@ def resume(out: str, folder: str) -> dict[str, Any]:
     from tokencredit.pipeline.annotate import run_annotation
     from tokencredit.pipeline.config import AnnotateConfig
 
-    path = f"{out.rstrip('/')}/{folder}"
+    path = f"{out.rstrip('/')}/{folder}"  # `folder`: one folder name, checked where it is parsed (names.check_name)
+    if "://" not in out:
+        inside(out, path)  # a symbolic link OUT/FOLDER to a run elsewhere: that run is not finished from here
     manifest = read_manifest(path)
     if manifest is None or "config" not in manifest:
         raise FileNotFoundError(f"{path}: no manifest with a config (the run stopped before it started writing); "

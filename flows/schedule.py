@@ -29,19 +29,25 @@ from typing import Any
 PLACEHOLDERS = {"date": "%Y-%m-%d", "datetime": "%Y-%m-%dT%H-%M-%S"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _EVERY = re.compile(r"(\d+)([smhd])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+EVERY_MAX = datetime.timedelta(days=366)  # a schedule's times are datetimes: a longer interval soon overflows them
 
 
 def parse_every(text: str) -> datetime.timedelta:
-    """'10s', '10m', '1h', '1d', or a sum such as '1h30m' -> timedelta; ValueError naming --every otherwise."""
+    """'10s', '10m', '1h', '1d', or a sum such as '1h30m' -> timedelta from 1s to EVERY_MAX; ValueError naming
+    --every otherwise."""
     compact = text.replace(" ", "").lower()
     parts = _EVERY.findall(compact)
     if not compact or "".join(n + u for n, u in parts) != compact:
         raise ValueError(f"--every {text!r}: expected a duration such as 30s, 10m, 1h, 1d or 1h30m")
-    every = sum((datetime.timedelta(**{_UNITS[u]: int(n)}) for n, u in parts), datetime.timedelta())
-    if every < datetime.timedelta(seconds=1):
+    seconds = sum(int(n) * _SECONDS[u] for n, u in parts)  # Python ints: no overflow before the bound
+    if seconds < 1:
         raise ValueError(f"--every {text!r}: the interval must be at least 1s")
-    return every
+    if seconds > EVERY_MAX.total_seconds():
+        raise ValueError(f"--every {text!r}: the interval must be at most {EVERY_MAX.days}d")
+    return datetime.timedelta(seconds=seconds)
 
 
 def check_folder(template: str) -> str:
@@ -101,11 +107,15 @@ def _local_timezone() -> str:
 
 # --- serving ---------------------------------------------------------------------------------
 
-def state_home(name: str) -> Path:
-    """Where serve keeps its own Prefect server's database and log: $TOKENCREDIT_HOME/serve/<name>."""
+def state_home(name: str, out: str) -> Path:
+    """Where serve keeps its own Prefect server's database and log: $TOKENCREDIT_HOME/serve/<name>/<sha256 of --out,
+    16 hex digits>. One per output folder: a serve of another --out (or another user's) never finds this one's
+    scheduled runs, nor counts them as missed. `name`: checked where it is parsed (names.check_name)."""
+    import hashlib
+
     from tokencredit.pipeline.models.registry import home
 
-    return home() / "serve" / name
+    return home() / "serve" / name / hashlib.sha256(out.encode()).hexdigest()[:16]
 
 
 def serve(deployment_args: dict[str, Any], schedule_text: str, poll_s: float) -> int:
@@ -133,7 +143,7 @@ def serve(deployment_args: dict[str, Any], schedule_text: str, poll_s: float) ->
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status = 0
-    home = state_home(deployment_args["name"])
+    home = state_home(deployment_args["name"], deployment_args["out"])
     try:
         with contextlib.nullcontext() if api_url else local_server(home) as server, \
                 tempfile.NamedTemporaryFile(suffix=".pickle") as args_file:

@@ -299,7 +299,9 @@ def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:
     """Read the run (complete) and its failures, record the config in OUT, and split the failures into shards."""
     settings, sampling = run_sampling(run)
     if config.cut == "decisive":  # value curves of this run as it is now, not of another or an earlier one
-        check_derived_from(config.values, run, "values", "--values")
+        from tokencredit.pipeline.values import ValuesStore
+
+        check_derived_from(config.values, run, ValuesStore, "--values")
     targets = failed_targets(run, None if config.cut == "decisive" else config.limit)
     if config.cut == "decisive":
         targets = decisive_targets(targets, config.values)[:config.limit]

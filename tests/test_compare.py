@@ -1,6 +1,7 @@
 """`tokencredit compare`: the design file, pre-registration, the report's rows, --plan, and the command end to end
 on the tiny policy (resumed after kill -9 and after SIGTERM with identical rows; a changed design refused with one
 line)."""
+import hashlib
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from tokencredit.pipeline.compare.design import load_design
 from tokencredit.pipeline.compare.plan import Costs, plan
 from tokencredit.pipeline.compare.registry import git_commit, register, scored_before_commit
 from tokencredit.pipeline.compare.report import rows_for, table
-from tokencredit.pipeline.compare.run import status
+from tokencredit.pipeline.compare.run import design_inputs, status
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"
@@ -91,26 +92,98 @@ def test_a_bad_design_is_one_line_naming_the_key(tmp_path):
         load_design(write(tmp_path / "d.toml", TINY.replace("sampled = 1", "sampled = -1")))
     with pytest.raises(ValueError, match=r"\[policy\] backend: 'fast'; choose from auto, transformers, vllm"):
         load_design(write(tmp_path / "d.toml", TINY.replace('device = "cpu"', 'backend = "fast"')))
+    with pytest.raises(ValueError, match=r"\[arms.mrtpo\] advantage: 'bogus': unknown advantage kind 'bogus'"):
+        load_design(write(tmp_path / "d.toml", TINY.replace('advantage = "mrtpo"', 'advantage = "bogus"')))
+    with pytest.raises(ValueError, match=r"\[pools.flat\]: credit kinds \('gdpo', 'mrtpo', 'bogus'\)"):
+        load_design(write(tmp_path / "d.toml", TINY.replace('"gdpo", "mrtpo"]', '"gdpo", "mrtpo", "bogus"]')))
+    with pytest.raises(ValueError, match=r"\[pools.flat\]: credit locate 'nowhere'"):
+        load_design(write(tmp_path / "d.toml", TINY.replace("seed = 7", 'seed = 7\nlocate = "nowhere"')))
+    with pytest.raises(ValueError, match=r"\[pools.flat\]: SamplingConfig: invalid top_p=2.0"):
+        load_design(write(tmp_path / "d.toml", TINY.replace("seed = 7", "seed = 7\ntop_p = 2.0")))
+    with pytest.raises(ValueError, match=r"\[pools.flat\] tree: 3; expected a list of integers"):
+        load_design(write(tmp_path / "d.toml", TINY.replace("n = 4", "tree = 3")))
     design = load_design(write(tmp_path / "d.toml", TINY))
     assert design.policy["backend"] == "auto"  # annotate's default: vllm where installed and worth its start
     assert design.comparisons == (("mrtpo", "gdpo"),) and design.decodes == ["greedy", "sampled-1"]
 
 
+def registered(design: Path, out: Path) -> dict:
+    """`register` as compare calls it: the design loaded, its inputs hashed."""
+    loaded = load_design(design)
+    return register(loaded, out, design_inputs(loaded))
+
+
 def test_registration_refuses_a_changed_design_and_marks_added_arms_exploratory(tmp_path):
     out = tmp_path / "run"
     design = write(tmp_path / "d.toml", TINY)
-    first = register(load_design(design), out)
+    first = registered(design, out)
     assert first["design_commit"] is None  # not in a repository: not pre-registered
-    assert register(load_design(design), out)["amendments"] == []  # the same design again
+    assert registered(design, out)["amendments"] == []  # the same design again
     write(design, TINY + EXTRA_ARM)
-    amended = register(load_design(design), out)
+    amended = registered(design, out)
     assert [a["arms"] for a in amended["amendments"]] == [["rs"]]
     write(design, TINY.replace("steps = 3", "steps = 4") + EXTRA_ARM)
     with pytest.raises(ValueError, match="changes more than adding arms: score it into a new --out"):
-        register(load_design(design), out)
+        registered(design, out)
     write(design, TINY.replace('[arms.mrtpo]\npool = "flat"\nadvantage = "mrtpo"\n', "") + EXTRA_ARM)
     with pytest.raises(ValueError, match="changes more than adding arms"):  # an arm dropped is a change too
-        register(load_design(design), out)
+        registered(design, out)
+
+
+PLUGIN = "def always(record, response):\n    yield 'ok', 1.0, 'Say anything.'\n"
+
+
+def edit_a_heldout_prompt(prompts: Path) -> None:
+    text = prompts.read_text()
+    first = next(json.loads(line) for line in text.splitlines() if json.loads(line).get("split") == "test")
+    prompts.write_text(text.replace(first["prompt"], first["prompt"] + " Edited.", 1))
+
+
+def test_registration_records_every_input_and_refuses_a_resume_on_a_changed_one(tmp_path):
+    """The prompt file (its held-out texts), the policy's files and a plugin's source are registered by sha256;
+    an edit to any of them since is refused, as a changed design is."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(PROMPTS.read_bytes())
+    plugin = write(tmp_path / "always.py", PLUGIN)
+    design = write(tmp_path / "d.toml", TINY.replace(str(PROMPTS), str(prompts)).replace(
+        "heldout_limit = 6", f'heldout_limit = 6\nverifier = ["{plugin}:always"]'))
+    out = tmp_path / "run"
+    inputs = registered(design, out)["inputs"]
+    assert inputs[str(prompts)]["sha256"] == hashlib.sha256(prompts.read_bytes()).hexdigest()
+    assert f"plugin {plugin}:always" in inputs and any(Path(p).name == "model.safetensors" for p in inputs)
+    original = prompts.read_text()
+    edit_a_heldout_prompt(prompts)
+    with pytest.raises(ValueError, match=f"registered with other inputs: {prompts} changed \\(sha256"):
+        registered(design, out)
+    prompts.write_text(original)
+    assert registered(design, out)["inputs"] == inputs  # restored: the same inputs
+    write(plugin, PLUGIN.replace("1.0", "0.5"))
+    with pytest.raises(ValueError, match=f"registered with other inputs: plugin {plugin}:always changed"):
+        registered(design, out)
+
+
+def test_a_bad_design_value_is_refused_before_any_work(tmp_path, capsys):
+    """`advantage = "bogus"` was refused only after its pool was annotated and two policies were scored."""
+    bogus = write(tmp_path / "bogus.toml", TINY.replace('advantage = "mrtpo"', 'advantage = "bogus"'))
+    assert main(["compare", str(bogus), "--out", str(tmp_path / "bogus"), "--runner", "none"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("tokencredit compare: error: design [arms.mrtpo] advantage: 'bogus': unknown advantage kind "
+                   "'bogus' in 'bogus': choose from gdpo, mrtpo, p2t, mc or a mix like 'mrtpo:0.5,gdpo:0.5'")
+    assert not (tmp_path / "bogus").exists()
+
+
+def test_compare_refuses_a_resume_on_an_edited_prompt_file(tmp_path, capsys):
+    """An edited held-out prompt file was scored under the ids it registered, with no warning."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(PROMPTS.read_bytes())
+    design = write(tmp_path / "d.toml", TINY.replace(str(PROMPTS), str(prompts)))
+    out = tmp_path / "run"
+    assert main(["compare", str(design), "--out", str(out), "--report-only"]) == 0
+    capsys.readouterr()
+    edit_a_heldout_prompt(prompts)
+    assert main(["compare", str(design), "--out", str(out), "--report-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"registered with other inputs: {prompts} changed" in err, err
 
 
 def test_the_design_commit_is_the_files_last_commit_when_unmodified(tmp_path):
@@ -124,7 +197,7 @@ def test_the_design_commit_is_the_files_last_commit_when_unmodified(tmp_path):
     head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     commit, when = git_commit(design)
     assert commit == head.strip()
-    registration = register(load_design(design), tmp_path / "run")
+    registration = registered(design, tmp_path / "run")
     assert registration["design_commit"] == commit
     assert scored_before_commit(registration, "2000-01-01T00:00:00+00:00")
     assert not scored_before_commit(registration, "2999-01-01T00:00:00+00:00")

@@ -1,10 +1,12 @@
 """Numeric options are refused where they are parsed (issue 39, item 7): NaN, infinities, overflow, negatives,
 and a --tree whose one tree cannot fit in memory, each as one line naming the option, before anything runs."""
 import json
+import os
 
 import pytest
 
-from tokencredit.flows.cli import main
+from tokencredit.flows.cli import CPU_THREADS_MAX, main
+from tokencredit.pipeline.config import AnnotateConfig
 
 
 def refused(argv: list[str], capsys) -> str:
@@ -38,6 +40,15 @@ def refused(argv: list[str], capsys) -> str:
 def test_a_bad_number_is_one_line_naming_its_option(argv, option, capsys):
     err = refused(argv, capsys)
     assert f"argument {option}:" in err
+
+
+@pytest.mark.parametrize("command", [["annotate"], ["serve", "--every", "1h"]])
+@pytest.mark.parametrize("threads", ["100000", "0", str(CPU_THREADS_MAX + 1)])
+def test_cpu_threads_are_bounded_at_the_machines_cores(command, threads, capsys):
+    """`annotate --cpu-threads 100000` segfaulted (exit 139, no message) when torch took that many threads."""
+    err = refused([*command, "--out", "OUT", "--cpu-threads", threads], capsys)
+    assert f"argument --cpu-threads: expected an integer from 1 to {CPU_THREADS_MAX}, got '{threads}'" in err
+    assert CPU_THREADS_MAX == max(os.cpu_count(), AnnotateConfig.cpu_threads)  # the default is never refused
 
 
 def test_a_negative_mix_weight_is_a_choice_and_parses():

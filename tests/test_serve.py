@@ -33,7 +33,7 @@ def test_every_reads_durations(text, seconds):
     assert parse_every(text).total_seconds() == seconds
 
 
-@pytest.mark.parametrize("text", ["10", "10x", "", "m", "0s", "1h 30", "-5m"])
+@pytest.mark.parametrize("text", ["10", "10x", "", "m", "0s", "1h 30", "-5m", "367d", "99999999999999999999d"])
 def test_every_refuses_what_is_not_a_duration(text):
     with pytest.raises(ValueError, match="--every"):
         parse_every(text)
@@ -53,6 +53,7 @@ def test_folder_templates_name_a_run_by_its_scheduled_time():
     (["--every", "5 minutes"], "--every '5 minutes': expected a duration"),
     (["--every", "10s", "--timezone", "Mars/Olympus"], "--timezone 'Mars/Olympus': not an IANA time zone"),
     (["--every", "10s", "--folder", "latest"], "--folder 'latest': expected one folder name"),
+    (["--every", "99999999999999999999d"], "--every '99999999999999999999d': the interval must be at most 366d"),
 ])
 def test_a_bad_schedule_is_one_line_before_any_server_starts(tmp_path, capsys, argv, message):
     assert main(["serve", "--out", str(tmp_path / "runs"), *argv]) == 2

@@ -242,6 +242,40 @@ def test_a_folder_that_is_not_a_run_is_refused(tmp_path, capsys, no_model):
     assert "notarun" in err and len(err.strip().splitlines()) == 1
 
 
+def listing(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("command", ["values", "repair"])
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_out_in_another_run_is_refused_and_left_unchanged(run, passing_run, tmp_path, capsys, no_model, command,
+                                                            inside):
+    """`values/repair RUN --out OTHER_RUN` wrote config.json and folders into the other run, then a KeyError."""
+    out = passing_run / "derived" if inside else passing_run
+    before = listing(passing_run)
+    assert main([command, str(run), "--out", str(out), "--runner", "none"]) == 2
+    err = capsys.readouterr().err.strip()
+    where = f"inside {passing_run}, another run's folder" if inside else "the folder of another run"
+    assert err == (f"tokencredit {command}: error: --out {out} is {where} (it holds manifest.json and _shards/); "
+                   f"choose a folder outside any run")
+    assert listing(passing_run) == before
+
+
+def test_repair_values_naming_a_repair_folder_is_one_line(run, tmp_path, capsys, no_model):
+    """`repair --values` naming a repair folder (a folder of this run, of another kind) ended in a TypeError."""
+    import pyarrow as pa
+
+    from tokencredit.pipeline.repair import RepairConfig, RepairStore
+
+    RepairStore(str(tmp_path / "repair"), str(run), RepairConfig()).write_shard(0, pa.table({"x": []}), {})
+    assert main(["repair", str(run), "--out", str(tmp_path / "r"), "--cut", "decisive", "--values",
+                 str(tmp_path / "repair"), "--runner", "none"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"tokencredit repair: error: --values {tmp_path / 'repair'} holds no values (no values/: a folder "
+                   f"of another kind?); make it with tokencredit values {run} --out DIR")
+    assert not (tmp_path / "r").exists()
+
+
 def test_repair_from_the_decisive_point(run, measured, tmp_path, capsys, no_model):
     assert main(["repair", str(run), "--out", str(tmp_path / "r"), "--cut", "decisive", "--runner", "none"]) == 2
     assert "--cut decisive needs --values DIR" in capsys.readouterr().err

@@ -19,6 +19,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokencredit.pipeline.names import check_name
+
 OBJECTIVES = ("pg", "sft", "rs")
 BACKENDS = ("auto", "transformers", "vllm")
 SECTIONS = {
@@ -47,6 +49,20 @@ class Pool:
     locate: str = "replay"
     branch: str | None = None
     shard_size: int = 16
+
+    def sampling(self):
+        """The annotate stage's SamplingConfig of this pool (ValueError on a value it refuses)."""
+        from tokencredit.pipeline.config import SamplingConfig
+
+        return SamplingConfig(n=self.n, tree=self.tree, max_new_tokens=self.max_new_tokens,
+                              temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                              **({"branch": self.branch} if self.branch else {}))
+
+    def credit_config(self):
+        """The annotate stage's CreditConfig of this pool (ValueError on a value it refuses)."""
+        from tokencredit.pipeline.config import CreditConfig
+
+        return CreditConfig(kinds=self.credit, locate=self.locate)
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,8 @@ def file_sha256(path: str | Path) -> str:
 
 
 def _check_keys(where: str, table: dict, allowed: set[str]) -> None:
+    if not isinstance(table, dict):
+        raise ValueError(f"design [{where}]: {table!r}; expected a table")
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise ValueError(f"design [{where}]: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
@@ -123,6 +141,47 @@ def _pairs(where: str, value, arms: dict) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def _pool(name: str, table: dict) -> Pool:
+    """[pools.NAME] as a Pool whose sampling and credit settings the annotate stage accepts."""
+    check_name(name, "design [pools] name")  # it names DIR/pools/NAME, the folder its annotate run writes
+    _check_keys(f"pools.{name}", table, POOL_KEYS)
+    _check_types(f"pools.{name}", table, {"n": int, "temperature": float, "top_p": float, "max_new_tokens": int,
+                                          "seed": int, "shard_size": int})
+    for key, kind in (("tree", int), ("credit", str)):
+        value = table.get(key, [])
+        if not (isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)):
+            raise ValueError(f"design [pools.{name}] {key}: {value!r}; expected a list of "
+                             f"{'integers' if kind is int else 'strings'}")
+    for key in ("locate", "branch"):
+        if key in table and not isinstance(table[key], str):
+            raise ValueError(f"design [pools.{name}] {key}: {table[key]!r}; expected a string")
+    tree = tuple(table["tree"]) if "tree" in table else None
+    credit = tuple(table.get("credit", ["gdpo"]))
+    pool = Pool(name=name, n=None if tree else int(table.get("n", 8)), tree=tree,
+                temperature=float(table.get("temperature", 1.0)), top_p=float(table.get("top_p", 1.0)),
+                max_new_tokens=int(table.get("max_new_tokens", 96)), seed=int(table.get("seed", 0)),
+                credit=credit if "gdpo" in credit else ("gdpo", *credit), locate=table.get("locate", "replay"),
+                branch=table.get("branch"), shard_size=int(table.get("shard_size", 16)))
+    try:  # refused here, before any stage starts, not when its pool comes to be annotated
+        pool.sampling(), pool.credit_config()
+    except ValueError as error:
+        raise ValueError(f"design [pools.{name}]: {error}") from None
+    return pool
+
+
+def _advantage(arm: str, value) -> str:
+    """An arm's advantage once `train --advantage` would take it; else ValueError naming the arm."""
+    from tokencredit.pipeline.dataset.training import parse_advantage
+
+    try:
+        if not isinstance(value, str):
+            raise ValueError("expected a string such as 'gdpo' or 'mrtpo:0.5,gdpo:0.5'")
+        parse_advantage(value)
+    except ValueError as error:
+        raise ValueError(f"design [arms.{arm}] advantage: {value!r}: {error}") from None
+    return value
+
+
 def load_design(path: str | Path) -> Design:
     """Parse and check a design file; ValueError (one line, naming the table and key) on a bad one."""
     path = Path(path)
@@ -149,23 +208,12 @@ def load_design(path: str | Path) -> Design:
         raise ValueError("design [prompts]: 'file' is required (a prompt file or folder annotate reads)")
     if prompts["file"] != "demo" and not Path(prompts["file"]).is_absolute():  # relative to the design file
         prompts["file"] = str((path.parent / prompts["file"]).resolve())
-    pools = {}
-    for name, table in raw.get("pools", {}).items():
-        _check_keys(f"pools.{name}", table, POOL_KEYS)
-        _check_types(f"pools.{name}", table, {"n": int, "temperature": float, "max_new_tokens": int, "seed": int,
-                                               "shard_size": int})
-        tree = tuple(table["tree"]) if "tree" in table else None
-        credit = tuple(table.get("credit", ["gdpo"]))
-        pools[name] = Pool(name=name, n=None if tree else int(table.get("n", 8)), tree=tree,
-                           temperature=float(table.get("temperature", 1.0)), top_p=float(table.get("top_p", 1.0)),
-                           max_new_tokens=int(table.get("max_new_tokens", 96)), seed=int(table.get("seed", 0)),
-                           credit=credit if "gdpo" in credit else ("gdpo", *credit),
-                           locate=table.get("locate", "replay"), branch=table.get("branch"),
-                           shard_size=int(table.get("shard_size", 16)))
+    pools = {name: _pool(name, table) for name, table in raw.get("pools", {}).items()}
     if not pools:
         raise ValueError("design: no [pools.NAME] table (the annotated samples the arms train on)")
     arms = {}
     for name, table in raw.get("arms", {}).items():
+        check_name(name, "design [arms] name")  # it names DIR/train/ARM-SEED, which a rerun deletes and writes
         _check_keys(f"arms.{name}", table, ARM_KEYS)
         if table.get("pool") not in pools:
             raise ValueError(f"design [arms.{name}] pool: {table.get('pool')!r} is not one of the pools "
@@ -175,8 +223,8 @@ def load_design(path: str | Path) -> Design:
             raise ValueError(f"design [arms.{name}] objective: {objective!r}; choose from {', '.join(OBJECTIVES)}")
         if "-" in name:
             raise ValueError(f"design [arms.{name}]: an arm's name has no '-' (it names files as ARM-SEED)")
-        arms[name] = Arm(name=name, pool=table["pool"], objective=objective,
-                         advantage=None if objective == "rs" else table.get("advantage", "gdpo"))
+        advantage = None if objective == "rs" else _advantage(name, table.get("advantage", "gdpo"))
+        arms[name] = Arm(name=name, pool=table["pool"], objective=objective, advantage=advantage)
     if len(arms) < 2:
         raise ValueError("design: at least two [arms.NAME] tables are needed to compare")
     training = {"seeds": [0, 1], "steps": 16, "batch_size": 8, "lr": 3e-4, "lora": True, **raw.get("training", {})}

@@ -1,10 +1,11 @@
 """Pre-registration of a compare folder: the design's hash and git commit, recorded before anything is scored.
 
 DIR/registration.json holds the design file's sha256, its commit (the last commit of the file, when the file is
-tracked and unmodified in a git repository; else null: not pre-registered), that commit's time, and the design's
-content. A later run into DIR under another design is refused, unless the only change is added arms: those are
-recorded as an amendment and are exploratory in every table. A policy scored before the design's commit time is
-named as such (`scored_before_commit`).
+tracked and unmodified in a git repository; else null: not pre-registered), that commit's time, the design's
+content, and the sha256 of every input the design names (prompt file, databases, models, plugin sources). A later
+run into DIR under another design is refused, unless the only change is added arms: those are recorded as an
+amendment and are exploratory in every table; a later run whose inputs changed is refused too. A policy scored
+before the design's commit time is named as such (`scored_before_commit`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tokencredit.pipeline.compare.design import Design, without_arms
+from tokencredit.pipeline.dataset.writer import _changed_input
 from tokencredit.pipeline.interrupts import hold
 
 REGISTRATION = "registration.json"
@@ -24,10 +26,18 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def temporary(path: Path, suffix: str = ".tmp") -> Path:
+    """PATH + suffix, where an atomic write of PATH goes first, whatever was left under that name removed: a
+    symbolic link there is replaced, never written through to where it points."""
+    tmp = path.with_name(path.name + suffix)
+    tmp.unlink(missing_ok=True)
+    return tmp
+
+
 def write_json(path: Path, value) -> None:
     """Atomic: a temporary file renamed over `path`, so a kill leaves the old file or the new one, and an interrupt
     (SIGINT/SIGTERM, tokencredit.pipeline.interrupts) none of what it cut short."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary(path)
     tmp.write_text(json.dumps(value, indent=1))
     hold()  # an interrupt being handled: nothing computed during it is committed
     os.replace(tmp, path)
@@ -58,19 +68,26 @@ def canonical(content: dict) -> str:
     return json.dumps(content, sort_keys=True, default=list)
 
 
-def register(design: Design, out: Path) -> dict:
-    """DIR's registration, written on the first run; a run under a changed design is refused (ValueError, one
-    line) unless it only adds arms, which are recorded as exploratory."""
+def register(design: Design, out: Path, inputs: dict[str, dict]) -> dict:
+    """DIR's registration, written on the first run with the design's `inputs` (run.design_inputs: each input's
+    sha256); a run under a changed design is refused (ValueError, one line) unless it only adds arms, which are
+    recorded as exploratory, and so is a run whose inputs changed (a registration from before inputs were recorded
+    has none to compare)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / REGISTRATION
     if not path.is_file():
         commit, when = git_commit(design.path)
         registration = {"design_path": design.path, "design_hash": design.sha256, "design_commit": commit,
                         "design_commit_time": when, "registered_at": now(), "arms": list(design.arms),
-                        "content": json.loads(canonical(without_arms(design, set()))), "amendments": []}
+                        "content": json.loads(canonical(without_arms(design, set()))), "amendments": [],
+                        "inputs": inputs}
         write_json(path, registration)
         return registration
     registration = json.loads(path.read_text())
+    changed = _changed_input(registration["inputs"], inputs) if "inputs" in registration else None
+    if changed:
+        raise ValueError(f"{out} was registered with other inputs: {changed} since; restore it, or score the "
+                         f"design into a new --out")
     known = {registration["design_hash"], *(a["design_hash"] for a in registration["amendments"])}
     if design.sha256 in known:
         return registration

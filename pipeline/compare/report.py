@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tokencredit.pipeline.compare import analysis
-from tokencredit.pipeline.compare.registry import exploratory_arms, scored_before_commit, write_json
+from tokencredit.pipeline.compare.registry import exploratory_arms, scored_before_commit, temporary, write_json
 from tokencredit.pipeline.interrupts import hold
 
 KEYS = ("method", "baseline", "diff", "ci_low", "ci_high", "mde", "per_seed_diff", "seeds", "prompts", "decodes",
@@ -168,7 +168,7 @@ def plot(rows: list[dict], path: Path) -> None:
                                      for r in rows])
     ax.set_xlabel("held-out reward difference (95% interval; x: per seed)")
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
+    tmp = temporary(path, ".tmp.png")
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     hold()
@@ -192,7 +192,7 @@ def write_report(out: Path, design, registration: dict) -> list[dict]:
             "## Per reward kind (exploratory)", "", "| difference | kind | prompts | estimate [95%] |", "| --- | --- | --- | --- |",
             *(f"| {k['method']} - {k['baseline']} | {k['kind']} | {k['prompts']} | {k['diff']:+.4f} "
               f"[{k['ci_low']:+.4f}, {k['ci_high']:+.4f}] |" for k in kinds)]
-    tmp = out / "report.md.tmp"
+    tmp = temporary(out / "report.md")
     tmp.write_text("\n".join(text) + "\n")
     hold()
     tmp.replace(out / "report.md")

@@ -22,6 +22,7 @@ from pathlib import Path
 from tokencredit.pipeline.compare.design import Arm, Design, Pool
 from tokencredit.pipeline.compare.registry import now, write_json
 from tokencredit.pipeline.interrupts import hold
+from tokencredit.pipeline.names import inside
 
 
 def log(message: str) -> None:
@@ -45,21 +46,41 @@ def annotate_config(design: Design, pool: Pool | None, split: str, limit: int | 
     from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
     from tokencredit.verifiers.plugins import resolve
 
-    sampling = (SamplingConfig(n=pool.n, tree=pool.tree, max_new_tokens=pool.max_new_tokens,
-                               temperature=pool.temperature, top_p=pool.top_p, seed=pool.seed,
-                               **({"branch": pool.branch} if pool.branch else {}))
-                if pool else SamplingConfig(max_new_tokens=design.scoring["max_new_tokens"]))
     return AnnotateConfig(prompts=design.prompts["file"], format=design.prompts["format"],
                           verifiers=resolve(design.prompts["verifier"]), split=split, limit=limit,
                           backend=backend, model=design.policy["model"],
                           device=design.policy["device"], shard_size=pool.shard_size if pool else 16,
-                          sampling=sampling,
-                          credit=CreditConfig(kinds=pool.credit if pool else ("gdpo",),
-                                              locate=pool.locate if pool else "replay"))
+                          sampling=pool.sampling() if pool else SamplingConfig(
+                              max_new_tokens=design.scoring["max_new_tokens"]),
+                          credit=pool.credit_config() if pool else CreditConfig(kinds=("gdpo",), locate="replay"))
+
+
+def design_inputs(design: Design) -> dict[str, dict]:
+    """Every input the design names, by content: {path: {"size", "sha256"}} of each file its stages read (the prompt
+    file, its records' databases, the policy's files and, with P2T, the reward model's: identity.input_files), and
+    {"plugin TARGET": {"sha256"}} of each plugin verifier's source. What the registration records. Building every
+    stage's config here refuses a value the annotate stage would refuse, before any stage starts."""
+    from tokencredit.pipeline.annotate import load_prompt_set
+    from tokencredit.pipeline.identity import file_checksums, input_files
+
+    used = {arm.pool for arm in design.arms.values()}
+    configs = [annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
+               for name, pool in design.pools.items() if name in used]
+    configs.append(annotate_config(design, None, design.prompts["heldout_split"], design.prompts["heldout_limit"]))
+    files = {path for config in configs for path in input_files(config, load_prompt_set(config)[0])}
+    inputs = file_checksums(sorted(files))
+    inputs.update({f"plugin {ref.target}": {"sha256": ref.source_sha256} for ref in configs[-1].verifiers})
+    return inputs
+
+
+def within(out: Path, *parts: str) -> Path:
+    """DIR/parts, where a stage writes or deletes: refused (ValueError) where a symbolic link in DIR leads it
+    outside DIR."""
+    return inside(out, out.joinpath(*parts))
 
 
 def pool_folder(out: Path, pool: Pool) -> Path:
-    return out / "pools" / pool.name
+    return within(out, "pools", pool.name)
 
 
 def pool_complete(folder: Path) -> bool:
@@ -74,7 +95,7 @@ def train_arm(design: Design, arm: Arm, seed: int, pool: Path, out: Path) -> Pat
     the base, as a round that accepts nothing, and DIR/train/ARM-SEED/untrained.json says why."""
     from tokencredit.pipeline.train.trainer import TrainConfig, train
 
-    folder = out / "train" / f"{arm.name}-{seed}"
+    folder = within(out, "train", f"{arm.name}-{seed}")
     if (folder / "final").is_dir():
         return folder / "final"
     if (folder / "untrained.json").is_file():
@@ -128,7 +149,7 @@ def load_scored_policy(design: Design, adapter: Path | None):
 
 
 def scores_path(out: Path, label: str) -> Path:
-    return out / "scores" / f"{label}.json"
+    return within(out, "scores", f"{label}.json")
 
 
 def status(design: Design, out: Path) -> list[str]:
@@ -178,9 +199,9 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
     if backend == "transformers":
         sampler = make_sampler(backend, model, device=design.policy["device"], policy=policy)
     else:  # an engine that loads its own weights: the merged policy in DIR/policies/LABEL until it is scored
-        folder = out / "policies" / label
+        folder = within(out, "policies", label)
         if not folder.is_dir():
-            tmp = folder.with_name(folder.name + ".tmp")
+            tmp = within(out, "policies", f"{label}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             policy[0].save_pretrained(tmp, safe_serialization=True)
             policy[1].save_pretrained(tmp)
@@ -215,5 +236,6 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
               "seconds": round(time.perf_counter() - start, 2), "tokens": tokens, "decodes": decodes}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, result)
-    shutil.rmtree(out / "policies" / label, ignore_errors=True)  # a merged copy for the engine: scored, not needed
+    # a merged copy for the engine: scored, not needed
+    shutil.rmtree(within(out, "policies", label), ignore_errors=True)
     return result

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import pyarrow.fs as pafs
 
-from tokencredit.pipeline.dataset.writer import _read_json, _write_atomic, filesystem
+from tokencredit.pipeline.dataset.writer import MANIFEST, _read_json, _write_atomic, filesystem
 
 
 def run_identity(run: str, allow_incomplete: bool = False) -> dict:
@@ -38,23 +38,44 @@ def _root(path: str) -> str:
 
 
 def check_outside(out: str, run: str) -> None:
-    """ValueError when `out` is the run folder or inside it: a derived folder's files (config.json, _shards/) would
-    mix with the run's. Raised before anything is written."""
+    """ValueError when `out` is the run folder or inside it, or is (or is inside) the folder of another run: a
+    derived folder's files (config.json, _shards/) would mix with the run's. Raised before anything is written."""
     out_root, run_root = _root(out), _root(run)
     if out_root == run_root or out_root.startswith(run_root + "/"):
         raise ValueError(f"--out {out} is {'the run folder' if out_root == run_root else 'inside the run folder'} "
                          f"{run}; choose a folder outside the run")
+    other = _enclosing_run(out)
+    if other is not None:
+        where = "the folder of another run" if other == filesystem(out)[1] else f"inside {other}, another run's folder"
+        raise ValueError(f"--out {out} is {where} (it holds {MANIFEST} and _shards/); choose a folder outside any run")
 
 
-def check_derived_from(folder: str, run: str, holds: str, option: str) -> dict:
-    """The config.json of `folder` (written by `DerivedStore`) once it says the folder was derived from `run` as it
-    is now (`run_identity`); else ValueError naming `option`: not such a folder, another run, or an earlier run
-    in the same run folder."""
+def _enclosing_run(out: str) -> str | None:
+    """The folder of a run (its manifest and _shards/, as annotate writes them) that `out` is or lies in, or None."""
+    fs, root = filesystem(out)
+    parts = root.rstrip("/").split("/")
+    for end in range(len(parts), 0, -1):
+        folder = "/".join(parts[:end])
+        found = fs.get_file_info([f"{folder}/{MANIFEST}", f"{folder}/_shards"])
+        if found[0].type == pafs.FileType.File and found[1].type == pafs.FileType.Directory:
+            return folder
+    return None
+
+
+def check_derived_from(folder: str, run: str, store: type[DerivedStore], option: str) -> dict:
+    """The config.json of `folder` (written by `store`, a `DerivedStore`) once it says the folder was derived from
+    `run` as it is now (`run_identity`); else ValueError naming `option`: not such a folder (none, or one of another
+    kind: it lacks the store's folders), another run, or an earlier run in the same run folder."""
     fs, root = filesystem(folder)
+    holds = store.holds
     known = _read_json(fs, f"{root}/config.json")
     if not isinstance(known, dict) or "run" not in known:
         raise ValueError(f"{option} {folder} holds no {holds} (no config.json of tokencredit's); make it with "
                          f"tokencredit {holds} {run} --out DIR")
+    missing = [name for name in store.folders if fs.get_file_info(f"{root}/{name}").type != pafs.FileType.Directory]
+    if missing:
+        raise ValueError(f"{option} {folder} holds no {holds} (no {missing[0]}/: a folder of another kind?); make "
+                         f"it with tokencredit {holds} {run} --out DIR")
     problem = _identity_problem(known, _root(run), run_identity(run))
     if problem:
         raise ValueError(f"{option} {folder} holds {holds} of {problem}; make them again with tokencredit {holds} {run} "
