@@ -239,7 +239,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    "whose prompt file, databases or models changed since it started) and start a fresh one")
 
 
-def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
+def annotate_config(args: argparse.Namespace, notes: list[str] | None = None) -> AnnotateConfig:
+    """The run's config from the command line; `--backend auto`'s choice and its reason go to `notes` (printed by
+    the caller once the inputs are checked, so that a refused input stays one line)."""
     from tokencredit.verifiers.isolation import resolve  # imported in a worker: a plugin's import cannot end this process
 
     if args.kv_cache is not None:  # vLLM's own variable: the engine reads it where it starts (Dask workers too)
@@ -261,10 +263,10 @@ def annotate_config(args: argparse.Namespace) -> AnnotateConfig:
                             feedback_style=args.feedback_style, relevance_floor=args.relevance_floor,
                             store_js=args.store_js),
     )
-    return _auto_backend(config) if auto else config
+    return _auto_backend(config, [] if notes is None else notes) if auto else config
 
 
-def _auto_backend(config: AnnotateConfig) -> AnnotateConfig:
+def _auto_backend(config: AnnotateConfig, notes: list[str]) -> AnnotateConfig:
     """`--backend auto`: the config with the backend `choose_backend` picks for its run size (the prompt set is
     read only where a vllm engine is installed for the device)."""
     from tokencredit.pipeline.sample.choice import choose_backend, vllm_platform
@@ -281,7 +283,7 @@ def _auto_backend(config: AnnotateConfig) -> AnnotateConfig:
         return config
     backend, why = choose_backend(config.device, len(records) * config.sampling.n * config.sampling.max_new_tokens,
                                   config.dtype)
-    print(f"tokencredit: --backend auto: {backend} ({why})", file=sys.stderr)
+    notes.append(f"tokencredit: --backend auto: {backend} ({why})")
     return dataclasses.replace(config, backend=backend)
 
 
@@ -325,11 +327,14 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.annotate import check_inputs, rejection_lines
     from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
 
-    config = annotate_config(args)
+    notes: list[str] = []
+    config = annotate_config(args, notes)
     rejected = check_inputs(config, args.out, args.restart)
     if rejected:  # before the run starts (Prefect's server alone takes 20 s), not only after it
         print("\n".join([f"{len(rejected)} prompt records rejected (all of them will be in {args.out}/rejected.jsonl):",
                          *rejection_lines(rejected)]), file=sys.stderr, flush=True)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
     if args.runner == "none":
         from tokencredit.pipeline.annotate import run_annotation
 
@@ -465,7 +470,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     schedule = make_schedule(args.cron, args.every, args.timezone)  # a bad one is refused before Prefect starts
     check_folder(args.folder)
-    config = annotate_config(args)
+    notes: list[str] = []
+    config = annotate_config(args, notes)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
     when = f"cron {args.cron!r}" if args.cron else f"every {args.every}"
     when += f" ({schedule.timezone})" if schedule.timezone else ""
     # the runner asks the server for due runs this often (and starts them up to as much early)
