@@ -20,6 +20,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm.auto import tqdm
 
+from tokencredit.flows.prefect_server import tie_temporary_server
 from tokencredit.pipeline.annotate import (AnnotateConfig, annotate_shard, check_first_shard, code_version, finish_run,
                                            load_models, prepare_run, shard_bar)
 from tokencredit.pipeline.dataset.writer import RunWriter
@@ -57,7 +58,8 @@ def task_runner(runner: str, dask_address: str | None = None, workers: int = 2):
         if dask_address:
             return DaskTaskRunner(address=dask_address)
         return DaskTaskRunner(cluster_class="distributed.LocalCluster",
-                              cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True})
+                              cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
+                                              "preload": ["tokencredit.flows.prefect_server"]})  # dask_setup
     raise ValueError(f"unknown runner {runner!r}; choose threads or dask")
 
 
@@ -112,5 +114,6 @@ def run_annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = Non
                       dask_address: str | None = None, workers: int = 2, progress: bool = True,
                       restart: bool = False) -> dict[str, Any]:
     """Run the flow with the chosen task runner (threads, or Dask local/remote)."""
+    tie_temporary_server()
     configured = annotate_flow.with_options(task_runner=task_runner(runner, dask_address, workers))
     return configured(config, out, run_id=run_id, progress=progress, restart=restart)

@@ -12,6 +12,7 @@ from prefect.cache_policies import NONE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from tokencredit.flows.prefect_server import tie_temporary_server
 from tokencredit.pipeline.dataset.derived import DerivedKind
 from tokencredit.pipeline.progress import Progress
 from tokencredit.pipeline.repair import REPAIR
@@ -59,5 +60,6 @@ def run_derived_flow(kind: DerivedKind, run: str, out: str, config, device: str 
     """The flow (named after `kind`) on a thread pool of `workers` shards at a time; the inputs are checked
     before Prefect starts (the flow reads the run again)."""
     kind.prepare(run, out, config)
+    tie_temporary_server()
     configured = derived_flow.with_options(name=kind.name, task_runner=ThreadPoolTaskRunner(max_workers=workers))
     return configured(kind.name, run, out, config, device=device, progress=progress, backend=backend)
