@@ -20,6 +20,7 @@ from prefect.futures import as_completed
 from tqdm.auto import tqdm
 
 from tokencredit.flows.cluster import task_runner
+from tokencredit.flows.prefect_server import tie_temporary_server
 from tokencredit.pipeline.annotate import (AnnotateConfig, annotate_shard, check_first_shard, code_version, finish_run,
                                            load_models, prepare_run, shard_bar)
 from tokencredit.pipeline.dataset.writer import RunWriter
@@ -101,6 +102,7 @@ def run_annotate_flow(config: AnnotateConfig, out: str, run_id: str | None = Non
                       dask_address: str | None = None, workers: int = 2, progress: bool = True,
                       restart: bool = False) -> dict[str, Any]:
     """Run the flow with the chosen task runner (threads, or Dask local/remote)."""
+    tie_temporary_server()
     cores = config.cpu_threads if config.device == "cpu" else 1
     configured = annotate_flow.with_options(task_runner=task_runner(runner, dask_address, workers, config.device,
                                                                     cores))

@@ -88,5 +88,9 @@ def task_runner(runner: str, dask_address: str | None = None, workers: int = 2, 
 
 
 def dask_setup(worker) -> None:
-    """Dask's preload hook, run in each worker process as it starts."""
+    """Dask's preload hook, run in each worker process as it starts: pinned, and a temporary Prefect server it may
+    still start (no API was set for it) ends with it."""
+    from tokencredit.flows.prefect_server import tie_temporary_server
+
     pin_this_process()
+    tie_temporary_server()

@@ -12,6 +12,7 @@ from prefect.cache_policies import NONE
 from prefect.futures import as_completed
 
 from tokencredit.flows.cluster import task_runner
+from tokencredit.flows.prefect_server import tie_temporary_server
 from tokencredit.pipeline.dataset.derived import DerivedKind
 from tokencredit.pipeline.progress import Progress
 from tokencredit.pipeline.repair import REPAIR
@@ -60,5 +61,6 @@ def run_derived_flow(kind: DerivedKind, run: str, out: str, config, device: str 
     core (or GPU) each, whose engines then compute the same floats whatever their number; the inputs are checked
     before Prefect starts (the flow reads the run again)."""
     kind.prepare(run, out, config)
+    tie_temporary_server()
     configured = derived_flow.with_options(name=kind.name, task_runner=task_runner(runner, None, workers, device, 1))
     return configured(kind.name, run, out, config, device=device, progress=progress, backend=backend)

@@ -5,7 +5,12 @@ is set, runs only the services marked to run in ephemeral servers (the task-run 
 event services), not the scheduler: a deployment's schedule is stored there but no run is ever
 created from it. `prefect server start` runs every service, the scheduler included, so `serve`
 starts one on a free loopback port, with its database under its own PREFECT_HOME, and stops it
-when it stops.
+when it stops; a `serve` killed outright takes it along (`tokencredit.pipeline.lifeline`).
+
+A command that runs a flow with no `PREFECT_API_URL` (annotate, compare, repair, values) calls
+`tie_temporary_server` first, as does each worker process of a local Dask cluster (`flows.cluster`): Prefect
+stops its temporary server at exit, which a process killed with SIGKILL never reaches; tied, the server ends
+with the process that started it all the same.
 """
 from __future__ import annotations
 
@@ -14,12 +19,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from tokencredit.pipeline import lifeline
 
 # `prefect server start` imports its whole server, runs its migrations and builds its UI's settings
 # before it answers: ~20 s on an idle 2-core machine, several times that on a busy one.
@@ -81,9 +87,10 @@ def local_server(home: Path, port: int | None = None) -> Iterator[LocalServer]:
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
     log_path = home / "server.log"
     with open(log_path, "w") as log:
-        # its own session: a Ctrl-C at the terminal reaches `serve`, which stops the server last
-        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                   "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+        # its own session: a Ctrl-C at the terminal reaches `serve`, which stops the server last; a `serve` killed
+        # outright (kill -9) takes it along (`lifeline`)
+        server = subprocess.Popen(lifeline.command("prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                                                   str(port)), env=env, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
         yield LocalServer(f"http://127.0.0.1:{port}/api", server, log_path)
@@ -99,6 +106,25 @@ def stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def tie_temporary_server() -> None:
+    """Whatever temporary server Prefect's client starts in this process from now on ends when this process does,
+    however it ends (`lifeline.tie`). Nothing when PREFECT_API_URL names a server, or once one has started."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    class TiedServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            process = super()._run_uvicorn_command()
+            lifeline.tie(process.pid)
+            return process
+
+    if None not in SubprocessASGIServer._instances:
+        TiedServer()  # registers itself under no port: the server the client starts (as prefect.testing's harness)
 
 
 def _last_line(path: Path) -> str:

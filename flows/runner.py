@@ -1,4 +1,5 @@
-"""The Prefect runner of `tokencredit serve`, a child process in a session of its own.
+"""The Prefect runner of `tokencredit serve`, a child process in a session of its own that ends when serve does,
+however serve ends (`tokencredit.pipeline.lifeline`), as each run it starts ends when it does.
 
 `python -m tokencredit.flows.runner ARGS.pickle` registers the scheduled-annotate deployment with the
 server that PREFECT_API_URL names and starts each of its runs as it comes due, in a child process.
@@ -17,7 +18,7 @@ import sys
 from prefect.runner import Runner
 
 from tokencredit.flows.prefect_server import wait_healthy
-from tokencredit.flows.scheduled_run import annotate_deployment
+from tokencredit.flows.scheduled_run import RUNNER_PID, annotate_deployment
 
 
 GRACE_S = 3  # for Prefect to end the runs in progress; serve then kills what is left of this session
@@ -56,6 +57,7 @@ def main(args_path: str) -> int:
         args = pickle.load(handle)
     schedule_text, poll_s = args.pop("schedule_text"), args.pop("poll_s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # serve decides when to stop (SIGTERM)
+    os.environ[RUNNER_PID] = str(os.getpid())  # each run, a process of its own, ends with this one
     runner = QuietStopRunner(name=f"tokencredit-serve-{args['name']}", query_seconds=poll_s, prefetch_seconds=poll_s,
                              limit=None, pause_on_shutdown=False)
     try:

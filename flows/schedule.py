@@ -11,7 +11,8 @@ Stop: SIGINT or SIGTERM reaches this process (the runner has a session of its ow
 terminal does not reach it or its runs). It asks the runner to stop (SIGTERM): Prefect cancels the runs
 in progress, each recording `stopped` if it ends in time; after the runner exits, or STOP_S, what is
 left of its session is killed (a run killed there reads as incomplete: its record says running and its
-process is gone), the server is stopped, and one line says so.
+process is gone), the server is stopped, and one line says so. A `serve` killed outright (kill -9) takes the
+server, the runner and its runs along (`tokencredit.pipeline.lifeline`): each run it left reads as incomplete.
 """
 from __future__ import annotations
 
@@ -131,6 +132,7 @@ def serve(deployment_args: dict[str, Any], schedule_text: str, poll_s: float) ->
     import tempfile
 
     from tokencredit.flows.prefect_server import local_server, stop
+    from tokencredit.pipeline import lifeline
 
     api_url = os.environ.get("PREFECT_API_URL")
     stopped: list[int] = []
@@ -151,7 +153,7 @@ def serve(deployment_args: dict[str, Any], schedule_text: str, poll_s: float) ->
             pickle.dump({**deployment_args, "schedule_text": schedule_text, "poll_s": poll_s}, args_file)
             args_file.flush()
             # started beside the server: its imports (torch) take as long as the server's start
-            runner.append(subprocess.Popen([sys.executable, "-m", "tokencredit.flows.runner", args_file.name],
+            runner.append(subprocess.Popen(lifeline.command("tokencredit.flows.runner", args_file.name),
                                            env={**os.environ, "PREFECT_API_URL": api}, start_new_session=True))
             if stopped:  # a signal before the runner existed
                 runner[0].send_signal(signal.SIGTERM)

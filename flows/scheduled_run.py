@@ -28,9 +28,11 @@ from prefect.states import Completed
 from tokencredit.flows import runs
 from tokencredit.flows.annotate import annotate_flow
 from tokencredit.flows.schedule import check_folder, folder_name
+from tokencredit.pipeline import lifeline
 from tokencredit.pipeline.annotate import AnnotateConfig
 from tokencredit.pipeline.dataset.writer import filesystem
 
+RUNNER_PID = "TOKENCREDIT_SERVE_RUNNER_PID"  # in the environment of serve's runner and of the runs it starts
 
 
 def _lock_path(out: str) -> Path:
@@ -91,6 +93,8 @@ def scheduled_annotate(config: AnnotateConfig, out: str, folder: str = "{datetim
     previous run is still writing (then skipped: its state Skipped). Records the run in its schedule.json."""
     from prefect.runtime import flow_run
 
+    if os.environ.get(RUNNER_PID) == str(os.getppid()):  # a process that serve's runner started for this run
+        lifeline.end_with(os.getppid())  # a runner killed outright takes its runs along
     logger = get_run_logger()
     when = flow_run.get_scheduled_start_time()
     when = datetime.datetime.fromisoformat(str(when)).astimezone(zoneinfo.ZoneInfo(timezone) if timezone else None)

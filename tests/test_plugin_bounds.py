@@ -169,6 +169,62 @@ def test_a_worker_holding_the_gil_dies_with_its_caller_even_under_sigkill(tmp_pa
     assert wait_gone(pids) == []
 
 
+# ---------------------------------------------------------------- the reply pipe
+
+PIPE = '''
+import fcntl, os, pickle, stat, struct, time
+
+
+def reply_pipe() -> int:
+    """The worker's reply pipe: the pipe this process writes that is not its stderr (fd 1 is a copy of fd 2)."""
+    for fd in sorted(map(int, os.listdir("/proc/self/fd"))):
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue
+        writes = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+        if stat.S_ISFIFO(info.st_mode) and writes and info.st_ino != os.fstat(2).st_ino:
+            return fd
+    raise RuntimeError("no reply pipe")
+
+
+def score(record, response):
+    if response == "stall":  # 2 bytes of a reply's header, then nothing
+        os.write(reply_pipe(), b"\\x10\\x00")
+        time.sleep(1000)
+    elif response == "garble":  # a whole frame that is no pickle, before the real reply
+        os.write(reply_pipe(), struct.pack("<Q", 4) + b"junk")
+    elif response == "forge":  # a pickle of something no verifier returns
+        payload = pickle.dumps(("ok", "not a list of rewards", False))
+        os.write(reply_pipe(), struct.pack("<Q", len(payload)) + payload)
+    elif response == "run":  # a pickle that would run a command where it is unpickled
+        class Run:
+            def __reduce__(self):
+                return os.system, ("touch " + os.path.join(record["dir"], "ran"),)
+        payload = pickle.dumps(("ok", [Run()], False))
+        os.write(reply_pipe(), struct.pack("<Q", len(payload)) + payload)
+    elif response == "dumps":  # every later pickle this process makes is junk
+        pickle.dumps = lambda *args, **kwargs: b"junk"
+    yield "short", 1.0, "Be brief."
+'''
+
+
+def test_a_reply_cut_short_fails_its_response_at_the_timeout_and_the_next_response_gets_a_fresh_worker(tmp_path):
+    ref = plugin(tmp_path, PIPE)
+    assert statuses(tmp_path, ref, ["stall", "fine"], timeout=3.0) == [
+        "verifier_error: timeout: the verifiers ran past 3 s on this response (--verifier-timeout)", "ok"]
+
+
+def test_a_reply_a_plugin_garbles_costs_that_response_alone_and_runs_no_code_here(tmp_path):
+    ref = plugin(tmp_path, PIPE)
+    found = statuses(tmp_path, ref, ["garble", "fine", "forge", "run", "dumps", "fine"])
+    garbled = "verifier_error: the verifier process sent a reply that is no verifier result ({}) on this response"
+    assert found == [garbled.format("UnpicklingError: pickle data was truncated"), "ok",
+                     garbled.format("'ok' with a str, not a list of rewards"),
+                     garbled.format("UnpicklingError: posix.system is no part of a reply"), "ok", "ok"]
+    assert not (tmp_path / "ran").exists()  # the forged pickle's command never ran in this process
+
+
 # ---------------------------------------------------------------- imports
 
 @pytest.mark.parametrize("body, how", [

@@ -1,6 +1,7 @@
 """Sampling with a real tiny random Llama saved to disk: determinism, batching, log-probs, stopping."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import os
@@ -14,10 +15,11 @@ import torch
 from scipy import stats
 
 from tokencredit.pipeline.models.loading import load_policy
-from tokencredit.pipeline.sample.prompts import sampling_prompt
+from tokencredit.pipeline.sample.prompts import prompt_frame, sampling_prompt
 from tokencredit.pipeline.config import SamplingConfig
 from tokencredit.pipeline.sample.transformers_backend import TransformersSampler, choose_tokens
 from tokencredit.pipeline.sample import make_sampler
+from tokencredit.pipeline.sample.rows import render_prompt
 from tokencredit.schemas.records import RecordError, SqlSpec, TaskRecord
 from tests.test_models import save_tiny_policy
 
@@ -197,6 +199,45 @@ def test_chat_template_renders_the_prompt(policy_dir):
     assert sample.prompt == f"<s>user: {PROMPTS[0]}\nassistant: "
     assert sample.prompt_token_ids[0] == tokenizer.bos_token_id
     assert sample.prompt_token_ids == tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
+
+
+TYPED = "Say <eos> twice: <eos><eos>, then <pad>."  # the shipped tiny policy's special tokens, typed
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """The shipped tiny policy (its special tokens: <eos>, <pad>)."""
+    return load_policy()
+
+
+def test_special_tokens_typed_in_a_prompt_are_sampled_from_as_text(shipped):
+    """To the model a typed "<eos>" is the text "<eos>", not its end-of-sequence token; both prompt encodings (the
+    sampler's and the replay's frame) agree, and a prompt with no special token keeps the ids it always had."""
+    model, tokenizer = shipped
+    sample = TransformersSampler(model, tokenizer, "tiny", progress=False).sample([record(0, TYPED)], config(n=1))[0]
+    specials = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    assert not specials & set(sample.prompt_token_ids), sample.prompt_token_ids
+    assert tokenizer.decode(sample.prompt_token_ids) == sampling_prompt(TYPED)
+    assert prompt_frame(tokenizer, TYPED).ids == sample.prompt_token_ids
+    plain = sampling_prompt(PROMPTS[0])
+    assert render_prompt(tokenizer, PROMPTS[0]) == (plain, tokenizer(plain)["input_ids"])
+
+
+def test_in_a_chat_template_its_own_special_tokens_stay_special_and_typed_ones_are_text(shipped):
+    _, tokenizer = shipped
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = "{% for m in messages %}<pad>user: {{ m['content'] }}<eos>\n{% endfor %}assistant: "
+    text, ids = render_prompt(chat, TYPED)
+    assert text == f"<pad>user: {TYPED}<eos>\nassistant: "
+    eos, pad = chat.eos_token_id, chat.pad_token_id
+    assert ids[0] == pad and ids.count(pad) == 1 and ids.count(eos) == 1  # the template's two, no typed one
+    assert chat.decode(ids) == text
+    assert prompt_frame(chat, TYPED).ids == ids
+    plain_text, plain_ids = render_prompt(chat, PROMPTS[0])
+    assert plain_ids == chat(plain_text, add_special_tokens=False)["input_ids"]
+    chat.chat_template = "{% for m in messages %}user: {{ m['content'] | upper }}\n{% endfor %}assistant: "
+    with pytest.raises(ValueError, match="special token's text.*does not show the prompt verbatim"):
+        render_prompt(chat, TYPED)  # "<EOS>" is no special token, but where the prompt is, no longer shows
 
 
 def test_bad_records_and_configs_are_named(sampler):

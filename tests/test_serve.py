@@ -2,6 +2,7 @@
 the next one still fires, a stop is one line and leaves every run marked; `tokencredit runs` lists what ran."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -186,7 +187,9 @@ import os, time
 
 
 def gated(record, response):
-    """Scores 1 once the file $GATE exists: the run stays writing until the test opens it."""
+    """Scores 1 once the file $GATE exists: the run stays writing until the test opens it. $GATE.waiting says
+    that a call waits."""
+    open(os.environ["GATE"] + ".waiting", "w").close()
     deadline = time.monotonic() + 600
     while not os.path.exists(os.environ["GATE"]) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -216,6 +219,12 @@ def flow_runs(api_url: str, name: str) -> list:
             return client.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])))
 
 
+def writing(out: Path) -> bool:
+    """A run is past its start: its manifest is written, its verifier waits at the gate."""
+    runs = list_runs(str(out)) if out.exists() else []
+    return any(r["state"] == "running" and read_manifest(str(out / r["folder"])) for r in runs)
+
+
 @pytest.mark.slow
 def test_a_run_due_while_one_writes_is_skipped_and_a_stopped_run_resumes(tmp_path, prefect_server):
     """Every 3 s while one run is held writing: the runs due meanwhile are cancelled by the server (skipped),
@@ -225,11 +234,7 @@ def test_a_run_due_while_one_writes_is_skipped_and_a_stopped_run_resumes(tmp_pat
     serve = Serve(tmp_path, ["--every", "3s", "--out", str(out), *plugin_options(tmp_path, "gated"), "--name", "held"],
                   env)
     try:
-        def writing():  # past its start: its manifest is written, its verifier waits at the gate
-            runs = list_runs(str(out)) if out.exists() else []
-            return any(r["state"] == "running" and read_manifest(str(out / r["folder"])) for r in runs)
-
-        serve.wait(writing, "a run writing")
+        serve.wait(lambda: writing(out), "a run writing")
         serve.wait(lambda: sum(r.state_type.value == "CANCELLED" for r in flow_runs(prefect_server, "held")) >= 2,
                    "two runs due while it writes")
         assert states(out) == ["running"], list_runs(str(out))  # the skipped runs never started a folder
@@ -275,3 +280,57 @@ def test_a_failed_run_is_visible_and_the_next_one_fires(tmp_path, prefect_server
     assert sum(" failed " in line and "verifier_error" in line for line in table.splitlines()) >= 2
     assert main(["runs", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == list_runs(str(out))
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:  # ended while we looked
+        return ""
+
+
+def processes_in(folder: Path) -> dict[int, str]:
+    """The live processes working in `folder` (a command started there, and every process under it that kept its
+    working directory, however it was started or reparented): pid -> command line."""
+    from tokencredit.verifiers.isolation import is_gone
+
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            here = entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == folder
+        except OSError:  # ended while we looked, or not ours to read
+            continue
+        if here and not is_gone(int(entry.name)):
+            found[int(entry.name)] = command_line(int(entry.name))
+    return found
+
+
+def end_all(folder: Path) -> None:
+    """Kill what is left working in `folder`: a failed test leaves no process behind."""
+    for pid in processes_in(folder):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_serve_killed_with_sigkill_takes_its_server_runner_run_and_verifier_worker_along(tmp_path):
+    """kill -9 of serve alone, while a run writes: its Prefect server, its runner, the run and the run's verifier
+    worker all end (each watches the process that started it), and no later run starts a folder."""
+    out = tmp_path / "runs"
+    env = {**serve_env(tmp_path), "GATE": str(tmp_path / "gate-open")}  # the gate never opens
+    serve = Serve(tmp_path, ["--every", "3s", "--out", str(out), *plugin_options(tmp_path, "gated"),
+                             "--name", "killed"], env)
+    try:
+        serve.wait(lambda: writing(out) and (tmp_path / "gate-open.waiting").exists(), "a run's verifier call")
+        commands = " | ".join(processes_in(tmp_path).values())
+        for what in ("tokencredit.flows.cli serve", "prefect server start", "tokencredit.flows.runner",
+                     "tokencredit.verifiers.isolation"):  # the last one a child of the run's process
+            assert what in commands, f"no {what} in {commands}"
+        serve.process.send_signal(signal.SIGKILL)
+        serve.process.wait()
+        wait_for(lambda: not processes_in(tmp_path), "the end of every process serve started", timeout=120)
+    finally:
+        serve.kill()
+        end_all(tmp_path)
+    [run] = list_runs(str(out))  # the run it was writing, and no later one
+    assert run["state"] == "incomplete", run

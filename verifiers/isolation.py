@@ -10,10 +10,12 @@ It runs in a session (process group) of its own, as a child subreaper (a daemon 
 starts, even one that forks twice, stays its descendant), under a hard memory limit the verifier
 cannot lift (RLIMIT_DATA: its heap and private mappings, not the shared libraries it maps, so a
 verifier that imports torch still fits; each process it starts inherits it): an allocation past it
-raises MemoryError there. The caller waits at most `timeout_s` for each reply, and meanwhile
-measures the worker's whole process tree (`tree_memory`: shared mappings and child processes too);
-a worker past either bound, or gone (`os._exit`, a segfault) is killed with every process under it,
-and the next call gets a fresh one, as does the call after one that left threads running. Python
+raises MemoryError there. The caller waits at most `timeout_s` for each reply, whole (a reply begun and
+never finished too), and meanwhile measures the worker's whole process tree (`tree_memory`: shared mappings
+and child processes too); a worker past either bound, gone (`os._exit`, a segfault), or whose reply is no
+verifier result (a plugin that writes into the reply pipe: a reply is unpickled with only the classes a reply
+holds, so it runs no code here) is killed with every process under it, and the next call gets a fresh one,
+as does the call after one that left threads running. Python
 code that holds the GIL (a catastrophic regex) stops nothing but its own worker. What a worker's
 verifiers print reaches the caller's stderr, OUTPUT_PER_CALL bytes a call; the rest is counted and dropped.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import io
 import os
 import pickle
 import resource
@@ -49,6 +52,8 @@ _START_TIMEOUT_S = 60.0  # an interpreter's start on a loaded machine; not count
 IMPORT_TIMEOUT_S = 60.0  # a plugin's import (torch, say), in a worker; not counted in any call's time
 _MAX_IDLE = 8
 _HEADER = struct.Struct("<Q")
+# Taken before any plugin is imported: a plugin that replaces `pickle.dumps` in its worker changes nothing here
+_dumps, _loads = pickle.dumps, pickle.loads
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 _FIRST_NAP_S, _LAST_NAP_S = 0.0005, 0.02  # between looks for a worker's reply
 _MEASURE_EVERY_S = 0.05  # between measurements of a worker's process tree while a call runs
@@ -67,6 +72,11 @@ def timeout_reason(seconds: float) -> str:
 
 class _Gone(Exception):
     """The worker process ended (or its pipe broke) during a call."""
+
+
+class _Garbled(Exception):
+    """The worker sent a reply that is no answer to the call (a plugin wrote into the reply pipe or changed
+    how the worker pickles); str(e) says what was wrong with it."""
 
 
 class _OverMemory(Exception):
@@ -126,9 +136,9 @@ class _Worker:
         self.output = _Output(self.proc.stderr, token.encode())
         try:
             _send(self.proc.stdin, list(sys.path))  # plugins import as they would in this process
-            if not self._answers_within(_START_TIMEOUT_S) or _receive(self.proc.stdout) != ("ready",):
+            if self.reply(_START_TIMEOUT_S) != ("ready",):
                 raise _Gone
-        except (_Gone, OSError):
+        except (_Gone, _Garbled, TimeoutError, OSError):
             self.kill()
             raise VerifierFailed(f"the verifier worker process did not start within {_START_TIMEOUT_S:g} s") from None
 
@@ -144,14 +154,29 @@ class _Worker:
             raise _Gone from None
 
     def reply(self, seconds: float, measure: bool = False):
-        """The worker's next reply; TimeoutError past `seconds`, _Gone if the worker ended, and with `measure`
+        """The worker's next reply, whole within `seconds` (TimeoutError past them: a reply begun and never
+        finished too); _Gone if the worker ended, _Garbled if the bytes are no reply, and with `measure`
         _OverMemory when its process tree holds more than its bound (looked at every _MEASURE_EVERY_S)."""
-        if not self._answers_within(seconds, measure):
-            raise TimeoutError
-        reply = _receive(self.proc.stdout)
-        if reply is None:
-            raise _Gone
-        return reply
+        deadline = time.monotonic() + seconds
+        header = self._read(_HEADER.size, deadline, measure)
+        payload = self._read(_HEADER.unpack(header)[0], deadline)
+        try:
+            return _SafeUnpickler(io.BytesIO(payload)).load()
+        except Exception as error:  # noqa: BLE001 - whatever the bytes make the unpickler raise
+            raise _Garbled(f"{type(error).__name__}: {error}") from None
+
+    def _read(self, n: int, deadline: float, measure: bool = False) -> bytes:
+        """`n` bytes from the reply pipe, each part awaited until `deadline` (TimeoutError past it)."""
+        chunks = []
+        while n:
+            if not self._answers_within(deadline - time.monotonic(), measure):
+                raise TimeoutError
+            chunk = self.proc.stdout.read(n)
+            if not chunk:
+                raise _Gone
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
 
     def _answers_within(self, seconds: float, measure: bool = False) -> bool:
         # Polled, with a growing nap, rather than woken by each reply: a wake-up per reply makes the
@@ -293,7 +318,7 @@ class VerifierPool:
         try:
             worker.send(("verify", list(items), refs))  # one pickle: a record shared by n responses goes once
             for _ in items:
-                kind, value, leftover = worker.reply(self.timeout_s, measure=True)
+                kind, value, leftover = _verdict(worker.reply(self.timeout_s, measure=True))
                 if kind == "memory":
                     self._recycle()  # an allocation failed somewhere: its state is not to be trusted
                     return results + [VerifierFailed(memory_reason(self.memory_bytes, value))]
@@ -311,6 +336,10 @@ class VerifierPool:
             how = worker.ended_how()
             self._recycle()
             results.append(VerifierFailed(f"the verifier process {how} on this response"))
+        except _Garbled as what:
+            self._recycle()
+            results.append(VerifierFailed(f"the verifier process sent a reply that is no verifier result ({what}) "
+                                          f"on this response"))
         return results
 
     def _load(self, worker: _Worker, plugin_refs) -> None:
@@ -322,8 +351,9 @@ class VerifierPool:
                 continue
             try:
                 worker.ask(("load", (ref,)), IMPORT_TIMEOUT_S)
-            except (_Gone, TimeoutError) as error:
+            except (_Gone, _Garbled, TimeoutError) as error:
                 how = (f"ran past {IMPORT_TIMEOUT_S:g} s" if isinstance(error, TimeoutError)
+                       else f"garbled the verifier process's reply ({error})" if isinstance(error, _Garbled)
                        else f"ended the verifier process, which {worker.ended_how()}")
                 self._recycle()
                 raise plugins.PluginError(f"verifier {ref.target}: importing it {how}") from None
@@ -340,7 +370,7 @@ class VerifierPool:
             return
         try:
             reply = worker.ask(("reap",), _START_TIMEOUT_S)
-        except (TimeoutError, _Gone):
+        except (TimeoutError, _Gone, _Garbled):
             reply = None
         if reply != ("reaped", None):  # gone, stuck, or still answering a batch left behind (an interrupt)
             worker.kill()
@@ -399,6 +429,9 @@ def _in_worker(memory_bytes: int, requests: Sequence[tuple[str, tuple]]) -> list
             except _Gone:
                 raise plugins.PluginError(f"verifier {label}: importing it ended the process, which "
                                           f"{worker.ended_how()}") from None
+            except _Garbled as error:
+                raise plugins.PluginError(f"verifier {label}: importing it garbled the process's reply ({error})"
+                                          ) from None
             if kind == "error":
                 raise plugins.PluginError(value)
             values.append(value)
@@ -488,7 +521,7 @@ def is_gone(pid: int) -> bool:
 
 
 def _send(stream, obj) -> None:
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    payload = _dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     data = memoryview(_HEADER.pack(len(payload)) + payload)
     while data:  # an unbuffered pipe may take part of it
         data = data[stream.write(data):]
@@ -499,7 +532,33 @@ def _receive(stream):
     """The next object on `stream`; None at its end."""
     header = _read_exactly(stream, _HEADER.size)
     data = header and _read_exactly(stream, _HEADER.unpack(header)[0])
-    return None if data is None else pickle.loads(data)
+    return None if data is None else _loads(data)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """A worker's reply, unpickled: plain values and the classes a reply holds, nothing else, so that bytes a
+    plugin writes into the reply pipe cannot run code in this process."""
+
+    CLASSES = {("tokencredit.schemas.records", "RewardScore"), ("tokencredit.verifiers.plugins", "PluginRef")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.CLASSES:
+            raise pickle.UnpicklingError(f"{module}.{name} is no part of a reply")
+        return super().find_class(module, name)
+
+
+def _verdict(reply) -> tuple[str, object, bool]:
+    """A verify call's reply, (kind, value, leftover); _Garbled saying what is wrong when it is none."""
+    if not (isinstance(reply, tuple) and len(reply) == 3 and isinstance(reply[2], bool)):
+        raise _Garbled(f"a {type(reply).__name__}, not (kind, value, leftover)")
+    kind, value, _ = reply
+    if kind == "ok" and not (isinstance(value, list) and all(isinstance(s, RewardScore) for s in value)):
+        raise _Garbled(f"'ok' with a {type(value).__name__}, not a list of rewards")
+    if kind in ("error", "memory") and not isinstance(value, str):
+        raise _Garbled(f"{kind!r} with a {type(value).__name__}, not a message")
+    if kind not in ("ok", "error", "memory"):
+        raise _Garbled(f"the kind {kind!r}")
+    return reply
 
 
 def _read_exactly(stream, n: int) -> bytes | None:

@@ -15,7 +15,8 @@ Layers, each enough on its own for the common attacks:
      both per level). The worker is killed at the deadline; its SQLite heap is capped
      (`PRAGMA hard_heap_limit`, process-wide, hence a process of its own), temporary tables
      and sorts stay in that heap (`temp_store = MEMORY`), and it may not write a byte to any
-     file (RLIMIT_FSIZE 0). Idle workers are reused, so a query costs a pipe round trip.
+     file (RLIMIT_FSIZE 0). Idle workers are reused, so a query costs a pipe round trip. A worker ends
+     when its caller does, however the caller ends, even mid-query (`_end_with_caller`).
 Every refusal raises `SandboxError` with a message fit for feedback, naming the bound that stopped it.
 """
 from __future__ import annotations
@@ -336,10 +337,21 @@ def _serve(max_memory: int) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails instead of killing
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     requests, replies = os.fdopen(0, "rb"), os.fdopen(1, "wb")
+    threading.Thread(target=_end_with_caller, name="caller-watch", daemon=True).start()
     _send(replies, ("ready",))
     while (request := _receive(requests)) is not None:
         path, sql, fields = request
         _send(replies, _serve_one(path, sql, Limits(*fields)))
+
+
+def _end_with_caller() -> None:
+    """Exit once the caller's end of the request pipe closes: the caller ended (killed with SIGKILL too). An idle
+    worker would read end-of-file anyway; this ends one mid-query, which would run on until its deadline, or
+    longer while SQLite prepares the statement."""
+    watch = select.poll()
+    watch.register(0, 0)  # no event asked: a hang-up (no writer left) is reported all the same
+    watch.poll()
+    os._exit(0)
 
 
 def _serve_one(path: str, sql: str, limits: Limits) -> tuple:

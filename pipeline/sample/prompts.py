@@ -104,9 +104,7 @@ def prompt_frame(tokenizer, task_prompt: str) -> PromptFrame:
     """The sampling prompt of `task_prompt`: the chat template when the tokenizer has one, else the raw layout."""
     chat = bool(getattr(tokenizer, "chat_template", None))
     if chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": task_prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        text = chat_prompt(tokenizer, task_prompt)
         content = task_prompt.strip()
         found = text.rfind(content)
         if not content or found < 0:
@@ -115,12 +113,52 @@ def prompt_frame(tokenizer, task_prompt: str) -> PromptFrame:
         end = found + len(content)
     else:
         text = sampling_prompt(task_prompt)
-        encoded = tokenizer(text, return_offsets_mapping=True)
         end = len(task_prompt.rstrip()) + 1  # after the newline that ends the task prompt
+    ids, offsets = encode_prompt(tokenizer, text, task_prompt, chat, offsets=True)
     # the first token that does not end before the task prompt's end (special tokens map to (0, 0))
-    ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
     insert_at = next((i for i, (s, e) in enumerate(offsets) if e > end or (s >= end and e > s)), len(ids))
     return PromptFrame(text, ids, insert_at, chat)
+
+
+def chat_prompt(tokenizer, task_prompt: str) -> str:
+    """The sampling prompt of a tokenizer with a chat template: one user turn, then the assistant's turn begun."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": task_prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def encode_prompt(tokenizer, text: str, task_prompt: str, chat: bool,
+                  offsets: bool = False) -> tuple[list[int], list[tuple[int, int]] | None]:
+    """(token ids, with `offsets` each token's (start, end) characters in `text`, else None) of a sampling prompt
+    `text` rendered from `task_prompt` (`chat`: by the chat template). A special token's text typed in the task
+    prompt ("<eos>", "<|im_end|>") is encoded as text, never as that special token: to the model it would end the
+    prompt or the turn. The chat template's own special tokens stay special (the raw layout has none of its own)."""
+    if not chat:
+        spans = [(0, len(text), True, True)]  # (begin, end, special token texts as text, add BOS/EOS as configured)
+    else:
+        content = task_prompt.strip()
+        start = text.rfind(content) if content else -1
+        if not any(token in content for token in _special_texts(tokenizer)):
+            spans = [(0, len(text), False, False)]  # one call: the ids every other prompt always had
+        elif start < 0:
+            raise ValueError("the task prompt holds a special token's text and the chat template does not show "
+                             "the prompt verbatim: it cannot be encoded as text")
+        else:
+            end = start + len(content)
+            spans = [(0, start, False, False), (start, end, True, False), (end, len(text), False, False)]
+    ids, spans_out = [], []
+    for begin, end, as_text, added in spans:
+        encoded = tokenizer(text[begin:end], add_special_tokens=added, split_special_tokens=as_text,
+                            return_offsets_mapping=offsets)
+        ids += encoded["input_ids"]
+        if offsets:  # a special token's (0, 0) stays as it is
+            spans_out += [(s + begin, e + begin) if e > s else (s, e) for s, e in encoded["offset_mapping"]]
+    return ids, spans_out if offsets else None
+
+
+def _special_texts(tokenizer) -> list[str]:
+    """The text of every special token of `tokenizer` (its named ones and the added tokens marked special)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    return list({*tokenizer.all_special_tokens, *(str(token) for token in added if token.special)})
 
 
 def _pieces(chat: bool, sections: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:

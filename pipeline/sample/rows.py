@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from tokencredit.schemas.records import RecordError, Sample, TaskRecord
 
 from tokencredit.pipeline.sample.detokenize import StopChecker
-from tokencredit.pipeline.sample.prompts import sampling_prompt
+from tokencredit.pipeline.sample.prompts import chat_prompt, encode_prompt, sampling_prompt
 
 
 def row_seed(seed: int, record_id: str, j: int | str) -> int:
@@ -26,13 +26,11 @@ def node_seed(seed: int, record_id: str, node: str) -> int:
 
 def render_prompt(tokenizer, task_prompt: str) -> tuple[str, list[int]]:
     """(prompt text, the exact token ids fed to the model): the chat template when the tokenizer has
-    one, else the replay-compatible `sampling_prompt` layout."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": task_prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        return text, tokenizer(text, add_special_tokens=False)["input_ids"]
-    text = sampling_prompt(task_prompt)
-    return text, tokenizer(text)["input_ids"]
+    one, else the replay-compatible `sampling_prompt` layout; special tokens typed in the task prompt are
+    text (`encode_prompt`)."""
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    text = chat_prompt(tokenizer, task_prompt) if chat else sampling_prompt(task_prompt)
+    return text, encode_prompt(tokenizer, text, task_prompt, chat)[0]
 
 
 def check_records(records: Sequence[TaskRecord]) -> None:
