@@ -335,7 +335,22 @@ def field_comments(name: str) -> dict[str, str]:
     return notes
 
 
-MACROS = (result, result_ci, result_ratio, result_table, result_verdict, has_rows, cli_reference, schema_table)
+# ---- a command's output, from the code and the shipped rows
+
+
+def plan_output(design: str, *options: str) -> str:
+    """What `tokencredit compare DESIGN --out runs/plan --plan OPTIONS` prints (a plan writes nothing); `design` is
+    relative to the repository."""
+    from tokencredit.flows.cli import build_parser
+    from tokencredit.pipeline.compare.design import load_design
+    from tokencredit.pipeline.compare.plan import cli_plan
+
+    args = build_parser().parse_args(["compare", design, "--out", "runs/plan", "--plan", *options])
+    return "\n".join(cli_plan(load_design(ROOT / design), args))
+
+
+MACROS = (result, result_ci, result_ratio, result_table, result_verdict, has_rows, cli_reference, schema_table,
+          plan_output)
 
 
 # ---- the pages rendered from docs/templates/

@@ -716,6 +716,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "[targets] mde from --pilot's variance components, and its cost from measured speeds")
     p.add_argument("--pilot", default=None, help="--plan: a compare folder (or a compare.json of rows) whose "
                    "components and measured speeds the plan uses")
+    p.add_argument("--from-shipped", action="store_true", help="--plan from the rows the project ships: the "
+                   "components of the largest shipped comparison of each pair (bench/results/compare_details.json) "
+                   "and the speeds measured on a 2-core CPU (engine.json for the design's backend, "
+                   "closed_loop_pilot.json, train.json); the options below override them")
     p.add_argument("--pilot-design", default=None, help="--plan with a rows file: its rows' design_hash to use")
     p.add_argument("--tokens-per-s", type=float, default=None,
                    help="--plan: the engine's measured decode tokens/s (default: the pilot folder's)")
