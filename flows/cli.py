@@ -362,7 +362,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     ids = [i.strip() for i in args.ids.split(",") if i.strip()] if args.ids else None
     path = write_report(args.out, args.dest, responses_per_task=args.responses, ids=ids, floor=args.floor,
-                        allow_incomplete=args.allow_incomplete)
+                        allow_incomplete=args.allow_incomplete, scale=args.scale)
     print(f"wrote {path}")
     return 0
 
@@ -617,6 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ids", default=None, help="comma list of response ids to show (instead of the choice)")
     p.add_argument("--floor", type=_finite, default=0.01,
                    help="advantages with |A| below this are drawn white, and the colour scale starts at it")
+    p.add_argument("--scale", choices=["reward", "card"], default="reward", help="token colours: one scale per "
+                   "reward across a task's cards (a shade means the same advantage on every card), or one per card")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_report)
 
