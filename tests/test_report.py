@@ -251,3 +251,5 @@ def test_one_colour_scale_per_reward_across_cards_or_one_per_card(run, tmp_path)
     assert main(["report", str(run), "--dest", str(tmp_path / "cli.html"), "--ids", ",".join(ids), "--scale",
                  "card"]) == 0
     assert (tmp_path / "cli.html").read_text() == per_card
+    with pytest.raises(ValueError, match="scale 'reward card': one of reward, card"):
+        write_report(run, tmp_path / "x.html", scale="reward card")

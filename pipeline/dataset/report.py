@@ -101,7 +101,7 @@ def share_bars_svg(groups: list[tuple[str, list[tuple[str, float, float]]]], bar
     a blue bar with the baseline as a gray tick. The labels' margin is the longest label's width (px)."""
     labels = [label for _, items in groups for label, _, _ in items]
     label_w = round(max(map(text_width, labels), default=0)) + 12
-    width = max(label_w + bar_w + 130, *(round(text_width(heading)) + 4 for heading, _ in groups))
+    width = max([label_w + bar_w + 130, *(round(text_width(heading)) + 4 for heading, _ in groups)])
     line = 18
     parts, y = [], 4
     for heading, items in groups:
@@ -438,6 +438,8 @@ def write_report(out: str | Path, dest: str | Path | None = None, responses_per_
     default: `responses_per_task` chosen per task. floor: |advantage| below it is drawn white. scale: 'reward'
     (one colour scale per reward across a task's cards) or 'card' (one per card).
     """
+    if scale not in SCALES:
+        raise ValueError(f"scale {scale!r}: one of {', '.join(SCALES)}")
     out = str(out)
     con = connect(out, allow_incomplete=allow_incomplete)
     run = run_files(out, allow_incomplete=True)
