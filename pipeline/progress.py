@@ -22,9 +22,13 @@ from typing import TextIO
 LOG_EVERY_S = 5.0
 
 
+_last_line = [time.monotonic()]  # when any Progress or Phase of this process last printed
+
+
 class _Beat:
-    """A daemon thread that calls `say()` whenever `every` seconds pass without a line; `heard()` says a line was
-    just printed (by `say` or by the caller), so that the next one is due `every` seconds later."""
+    """A daemon thread that calls `say()` whenever `every` seconds pass without a line of this process's progress
+    (a phase inside another, or a Progress within a Phase, keeps the outer one quiet while it speaks); `heard()`
+    says a line was just printed (by `say` or by the caller), so that the next one is due `every` seconds later."""
 
     def __init__(self, every: float, say, name: str):
         self.every, self.say = every, say
@@ -33,11 +37,14 @@ class _Beat:
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
 
     def heard(self) -> None:
-        self.last = time.monotonic()
+        self.last = _last_line[0] = time.monotonic()
+
+    def _due(self) -> float:
+        return max(self.last, _last_line[0]) + self.every
 
     def _run(self) -> None:
-        while not self._stop.wait(max(self.last + self.every - time.monotonic(), 0.05)):
-            if time.monotonic() - self.last >= self.every:
+        while not self._stop.wait(max(self._due() - time.monotonic(), 0.05)):
+            if time.monotonic() >= self._due():
                 self.say()
                 self.heard()
 

@@ -151,6 +151,14 @@ def timed_run(*args: str, timeout: float = 900, env: dict | None = None) -> tupl
     return proc.returncode, lines, "".join(out)
 
 
+PHASE = re.compile(r".+ \.\.\.|.+: \d+ s")  # Phase's lines: '<what> ...' and '<what>: 5 s'
+
+
+def without_phases(err: str) -> list[str]:
+    """The lines of `err` that are not a phase's announcement or heartbeat (an error is one line among them)."""
+    return [line for line in err.strip().splitlines() if not PHASE.fullmatch(line)]
+
+
 def longest_silence(lines: list[tuple[float, str]]) -> float:
     """The longest time between two stderr lines, from the first line on (the interpreter's own start before it
     is not the command's)."""
