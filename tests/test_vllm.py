@@ -236,9 +236,10 @@ def test_a_dask_worker_starts_one_engine_and_writes_the_in_process_rows(prefect_
                 for folder in (root / "vllm", tmp_path / "dask")]
         assert rows[0] == rows[1]
     # the worker writes to this process's streams: one engine start announced for all of its shards
-    starts = [line for line in capfd.readouterr().err.splitlines() if line.startswith("starting the vllm engine (")
+    log = capfd.readouterr()
+    starts = [line for line in (log.out + log.err).splitlines() if "starting the vllm engine (" in line
               and line.endswith(" ...")]
-    assert len(starts) == 1, starts
+    assert len(starts) == 1, (log.out + log.err)[-3000:]
 
 
 @pytest.mark.slow
