@@ -30,7 +30,7 @@ from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 from tokencredit.pipeline.sample import make_sampler
 from tokencredit.pipeline.dataset.tables import credits_table, nodes_table, responses_table
-from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_restartable
+from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_restartable, read_manifest
 from tokencredit.pipeline.identity import record_hashes, run_inputs
 from tokencredit.pipeline.progress import Phase
 
@@ -299,12 +299,11 @@ def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> lis
 def complete_run(config: AnnotateConfig, out: str) -> dict[str, Any] | None:
     """The manifest of the run `out` holds when a rerun of `config` would write nothing: complete, of this config,
     and every shard's files as they were written (`check_inputs` has checked the run's inputs); else None."""
-    writer = RunWriter(out)
-    manifest = writer.manifest
+    manifest = read_manifest(out) or {}  # read first: a RunWriter makes the run's folders
     if not manifest.get("complete") or manifest.get("config_hash") != config.digest():
         return None
     try:
-        writer.checked_shards(manifest["n_shards"])
+        RunWriter(out).checked_shards(manifest["n_shards"])
     except RuntimeError:  # a shard to write again: the rerun resumes it
         return None
     return manifest

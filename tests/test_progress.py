@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tokencredit import verifiers
-from tokencredit.pipeline.annotate import annotate_shard, load_models
+from tokencredit.pipeline.annotate import annotate_shard, complete_run, load_models
 from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
 from tokencredit.pipeline.progress import LOG_EVERY_S, Phase, Progress
 from tokencredit.pipeline.sample.engine_output import CHUNKED_PREFILL_NOTE
@@ -207,6 +207,12 @@ def test_a_complete_run_found_again_says_so_in_one_line_writes_nothing_and_start
                         r"12.*\); nothing to do", stdout.strip())
     assert not any("loading the policy" in line or "Prefect" in line or "flow" in line for _, line in lines), lines
     assert snapshot(demo_run) == before
+
+
+def test_a_folder_without_a_complete_run_is_left_as_it_was(tmp_path):
+    """The no-op check reads; it makes no run folders where nothing was annotated yet."""
+    assert complete_run(AnnotateConfig(), str(tmp_path / "fresh")) is None
+    assert not (tmp_path / "fresh").exists()
 
 
 @pytest.mark.slow
