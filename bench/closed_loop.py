@@ -1079,13 +1079,12 @@ PLAN_JSON = ROOT / "bench" / "results" / "compare_plan.json"
 def measured_costs() -> dict:
     """The plan's costs on this 2-core CPU from committed measurements: tokens per response and decode tokens/s
     of SmolLM2 at temperature 0.5, batch 64 (closed_loop_pilot.json), and one training of 16 steps of batch 8
-    from the trainer's measured step time (train.json: batch 2 x 2 accumulated, scaled by responses per step)."""
-    pilot = next(r for r in json.loads((ROOT / "bench" / "results" / "closed_loop_pilot.json").read_text())
-                 if r["temperature"] == 0.5)
-    train = json.loads((ROOT / "bench" / "results" / "train.json").read_text())
-    per_step = train["smollm2"]["trainer_step_s"] / (train["batch_size"] * train["grad_accum"])
-    return {"tokens_per_response": pilot["tokens"] / (pilot["prompts"] * pilot["n"]),
-            "tokens_per_s": 1000 / pilot["ms_per_token"], "train_seconds": per_step * 8 * 16,
+    from the trainer's measured seconds per response (train.json)."""
+    from tokencredit.pipeline.compare.plan import shipped_response_costs
+
+    shipped = shipped_response_costs(ROOT / "bench" / "results")
+    return {"tokens_per_response": shipped["tokens_per_response"], "tokens_per_s": 1000 / shipped["ms_per_token"],
+            "train_seconds": shipped["seconds_per_trained_response"] * 8 * 16,
             "source": "closed_loop_pilot.json (SmolLM2, T 0.5, batch 64, 2-core CPU) and train.json (trainer step)"}
 
 

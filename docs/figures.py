@@ -1,7 +1,10 @@
 """The documentation's generated content: figures and tables from bench/results rows, the CLI reference from
 argparse, the dataset's schema tables from schemas/.
 
-mkdocs-macros loads this module (`mkdocs.yml`: `module_name: docs/figures`) and pages call its macros:
+A page with generated content is written as a Jinja template, docs/templates/PAGE.md.j2, and rendered into the
+committed docs/PAGE.md by `python docs/figures.py --pages`, so that the page read in the repository shows its
+figures as the site does (tests/test_docs.py fails when a committed page differs from its rendering). Templates call
+this module's macros:
 
     {{ result("speed.json", "mrtpo_over_gdpo", fmt=".2f") }}                 a key of a JSON object file
     {{ result("localization_own.json", "top_in_decisive", credit="p2t", pool="flat", kind="all") }}
@@ -25,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+DOCS = ROOT / "docs"
+TEMPLATES = DOCS / "templates"  # docs/templates/X.md.j2 is rendered into docs/X.md
 RENDERED: list[dict] = []
 
 
@@ -330,23 +335,60 @@ def field_comments(name: str) -> dict[str, str]:
     return notes
 
 
-MACROS = (result, result_ci, result_ratio, result_table, result_verdict, has_rows, cli_reference, schema_table)
+# ---- a command's output, from the code and the shipped rows
 
 
-def define_env(env) -> None:
-    """mkdocs-macros' hook: the macros pages call."""
+def plan_output(design: str, *options: str) -> str:
+    """What `tokencredit compare DESIGN --out runs/plan --plan OPTIONS` prints (a plan writes nothing); `design` is
+    relative to the repository."""
+    from tokencredit.flows.cli import build_parser
+    from tokencredit.pipeline.compare.design import load_design
+    from tokencredit.pipeline.compare.plan import cli_plan
+
+    args = build_parser().parse_args(["compare", design, "--out", "runs/plan", "--plan", *options])
+    return "\n".join(cli_plan(load_design(ROOT / design), args))
+
+
+MACROS = (result, result_ci, result_ratio, result_table, result_verdict, has_rows, cli_reference, schema_table,
+          plan_output)
+
+
+# ---- the pages rendered from docs/templates/
+
+
+def templated_pages() -> list[tuple[Path, Path]]:
+    """(template, page) of every page that is rendered from a template."""
+    return [(t, DOCS / t.relative_to(TEMPLATES).with_suffix("")) for t in sorted(TEMPLATES.rglob("*.md.j2"))]
+
+
+def generated_notice(template: Path) -> str:
+    return (f"<!-- generated from docs/{template.relative_to(DOCS)} by python docs/figures.py --pages: "
+            "edit the template, not this page -->")
+
+
+def render_template(template: Path) -> str:
+    """The page that `template` renders to: its macros called (each figure recorded in RENDERED), a notice first."""
+    import jinja2
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     for fn in MACROS:
-        env.macro(fn)
+        env.globals[fn.__name__] = fn
+    return generated_notice(template) + "\n" + env.from_string(template.read_text()).render()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="rewrite README.md's generated results table")
+    parser = argparse.ArgumentParser(description="rewrite the generated documentation from bench/results, the CLI "
+                                                 "and the schemas")
     parser.add_argument("--readme", action="store_true", help="rewrite the table between the README's markers")
+    parser.add_argument("--pages", action="store_true", help="render every docs/templates/X.md.j2 into docs/X.md")
     args = parser.parse_args()
     if args.readme:
         readme = ROOT / "README.md"
         readme.write_text(readme_with_table(readme.read_text()))
-    else:
+    if args.pages:
+        for template, page in templated_pages():
+            page.write_text(render_template(template))
+    if not (args.readme or args.pages):
         print(headline_table())
 
 

@@ -33,6 +33,7 @@ import sys
 import threading
 
 from tokencredit.pipeline.interrupts import interruptible
+from tokencredit.pipeline.sample.engine_output import VERBOSE_ENV
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
                                          ENGINE_DTYPES, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig,
                                          MIN_VERIFIER_MEMORY, parse_branch, parse_bytes)
@@ -193,6 +194,7 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
                    "or float16 need --backend vllm and move the stored log-probs (docs/engine.md)")
     p.add_argument("--kv-cache", type=int, default=None, metavar="GIB", help="the vllm engine's KV cache in GiB "
                    "(default on CPU: a quarter of the available memory, at most 4; on CUDA half the GPU)")
+    _verbose(p)
     p.add_argument("--model", default=None, help="registry name (tokencredit models list) or local policy "
                    "folder (default: the shipped tiny policy)")
     p.add_argument("--reward-model", default=None, help="local reward-model folder for P2T "
@@ -324,12 +326,20 @@ def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    from tokencredit.pipeline.annotate import check_inputs, rejection_lines
-    from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
+    from tokencredit.pipeline.progress import Phase
 
     notes: list[str] = []
-    config = annotate_config(args, notes)
-    rejected = check_inputs(config, args.out, args.restart)
+    with Phase(f"annotate: loading torch, reading the prompt set, checking {args.out}"):
+        from tokencredit.pipeline.annotate import check_inputs, complete_run, rejection_lines
+        from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
+
+        config = annotate_config(args, notes)
+        rejected = check_inputs(config, args.out, args.restart)
+        done = None if args.restart else complete_run(config, args.out)
+    if done:  # found again: no model, no Prefect, nothing written
+        print(f"{args.out}: complete with this config and these inputs ({done['totals']}, checksum "
+              f"{done['dataset_checksum'][:16]}); nothing to do")
+        return 1 if done["rejected"] and args.strict else 0
     if rejected:  # before the run starts (Prefect's server alone takes 20 s), not only after it
         print("\n".join([f"{len(rejected)} prompt records rejected (all of them will be in {args.out}/rejected.jsonl):",
                          *rejection_lines(rejected)]), file=sys.stderr, flush=True)
@@ -340,7 +350,9 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 
         manifest = run_annotation(config, args.out, run_id=args.run_id, restart=args.restart)
     else:
-        manifest = _run_flow(config, args)
+        with Phase(f"annotate: the Prefect flow ({args.runner} runner; Prefect's temporary server starts first, "
+                   "up to half a minute on a busy machine)"):
+            manifest = _run_flow(config, args)
     stats = manifest["stats"]
     if stats.get("responses") and stats.get("verifier_failures") == stats["responses"]:
         raise RuntimeError(f"every one of {stats['responses']} responses is a verifier_error; see the status column: "
@@ -372,7 +384,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     ids = [i.strip() for i in args.ids.split(",") if i.strip()] if args.ids else None
     path = write_report(args.out, args.dest, responses_per_task=args.responses, ids=ids, floor=args.floor,
-                        allow_incomplete=args.allow_incomplete)
+                        allow_incomplete=args.allow_incomplete, scale=args.scale)
     print(f"wrote {path}")
     return 0
 
@@ -438,7 +450,10 @@ def cmd_values(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from tokencredit.pipeline.train.trainer import TrainConfig, train
+    from tokencredit.pipeline.progress import Phase
+
+    with Phase("train: loading torch and transformers"):
+        from tokencredit.pipeline.train.trainer import TrainConfig, train
 
     advantage = None if args.objective == "rs" else args.advantage  # rs weighs passing responses 1
     config = TrainConfig(data=args.data, advantage=advantage, objective=args.objective, model=args.model,
@@ -597,6 +612,11 @@ class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verbose", action="store_true", help="also print the vllm engine's own log lines (INFO, "
+                   "WARNING) and its progress bars")
+
+
 def _allow_incomplete(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-incomplete", action="store_true",
                    help="read a run that is not complete (the shards written so far)")
@@ -633,6 +653,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ids", default=None, help="comma list of response ids to show (instead of the choice)")
     p.add_argument("--floor", type=_finite, default=0.01,
                    help="advantages with |A| below this are drawn white, and the colour scale starts at it")
+    p.add_argument("--scale", choices=["reward", "card"], default="reward", help="token colours: one scale per "
+                   "reward across a task's cards (a shade means the same advantage on every card), or one per card")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_report)
 
@@ -648,6 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto", help="sampler of the "
                    "resamples; auto: the vllm engine where it is installed for --device, else transformers")
+    _verbose(p)
     p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
                    help="Prefect task runner for the shards: threads, or a local Dask cluster of --workers processes "
                    "of one core (or GPU) each, each with its own engine; 'none' runs them in this process without "
@@ -674,6 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto", help="sampler of the "
                    "continuations; auto: the vllm engine where it is installed for --device, else transformers")
+    _verbose(p)
     p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
                    help="Prefect task runner for the shards: threads, or a local Dask cluster of --workers processes "
                    "of one core (or GPU) each, each with its own engine; 'none' runs them in this process without "
@@ -750,12 +774,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runner", choices=["threads", "none"], default="threads",
                    help="the annotate stage's Prefect task runner; 'none' runs it in this process without Prefect")
     p.add_argument("--report-only", action="store_true", help="analyse the policies scored so far; run nothing")
+    _verbose(p)
     p.add_argument("--status", action="store_true", help="what --out holds (pools, policies scored) and the hours "
                    "left at its measured pace; reads no reward, runs nothing")
     p.add_argument("--plan", action="store_true", help="size the design: seeds x held-out prompts x decodes for "
                    "[targets] mde from --pilot's variance components, and its cost from measured speeds")
     p.add_argument("--pilot", default=None, help="--plan: a compare folder (or a compare.json of rows) whose "
                    "components and measured speeds the plan uses")
+    p.add_argument("--from-shipped", action="store_true", help="--plan from the rows the project ships: the "
+                   "components of the largest shipped comparison of each pair (bench/results/compare_details.json) "
+                   "and the speeds measured on a 2-core CPU (engine.json for the design's backend, "
+                   "closed_loop_pilot.json, train.json); the options below override them")
     p.add_argument("--pilot-design", default=None, help="--plan with a rows file: its rows' design_hash to use")
     p.add_argument("--tokens-per-s", type=float, default=None,
                    help="--plan: the engine's measured decode tokens/s (default: the pilot folder's)")
@@ -829,6 +858,10 @@ def debugging() -> bool:
 def main(argv: list[str] | None = None) -> int:
     _prefect_settings()
     args = build_parser().parse_args(argv)
+    if getattr(args, "verbose", False):  # read by the engine here and in the workers this process starts
+        os.environ[VERBOSE_ENV] = "1"
+    if not sys.stderr.isatty():  # a log gets tokencredit's lines, not the bars transformers draws as it loads a model
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         if args.command not in INTERRUPTIBLE:
             return args.func(args)
@@ -841,6 +874,8 @@ def main(argv: list[str] | None = None) -> int:
         if debugging():
             raise
         print(f"tokencredit {args.command}: error: {_one_line(error)}{_environment_fix(error)}", file=sys.stderr)
+        for line in getattr(error, "details", ()):  # the engine's own error lines (EngineError), after ours
+            print(line, file=sys.stderr)
         return 2
 
 

@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 
 from tokencredit.pipeline.dataset.writer import filesystem, read_manifest
 from tokencredit.pipeline.names import inside
+from tokencredit.pipeline.progress import Phase
 
 RECORD = "schedule.json"
 SKIPPED = "_skipped"
@@ -144,11 +145,6 @@ def format_runs(rows: list[dict[str, Any]]) -> str:
 def resume(out: str, folder: str) -> dict[str, Any]:
     """Finish the incomplete run OUT/folder with the config its manifest records (its written shards are
     kept); returns the manifest. Runs in this process, without Prefect."""
-    from pydantic import TypeAdapter
-
-    from tokencredit.pipeline.annotate import run_annotation
-    from tokencredit.pipeline.config import AnnotateConfig
-
     path = f"{out.rstrip('/')}/{folder}"  # `folder`: one folder name, checked where it is parsed (names.check_name)
     if "://" not in out:
         inside(out, path)  # a symbolic link OUT/FOLDER to a run elsewhere: that run is not finished from here
@@ -156,10 +152,16 @@ def resume(out: str, folder: str) -> dict[str, Any]:
     if manifest is None or "config" not in manifest:
         raise FileNotFoundError(f"{path}: no manifest with a config (the run stopped before it started writing); "
                                 f"nothing to resume: the next scheduled run writes a folder of its own")
-    config = TypeAdapter(AnnotateConfig).validate_python(manifest["config"])
+    with Phase(f"runs: resuming {path} (its written shards are kept): loading torch"):
+        from pydantic import TypeAdapter
+
+        from tokencredit.pipeline.annotate import run_annotation
+        from tokencredit.pipeline.config import AnnotateConfig
+
+        config = TypeAdapter(AnnotateConfig).validate_python(manifest["config"])
     fs, root = filesystem(path)
     record = read_json(fs, f"{root}/{RECORD}")
-    result = run_annotation(config, path, run_id=manifest.get("run_id"), progress=False)
+    result = run_annotation(config, path, run_id=manifest.get("run_id"))
     if record is not None:
         end_record(out, {**record, "resumed": now()}, "complete")
     return result

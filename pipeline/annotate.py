@@ -30,9 +30,10 @@ from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 from tokencredit.pipeline.sample import engine_starts, make_sampler
 from tokencredit.pipeline.dataset.tables import credits_table, nodes_table, responses_table
-from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_restartable
+from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_restartable, read_manifest
 from tokencredit.pipeline.devices import worker_identity
 from tokencredit.pipeline.identity import record_hashes, run_inputs
+from tokencredit.pipeline.progress import Phase
 
 
 @functools.lru_cache(maxsize=1)
@@ -140,20 +141,21 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
                  dtype: str = "float32", threads: int | None = None) -> Models:
     """Load once per process (a Dask worker loads its own copy); sampling and replay share the policy."""
     from tokencredit.pipeline.credit.p2t import shares_vocab
-    from tokencredit.pipeline.models.loading import load_policy, load_reward_model
+    from tokencredit.pipeline.models.loading import load_policy, load_reward_model, model_name
 
     # the vllm engine first: what it refuses (device, memory, model) is said before the replay's copy loads
     engine = make_sampler(backend, model, device=device, dtype=dtype, threads=threads) if backend == "vllm" else None
-    policy, tokenizer = load_policy(model, device=device)
-    # one copy of the weights for the transformers backend; the vllm engine loads its own, one per process
-    sampler = engine or make_sampler(backend, model, device=device, policy=(policy, tokenizer))
-    rm = rm_tokenizer = None
-    if p2t:  # a reward model of another tokenizer reads the response text (p2t.attribute_across_tokenizers)
-        rm, rm_tokenizer = load_reward_model(reward_model, device=device)
-        if not shares_vocab(rm_tokenizer, tokenizer) and not rm_tokenizer.is_fast:
-            raise ValueError(f"reward model {reward_model}: its tokenizer is not the policy's and not a fast tokenizer; "
-                             "P2T carries its attribution to the policy's tokens by character offsets, which only a "
-                             "fast tokenizer gives")
+    with Phase(f"loading the policy {model_name(model)}" + (" and the reward model" if p2t else "")):
+        policy, tokenizer = load_policy(model, device=device)
+        # one copy of the weights for the transformers backend; the vllm engine loads its own, one per process
+        sampler = engine or make_sampler(backend, model, device=device, policy=(policy, tokenizer))
+        rm = rm_tokenizer = None
+        if p2t:  # a reward model of another tokenizer reads the response text (p2t.attribute_across_tokenizers)
+            rm, rm_tokenizer = load_reward_model(reward_model, device=device)
+    if p2t and not shares_vocab(rm_tokenizer, tokenizer) and not rm_tokenizer.is_fast:
+        raise ValueError(f"reward model {reward_model}: its tokenizer is not the policy's and not a fast tokenizer; "
+                         "P2T carries its attribution to the policy's tokens by character offsets, which only a "
+                         "fast tokenizer gives")
     return Models(sampler, policy, tokenizer, rm, rm_tokenizer)
 
 
@@ -293,6 +295,19 @@ def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> lis
         writer.check_config(config.digest(), run_inputs(config, records))
     writer.check_unlocked()
     return rejected
+
+
+def complete_run(config: AnnotateConfig, out: str) -> dict[str, Any] | None:
+    """The manifest of the run `out` holds when a rerun of `config` would write nothing: complete, of this config,
+    and every shard's files as they were written (`check_inputs` has checked the run's inputs); else None."""
+    manifest = read_manifest(out) or {}  # read first: a RunWriter makes the run's folders
+    if not manifest.get("complete") or manifest.get("config_hash") != config.digest():
+        return None
+    try:
+        RunWriter(out).checked_shards(manifest["n_shards"])
+    except RuntimeError:  # a shard to write again: the rerun resumes it
+        return None
+    return manifest
 
 
 def rejection_lines(rejected: Sequence[verifiers.Rejected], shown: int = 3) -> list[str]:

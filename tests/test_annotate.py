@@ -39,6 +39,7 @@ import json  # noqa: E402
 
 from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set  # noqa: E402
 from tokencredit.flows.cli import main  # noqa: E402
+from tests.test_progress import without_phases  # noqa: E402
 
 
 def write_prompts(path, lines):
@@ -64,10 +65,10 @@ def test_nothing_to_annotate_exits_2_with_one_line(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     assert main(["annotate", "--out", str(tmp_path / "a"), "--prompts", str(empty), "--runner", "none"]) == 2
-    assert capsys.readouterr().err.strip().count("\n") == 0
+    assert len(without_phases(capsys.readouterr().err)) == 1
     bad = write_prompts(tmp_path / "bad.jsonl", [title_record("rhyme", "Rhyme.") | {"constraints": [{"kind": "rhyme", "args": {}}]}])
     assert main(["annotate", "--out", str(tmp_path / "b"), "--prompts", bad, "--runner", "none"]) == 2
-    reasons, error = capsys.readouterr().err.strip().splitlines()[1:]  # the reasons first, then the one error line
+    reasons, error = without_phases(capsys.readouterr().err)[1:]  # the reasons first, then the one error line
     assert reasons.startswith("  bad.jsonl line 1, field 'constraints[0].kind': unknown constraint kind")
     assert error.startswith("tokencredit annotate: error:") and "1 rejected" in error and "rejected.jsonl" in error
     assert json.loads((tmp_path / "b" / "rejected.jsonl").read_text())["field"] == "constraints[0].kind"

@@ -20,6 +20,7 @@ from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallT
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer
 from tokencredit.schemas.records import InstructionSpec, TaskRecord
+from tests.test_progress import without_phases
 
 ROOT = Path(__file__).resolve().parent.parent
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x"
@@ -118,7 +119,7 @@ def test_a_bad_template_stops_the_run_with_one_line(tmp_path, template, message)
     result = run_cli("annotate", "--out", str(tmp_path / "run"), "--model", str(model), "--limit", "1",
                      "--n", "2", "--tasks", "tools", "--runner", "none", timeout=300)
     assert result.returncode == 2 and time.monotonic() - start < 120
-    lines = result.stderr.strip().splitlines()[:-1]  # the last line is the peak memory
+    lines = without_phases(result.stderr)[:-1]  # the last line is the peak memory
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr, result.stderr[-2000:]
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from tokencredit.flows import cli
 from tokencredit.flows.cli import main
+from tests.test_progress import without_phases
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +43,7 @@ def test_help_shows_the_defaults(capsys):
 def test_a_task_with_no_record_in_the_prompt_set_is_rejected(tmp_path, capsys):
     """Tasks are whatever the prompt set holds (plugins add their own), so the check is against it."""
     assert main(["annotate", "--out", str(tmp_path / "run"), "--tasks", "sql,math", "--runner", "none"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(without_phases(capsys.readouterr().err))
     assert len(err.splitlines()) == 1 and "demo has no record of tasks math (its tasks: instructions, sql, tools)" in err, err
     assert not (tmp_path / "run" / "manifest.json").exists()
 
@@ -68,7 +69,7 @@ def test_serve_rejects_flags_it_does_not_use(capsys, flag):
 ])
 def test_user_errors_are_one_line_with_exit_status_2(tmp_path, capsys, argv, message):
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(without_phases(capsys.readouterr().err))
     assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
 
 
@@ -93,7 +94,7 @@ def test_unreadable_prompt_lines_are_reported_once_each_in_plain_words(tmp_path,
                        '{"id": "b", "task": "sql", "prompt": "y",}\n'
                        '[1]\n')
     assert main(["annotate", "--prompts", str(prompts), "--out", str(tmp_path / "run"), "--runner", "none"]) == 2
-    lines = capsys.readouterr().err.splitlines()
+    lines = without_phases(capsys.readouterr().err)
     assert lines[1:4] == ["  bad.jsonl line 1: invalid JSON: Unterminated string starting at column 38",
                           "  bad.jsonl line 2: invalid JSON: Expecting property name enclosed in double quotes at column 42",
                           "  bad.jsonl line 3: expected a JSON object, got a list"], lines
@@ -188,7 +189,7 @@ def test_rejections_are_shown_before_the_run_which_leaves_no_lock_and_no_repeate
     assert main(["annotate", "--out", str(out), "--prompts", str(prompts), "--verifier", f"haiku={PLUGIN}:objects",
                  "--runner", "none", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"]) == 0
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = [line for line in without_phases(err) if line.strip()]
     assert lines[:3] == [f"2 prompt records rejected (all of them will be in {out}/rejected.jsonl):",
                          "  p.jsonl line 2, field 'prompt': missing (expected a non-empty string)",
                          "  p.jsonl line 3, field 'split': expected 'train' or 'test', got 'dev'"]
@@ -206,10 +207,10 @@ def test_a_typo_in_a_verifiers_task_is_named(tmp_path, capsys):
     typo = ["--verifier", f"fact={PLUGIN}:objects", "--runner", "none"]
     assert main(["annotate", "--prompts", str(mixed), "--out", str(tmp_path / "a"), *typo,
                  "--verifier", f"haiku={PLUGIN}:objects"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(without_phases(capsys.readouterr().err))
     assert err == (f"tokencredit annotate: error: --verifier fact={PLUGIN}:objects: the prompt set {mixed} has no "
                    "record of task 'fact' (its tasks: haiku; 2 records rejected)"), err
     assert main(["annotate", "--prompts", str(facts), "--out", str(tmp_path / "b"), *typo]) == 2
-    lines = capsys.readouterr().err.splitlines()
+    lines = without_phases(capsys.readouterr().err)
     assert lines[1].startswith("  facts.jsonl line 1, field 'task': unknown task 'facts'") and \
         lines[1].endswith("on the command line --verifier facts=module:function; the plugin tasks given: 'fact')"), lines

@@ -343,6 +343,28 @@ def test_plan_command_sizes_the_design_from_a_pilots_rows(tmp_path, capsys):
     assert "has no row for mrtpo - gdpo" in capsys.readouterr().err
 
 
+
+def test_the_shipped_plan_command_prints_what_compare_md_shows(tmp_path):
+    """`--from-shipped` sizes a design from the rows the project ships, with one flag; compare.md shows the command
+    and what it prints (rendered from the same rows), and the plan writes nothing."""
+    page = (ROOT / "docs" / "experiments" / "compare.md").read_text()
+    command, shown = re.search(r"<!-- tested-by: tests/test_compare\.py::"
+                               r"test_the_shipped_plan_command_prints_what_compare_md_shows -->\n```bash\n(.*?)\n```"
+                               r"\n\n```text\n(.*?)\n```", page, flags=re.S).groups()
+    args = command.split()[2:]
+    assert args[args.index("--out") + 1] == "runs/powered" and "--from-shipped" in args
+    args[args.index("--out") + 1] = str(tmp_path / "powered")
+    planned = run_cli(*args, cwd=ROOT)
+    out, err = planned.communicate(timeout=600)
+    assert planned.returncode == 0, err[-2000:]
+    assert out.strip() == shown.strip()
+    assert "349.9 tokens/s" in out and "components: mc - gdpo_tree from powered (4 seeds x 1024 prompts" in out
+    assert not (tmp_path / "powered").exists()
+    both = run_cli(*args, "--pilot", str(tmp_path), cwd=ROOT)
+    _, err = both.communicate(timeout=600)
+    assert both.returncode == 2 and err.strip().splitlines() == [
+        "tokencredit compare: error: --plan: give --pilot or --from-shipped, not both"], err
+
 EVERY_ARM = f"""
 [prompts]
 file = "{PROMPTS}"

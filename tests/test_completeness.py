@@ -20,6 +20,7 @@ from tokencredit.pipeline.dataset.query import run_query
 from tokencredit.pipeline.dataset.writer import IncompleteRunError, RunLockedError, RunWriter
 from tokencredit.schemas import CREDITS, RESPONSES
 from tests.test_train import response_rows, tiny_policy
+from tests.test_progress import without_phases
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +54,7 @@ def test_an_incomplete_run_is_refused(unfinished, tmp_path, capsys, command):
     out, _ = unfinished
     argv = [part.format(out=out, tmp=tmp_path) for part in command]
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(without_phases(capsys.readouterr().err))
     assert len(err.splitlines()) == 1, err
     assert "not complete (2 of 3 shards written)" in err and "--allow-incomplete" in err
     assert not (tmp_path / "ckpt" / "final").exists() and not (out / "report.html").exists()
@@ -81,7 +82,7 @@ def test_a_manifest_of_another_shape_is_one_line_naming_it(tmp_path, capsys, com
     for text, problem in BAD_MANIFESTS:
         (out / "manifest.json").write_text(text)
         assert main([part.format(out=out, tmp=tmp_path) for part in command]) == 2
-        err = capsys.readouterr().err.strip()
+        err = "\n".join(without_phases(capsys.readouterr().err))
         assert err == f"tokencredit {command[0]}: error: {out / 'manifest.json'}: {problem}; restore it or annotate " \
                       "again into a new --out"
         assert (out / "manifest.json").read_text() == text
@@ -167,7 +168,7 @@ def test_a_second_writer_is_refused_while_the_first_lives(tmp_path, capsys):
     with pytest.raises(RunLockedError, match=f"process {os.getpid()} on"):
         RunWriter(str(out)).lock()
     assert main(["annotate", "--out", str(out), "--limit", "1", "--n", "2", "--runner", "none"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(without_phases(capsys.readouterr().err))
     assert len(err.splitlines()) == 1 and "is being written by process" in err
     first.unlock()
     RunWriter(str(out)).check_unlocked()

@@ -1,13 +1,14 @@
 """The documentation's figures: each rendered figure equals its bench/results row; a results table holds no number that
-no row produced; the README's results table is the renderer's; no issue numbers; the README stays short."""
+no row produced; the README's results table and every page rendered from a template are the renderer's, so that a page
+read in the repository shows no placeholder; no issue numbers; the README stays short."""
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import re
 from pathlib import Path
 
-import jinja2
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,13 +28,16 @@ def figures():
     return load_figures()
 
 
+def template_of(page: Path) -> Path | None:
+    template = DOCS / "templates" / f"{page.relative_to(DOCS)}.j2"
+    return template if template.is_file() else None
+
+
 def render(figures, page: Path) -> tuple[str, list[dict]]:
-    """The page as mkdocs-macros renders it (Jinja with the module's macros), and the figures it rendered."""
+    """The page as its template renders (the page as written where it has none), and the figures it rendered."""
     figures.RENDERED.clear()
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    for fn in figures.MACROS:
-        env.globals[fn.__name__] = fn
-    text = env.from_string(page.read_text()).render()
+    template = template_of(page)
+    text = page.read_text() if template is None else figures.render_template(template)
     return text, list(figures.RENDERED)
 
 
@@ -213,6 +217,27 @@ def test_the_figures_check_catches_a_figure_that_differs_from_its_row(figures):
                           f"{OPEN}0.448{CLOSE}] and 0.5 |"]) == ["0.5"]
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_a_page_read_in_the_repository_is_its_templates_rendering(figures, page):
+    """A reader of docs/*.md on a code host sees figures, never a placeholder; a page with a template is current."""
+    text = page.read_text()
+    assert "{{" not in text and "{%" not in text, f"{page.name}: a placeholder in a committed page: move it into " \
+                                                  f"docs/templates/{page.relative_to(DOCS)}.j2"
+    template = template_of(page)
+    if template is not None:
+        rendered = figures.render_template(template)
+        diff = "".join(difflib.unified_diff(text.splitlines(True), rendered.splitlines(True), "committed", "rendered",
+                                            n=1))
+        assert text == rendered, f"{page.relative_to(ROOT)} differs from {template.relative_to(ROOT)}'s rendering " \
+                                 f"(edit the template, then python docs/figures.py --pages):\n{diff[:3000]}"
+
+
+def test_every_template_renders_a_page_in_the_nav(figures):
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for template, page in figures.templated_pages():
+        assert f": {page.relative_to(DOCS)}\n" in nav, f"{template.name} renders {page}, which the site does not show"
+
+
 def test_the_readme_results_table_is_the_renderers(figures):
     text = (ROOT / "README.md").read_text()
     assert figures.readme_with_table(text) == text, "README.md's results table is stale: python docs/figures.py --readme"
@@ -227,7 +252,7 @@ def test_readme_is_short_and_no_page_names_an_issue_number():
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
 def test_every_page_starts_with_what_the_reader_can_do(page):
-    lines = [line for line in page.read_text().splitlines() if line.strip()]
+    lines = [line for line in page.read_text().splitlines() if line.strip() and not line.startswith("<!-- generated")]
     assert lines[0].startswith("# "), f"{page.name}: starts with its title"
     assert lines[1].startswith("After reading this page you"), f"{page.name}: the sentence after the title says " \
                                                                "what the reader can do after reading it"

@@ -14,6 +14,7 @@ import pytest
 
 from tokencredit.flows.cli import main
 from tokencredit.pipeline.dataset.export import export_verl
+from tests.test_progress import without_phases
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--runner", "none", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"]
@@ -51,7 +52,7 @@ def test_an_edited_prompt_file_is_refused_naming_it_and_restart_starts_a_fresh_r
 
     write_prompts(prompts, [title_record("a", "Write a title."), title_record("b", "Name a song.")])
     assert main(["annotate", "--out", str(out), "--prompts", str(prompts), *FAST]) == 2
-    error = capsys.readouterr().err.strip()
+    error = "\n".join(without_phases(capsys.readouterr().err))
     assert len(error.splitlines()) == 1 and str(prompts) in error and "changed" in error and "--restart" in error
     assert manifest(out) == first  # refused before anything was written
 
@@ -103,7 +104,7 @@ def test_a_changed_database_is_refused_naming_it(tmp_path, capsys):
         connection.execute("INSERT INTO items VALUES ('cap', 1)")
     connection.close()
     assert main(["annotate", "--out", str(out), "--prompts", str(prompts), *FAST]) == 2
-    error = capsys.readouterr().err.strip()
+    error = "\n".join(without_phases(capsys.readouterr().err))
     assert len(error.splitlines()) == 1 and str(db) in error and "--restart" in error
 
 

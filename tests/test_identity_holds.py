@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tokencredit.flows.cli import main
+from tests.test_progress import without_phases
 
 FAST = ["--runner", "none", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo"]
 
@@ -26,7 +27,7 @@ def write_prompts(path: Path, prompts: list[str]) -> Path:
 
 
 def error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(without_phases(capsys.readouterr().err))
     assert len(err.splitlines()) == 1, err
     return err
 

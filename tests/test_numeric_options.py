@@ -7,13 +7,14 @@ import pytest
 
 from tokencredit.flows.cli import CPU_THREADS_MAX, main
 from tokencredit.pipeline.config import AnnotateConfig
+from tests.test_progress import without_phases
 
 
 def refused(argv: list[str], capsys) -> str:
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(without_phases(capsys.readouterr().err))
     assert len(err.splitlines()) == 1, err
     return err
 
@@ -68,7 +69,7 @@ def test_a_tree_too_large_for_memory_is_refused_before_anything_is_written(tmp_p
     out = tmp_path / "run"
     assert main(["annotate", "--out", str(out), "--prompts", str(prompts), "--runner", "none", "--credit", "gdpo",
                  "--tree", "3000,3000", "--max-new-tokens", "64"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = "\n".join(without_phases(capsys.readouterr().err))
     assert len(err.splitlines()) == 1 and "--tree 3000,3000" in err and "GB" in err, err
     assert not (out / "manifest.json").exists()
     # the estimate grows with the leaves and the response length, and a small tree fits

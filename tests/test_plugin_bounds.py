@@ -23,6 +23,7 @@ from tokencredit.flows.cli import main
 from tokencredit.pipeline.annotate import verify_samples
 from tokencredit.schemas.records import PluginSpec, Sample, TaskRecord
 from tokencredit.verifiers import isolation, plugins
+from tests.test_progress import without_phases
 
 MB = 1_000_000
 
@@ -240,7 +241,7 @@ def test_an_import_that_exits_crashes_hangs_or_raises_is_one_line_naming_the_plu
     target.write_text(body + "def score(record, response):\n    yield 'short', 1.0, 'Be brief.'\n")
     assert main(["annotate", "--out", str(tmp_path / "run"), "--verifier", f"haiku={target}:score",
                  "--runner", "none"]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [
+    assert without_phases(capsys.readouterr().err) == [
         f"tokencredit annotate: error: verifier haiku={target}:score: importing it {how}"]
 
 

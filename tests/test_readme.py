@@ -107,3 +107,22 @@ def test_from_python(tmp_path, monkeypatch, capsys):
 def test_the_readme_install_command_is_the_one_ci_runs():
     (install,) = re.findall(r"```bash\n(pip install [^\n]*)\n```", README.read_text())
     assert install in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("page", [README, DOCS / "getting-started.md"])
+def test_the_test_command_names_skips_says_how_long_it_takes_and_offers_a_first_check(page):
+    """The command CI runs (.ci/run runs the README's), then its length and a fast subset whose marker exists."""
+    import tomllib
+
+    text = page.read_text()
+    (command,) = re.findall(r"<!-- not-runnable: the test command itself[^\n]*-->\n```bash\n(.*?)\n```", text, re.S)
+    assert command == "python -m pytest -q -rs"
+    after = text.split(f"{command}\n```\n", 1)[1].strip().split("\n\n", 1)[0]  # the paragraph after the block
+    assert re.search(r"takes about \d+ minutes on an idle 2-core", after), after
+    first = re.search(r'`(python -m pytest -q -rs -m "not slow" (tests/\S+\.py\s+)+)?tests/\S+\.py`', after.replace(
+        "\n", " "))
+    assert first, after
+    for path in re.findall(r"tests/\S+?\.py", first.group(0)):
+        assert (ROOT / path).is_file(), path
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(marker.startswith("slow:") for marker in markers)

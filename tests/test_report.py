@@ -177,3 +177,79 @@ def test_an_advantage_below_the_floor_is_white(run, tmp_path):
 
     assert alphas(0.01) == {"0.000"}
     assert "0.850" in alphas(0.0)  # without a floor the 1e-8 advantages would be drawn at full strength
+
+
+# --- what a reader looks for first, labels, one colour scale per reward (issue 51) -------------
+
+
+def test_the_report_opens_with_what_failed_where_and_folds_the_metadata(run, report):
+    _, text = report
+    body = text[text.index("<body>"):]
+    summary = body[body.index('<section id="failures">'):body.index("</section>")]
+    assert body.index('<section id="failures">') < body.index('<details class="run">') < body.index("<nav>")
+    folded = body[body.index('<details class="run">'):body.index("<nav>")]
+    assert "replays done / skipped" in folded and "code version" in folded and "dataset checksum" in folded
+    assert "replays done" not in summary and "gated" not in summary
+    con = connect(run)
+    failing = [r for r in analysis.reward_summary(con).to_pylist() if r["pass_rate"] < 1]
+    items = re.findall(r'<li><a href="#task-([^"]+)">[^<]+</a>: <b>([^<]+)</b> failed on (\d+) of (\d+) responses',
+                       summary)
+    assert sorted(items) == sorted((r["task"], html.escape(r["reward"]), str(round(r["responses"] * (1 - r["pass_rate"]))),
+                                    str(r["responses"])) for r in failing)
+    sql = [item[1] for item in items if item[0] == "sql"]  # most failures first
+    rates = {r["reward"]: r["pass_rate"] for r in failing if r["task"] == "sql"}
+    assert [rates[name] for name in sql] == sorted(rates[name] for name in sql)
+    assert re.search(r"the replay puts \d+% of its blame on the \w+ \(\d+% of the tokens\)", summary)
+
+
+def svg_labels(svg: str) -> tuple[int, list[tuple[float, str]]]:
+    """An SVG's width and its right-aligned labels (x, text)."""
+    width = int(re.match(r'<svg width="(\d+)"', svg).group(1))
+    return width, [(float(x), html.unescape(t)) for x, t in
+                   re.findall(r'<text x="([\d.]+)" y="[\d.]+" font-size="12" text-anchor="end">([^<]*)</text>', svg)]
+
+
+def test_a_long_reward_label_is_never_cut():
+    from tokencredit.pipeline.dataset.report import CHAR_W, share_bars_svg
+
+    long = "instructions/keyword_exclude_with_a_very_long_name [verifier]"
+    width, labels = svg_labels(share_bars_svg([("", [("format", 0.5, 0.3), (long, 0.2, 0.3)])]))
+    # a label ends at x (text-anchor end): it is whole when it starts right of 0 at the widest character
+    assert [text for _, text in labels] == ["format", long]
+    assert all(x - CHAR_W * len(text) >= 0 for x, text in labels)
+    assert width >= max(x for x, _ in labels) + 250
+    heading = "a heading longer than every label of its group, in its own words (24 replays)"
+    width, _ = svg_labels(share_bars_svg([(heading, [("format", 0.5, 0.3)])]))
+    assert width >= CHAR_W * len(heading)
+
+
+def strips(card: str) -> dict[str, list[str]]:
+    """Per reward row of a card, the shade alphas of its GDPO and MRTPO strips."""
+    rows = re.split(r'<div class="reward"><b>', card)[1:]
+    return {row[:row.index("</b>")]: re.findall(r'style="background:rgba\([\d,]+,([\d.]+)\)', row) for row in rows}
+
+
+def test_one_colour_scale_per_reward_across_cards_or_one_per_card(run, tmp_path):
+    con = connect(run)
+    ids = analysis.chosen_responses(con, 3)["sql"]
+    details = [analysis.response_detail(con, rid) for rid in ids]
+    text = write_report(run, tmp_path / "reward.html", ids=ids).read_text()
+    per_card = write_report(run, tmp_path / "card.html", ids=ids, scale="card").read_text()
+    names = details[0][0]["reward_names"]
+    for name in names:
+        largest = max(abs(v) for response, per_reward in details for k, cs in enumerate(per_reward)
+                      if response["reward_names"][k] == name for c in cs for v in (c["advantage"], c["reward_adv"]))
+        shown = set(re.findall(rf'<b>{re.escape(name)}</b>.*?scale ±([\d.]+)</span>', text))
+        assert shown == {f"{largest:.3f}"}  # the same scale on every card
+        # the strongest shade of the reward is drawn at full strength on one card only, the others lighter
+        full = [max(map(float, strips(card)[name])) for card in text.split('<div class="card" ')[1:]]
+        assert max(full) == 0.85
+    headings = re.findall(r"colour scale ±([\d.]+)</span></h3>", per_card)
+    assert len(headings) == len(ids) and "scale ±" not in "".join(re.findall(r'<div class="reward">.*?</div>',
+                                                                           per_card))
+    assert "one scale per reward" in text and "one scale per response" in per_card
+    assert main(["report", str(run), "--dest", str(tmp_path / "cli.html"), "--ids", ",".join(ids), "--scale",
+                 "card"]) == 0
+    assert (tmp_path / "cli.html").read_text() == per_card
+    with pytest.raises(ValueError, match="scale 'reward card': one of reward, card"):
+        write_report(run, tmp_path / "x.html", scale="reward card")

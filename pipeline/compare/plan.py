@@ -1,5 +1,6 @@
 """`compare --plan`: the seeds, held-out prompts and decodes a design needs for a target detectable difference,
-and what that costs, from a pilot's variance components and measured speeds.
+and what that costs, from a pilot's variance components and measured speeds, or from the ones the project ships
+(`--from-shipped`: bench/results' compare and engine rows, measured on a 2-core CPU).
 
 Detectable difference of S seeds x P prompts x D decodes: analysis.mde_for with the pilot's components (the
 largest over the differences planned for). Cost: every policy (arms x seeds + the start) decodes P x D responses
@@ -41,6 +42,55 @@ def measured_costs(pilot: Path) -> Costs:
                  train_seconds=float(np.mean(trained)) if trained else 0.0,
                  source=f"{pilot}: {len(scores)} scored policies ({tokens} tokens in {seconds:.0f} s), "
                         f"{len(trained)} trainings")
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "bench" / "results"  # the measured rows of a source checkout
+
+
+def shipped_file(name: str, results: Path = SHIPPED):
+    path = results / name
+    if not path.is_file():
+        raise ValueError(f"--from-shipped: {path} is missing (the shipped rows come with a source checkout)")
+    return json.loads(path.read_text())
+
+
+def shipped_response_costs(results: Path = SHIPPED) -> dict:
+    """SmolLM2's tokens per response at temperature 0.5 (closed_loop_pilot.json, batch 64) and the trainer's
+    measured seconds per trained response (train.json: one step of batch 2 x 2 accumulated, over its 4 responses)."""
+    pilot = next(r for r in shipped_file("closed_loop_pilot.json", results) if r["temperature"] == 0.5)
+    train = shipped_file("train.json", results)
+    return {"tokens_per_response": pilot["tokens"] / (pilot["prompts"] * pilot["n"]),
+            "ms_per_token": pilot["ms_per_token"],
+            "seconds_per_trained_response": train["smollm2"]["trainer_step_s"] / (train["batch_size"]
+                                                                                  * train["grad_accum"])}
+
+
+def shipped_costs(design, results: Path = SHIPPED) -> Costs:
+    """The design's costs from the shipped measurements of a 2-core CPU: decode tokens/s of its engine (engine.json:
+    the vLLM CPU engine in its default dtype for [policy] backend "vllm", else the transformers backend), SmolLM2's
+    tokens per response, and a training as the trainer's seconds per response x [training] steps x batch_size."""
+    if design.policy["device"] != "cpu":
+        raise ValueError(f"--from-shipped: the shipped speeds are a CPU's; design [policy] device "
+                         f"{design.policy['device']!r} needs --tokens-per-s (or a pilot folder)")
+    engine = shipped_file("engine.json", results)
+    name = f"vllm_{engine['vllm_default_dtype']}" if design.policy["backend"] == "vllm" else "transformers"
+    speed = engine["measurements"][f"sample_{name}"]["tokens_per_s"]
+    per = shipped_response_costs(results)
+    steps, batch = design.training["steps"], design.training["batch_size"]
+    return Costs(per["tokens_per_response"], speed, per["seconds_per_trained_response"] * steps * batch,
+                 f"shipped: engine.json ({name}, {engine['torch_threads']} threads), closed_loop_pilot.json, "
+                 f"train.json x {steps} steps x batch {batch}")
+
+
+def largest_rows(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    """Per (method, baseline), the row of the largest experiment (seeds x prompts x decodes): the best-measured
+    components where several designs compared the same arms."""
+    def size(r: dict) -> int:
+        return len(r["seeds"]) * r["prompts"] * len(r["decodes"])
+    out: dict = {}
+    for r in sorted(rows, key=size):
+        out[(r["method"], r["baseline"])] = r
+    return out
 
 
 SEED_BOUND = 0.8  # one-sided level of the seed component's upper bound in the cautious plan
@@ -129,32 +179,46 @@ def pilot_rows(pilot: Path, design_hash: str | None) -> list[dict]:
 
 
 def cli_plan(design, args) -> list[str]:
-    """`compare DESIGN --plan --pilot P`: the plan for the design's comparisons (its primary ones where it has
-    any) at its [targets] mde."""
-    if args.pilot is None:
-        raise ValueError("--plan needs --pilot (a compare folder or rows file with the pilot's components)")
+    """`compare DESIGN --plan --pilot P` (or `--from-shipped`): the plan for the design's comparisons (its primary
+    ones where it has any) at its [targets] mde."""
     if "mde" not in design.targets:
         raise ValueError(f"design {design.path} [targets] mde: required by --plan (the detectable difference to reach)")
-    pilot = Path(args.pilot)
-    rows = {(r["method"], r["baseline"]): r for r in pilot_rows(pilot, args.pilot_design)}
+    if args.from_shipped and args.pilot is not None:
+        raise ValueError("--plan: give --pilot or --from-shipped, not both")
+    if args.from_shipped:
+        pilot = SHIPPED / "compare_details.json"
+        shipped_file(pilot.name)
+        rows = largest_rows(pilot_rows(pilot, args.pilot_design))
+        measured = shipped_costs(design)
+    elif args.pilot is None:
+        raise ValueError("--plan needs --pilot (a compare folder or rows file with the pilot's components) or "
+                         "--from-shipped (the project's measured rows)")
+    else:
+        pilot = Path(args.pilot)
+        rows = {(r["method"], r["baseline"]): r for r in pilot_rows(pilot, args.pilot_design)}
+        measured = measured_costs(pilot) if pilot.is_dir() else None
     wanted = design.primary or design.comparisons
     missing = [f"{m} - {b}" for m, b in wanted if (m, b) not in rows]
     if missing:
-        raise ValueError(f"--pilot {pilot} has no row for {', '.join(missing)} (its rows: "
+        raise ValueError(f"{pilot} has no row for {', '.join(missing)} (its rows: "
                          f"{', '.join(f'{m} - {b}' for m, b in rows) or 'none'})")
-    folder = measured_costs(pilot) if pilot.is_dir() else None
-    tokens_per_s = args.tokens_per_s or design.targets.get("engine_tokens_per_s") or (folder and folder.tokens_per_s)
-    per_response = args.tokens_per_response or (folder and folder.tokens_per_response)
-    train_seconds = args.train_seconds if args.train_seconds is not None else (folder and folder.train_seconds)
+    tokens_per_s = (args.tokens_per_s or design.targets.get("engine_tokens_per_s")
+                    or (measured and measured.tokens_per_s))
+    per_response = args.tokens_per_response or (measured and measured.tokens_per_response)
+    train_seconds = args.train_seconds if args.train_seconds is not None else (measured and measured.train_seconds)
     if not tokens_per_s or not per_response or train_seconds is None:
         raise ValueError("--plan: the engine's measured speed is unknown; give --tokens-per-s, "
-                         "--tokens-per-response and --train-seconds (or a pilot compare folder)")
-    source = folder.source if folder else "given on the command line"
+                         "--tokens-per-response and --train-seconds (or a pilot compare folder, or --from-shipped)")
+    source = measured.source if measured else "given on the command line"
     costs = Costs(float(per_response), float(tokens_per_s), float(train_seconds), source)
     components = [rows[p] if args.var_decode is None or rows[p].get("var_decode") is not None
                   else {**rows[p], "var_decode": args.var_decode} for p in wanted]
     target = float(design.targets["mde"])
     lines = plan_lines(plan(components, target, len(design.arms), costs, max_prompts=args.max_prompts))
+    if args.from_shipped:  # which shipped experiment each component comes from
+        lines[1:1] = ["components: " + ", ".join(
+            f"{c['method']} - {c['baseline']} from {c.get('design', c['design_hash'][:8])} ({len(c['seeds'])} seeds "
+            f"x {c['prompts']} prompts x {len(c['decodes'])} decodes)" for c in components)]
     fixed = {"prompts": design.prompts["heldout_limit"], "decodes": len(design.decodes)}
     if fixed["prompts"]:  # the seeds this design needs at its own prompts and decodes
         lines += [f"at this design's {fixed['prompts']} held-out prompts x {fixed['decodes']} decodes:"]

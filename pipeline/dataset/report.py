@@ -2,10 +2,12 @@
 
 One file, no network: inline CSS, inline SVG charts, and a few lines of inline JS (token
 cross-highlighting; it sets `data-ok` on <body> once it ran, which the headless-browser test
-checks). Per task it shows the reward distributions, where the replay distance falls (the MRTPO
-paper's Figure 6) and a few responses shaded token by token by each reward's advantage under GDPO
-and MRTPO (its Figures 1 and 2). Each response shown is anchored at its row id, so
-`report.html#<response_id>` opens it (`responses.response_id`). Every text from the run is HTML-escaped.
+checks). It opens with what failed: per task, the rewards that failed on some responses, in plain words, and
+where in a response the replay puts their blame; the run's metadata is folded below. Per task it shows the reward
+distributions, where the replay distance falls (the MRTPO paper's Figure 6, labels never cut) and a few responses
+shaded token by token by each reward's advantage under GDPO and MRTPO (its Figures 1 and 2), on one colour scale
+per reward across the task's cards (`scale="card"`: one per card). Each response shown is anchored at its row id,
+so `report.html#<response_id>` opens it (`responses.response_id`). Every text from the run is HTML-escaped.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ pre { white-space: pre-wrap; max-height: 320px; }
 details.prompt, details.siblings { margin: 6px 0; } summary { cursor: pointer; color: #1d4ed8; font-size: 12px; }
 .sibling { border-top: 1px dashed #e5e7eb; padding: 6px 0; }
 .legend { display: flex; align-items: center; gap: 10px; margin: 12px 0; font-size: 12px; flex-wrap: wrap; }
+.failed li { margin: 3px 0; } details.run { margin: 10px 0; }
 .legend .ramp { display: inline-block; width: 220px; height: 14px; border: 1px solid #d1d5db; }
 """
 
@@ -86,10 +89,20 @@ def histogram_svg(counts: list[int], width: int = 150, height: int = 36) -> str:
             f'<text x="{width}" y="{height - 1}" font-size="10" text-anchor="end">1</text></svg>')
 
 
-def share_bars_svg(groups: list[tuple[str, list[tuple[str, float, float]]]], width: int = 520) -> str:
+CHAR_W = 7.5  # px: an upper bound on a 12 px sans-serif character's width, so that no label is cut
+
+
+def text_width(text: str) -> float:
+    return CHAR_W * len(text)
+
+
+def share_bars_svg(groups: list[tuple[str, list[tuple[str, float, float]]]], bar_w: int = 250) -> str:
     """Horizontal bars of shares in [0, 1]: per group a heading, per item (label, share, baseline)
-    a blue bar with the baseline as a gray tick."""
-    label_w, bar_w, line = 150, width - 150 - 120, 18
+    a blue bar with the baseline as a gray tick. The labels' margin is the longest label's width (px)."""
+    labels = [label for _, items in groups for label, _, _ in items]
+    label_w = round(max(map(text_width, labels), default=0)) + 12
+    width = max([label_w + bar_w + 130, *(round(text_width(heading)) + 4 for heading, _ in groups)])
+    line = 18
     parts, y = [], 4
     for heading, items in groups:
         if heading:
@@ -144,22 +157,44 @@ def colour_scale(values: list[float], floor: float) -> float:
     return max([abs(v) for v in values] + [floor])
 
 
-def legend(floor: float) -> str:
+SCALES = ("reward", "card")  # write_report's `scale`: one per reward across a task's cards, or one per card
+
+
+def legend(floor: float, scale: str = "reward") -> str:
     gradient = f"linear-gradient(to right, rgba({RED},0.85), rgba({RED},0) 50%, rgba({GREEN},0) 50%, rgba({GREEN},0.85))"
+    which = ("Each reward has one colour scale across its task's responses, its largest |advantage| there (shown "
+             "beside it), so that a shade is the same advantage on every card" if scale == "reward" else
+             "Each response has one colour scale, its largest |advantage| (shown in its heading)")
     return (f'<div class="legend"><span>−scale: debited</span><span class="ramp" style="background:{gradient}">'
-            f'</span><span>+scale: credited</span><span class="label">Each response has one colour scale, its '
-            f'largest |advantage| (shown in its heading); |A| &lt; {floor:g} is white.</span></div>')
+            f'</span><span>+scale: credited</span><span class="label">{which}; |A| &lt; {floor:g} is white.'
+            f'</span></div>')
+
+
+def reward_scales(details: list[tuple[dict, list[list[dict]]]], floor: float) -> dict[str, float]:
+    """The colour scales shared by the cards of `details` ((response, per_reward) pairs): per reward name its
+    largest |advantage| (GDPO's and MRTPO's) over every card, 'total' over the totals, 'p2t' over P2T's."""
+    values: dict[str, list[float]] = {"total": [], "p2t": []}
+    for response, per_reward in details:
+        for k, cs in enumerate(per_reward):
+            values.setdefault(response["reward_names"][k], []).extend(
+                [c["advantage"] or 0 for c in cs] + [c["reward_adv"] or 0 for c in cs])
+        values["total"] += (response["adv_mrtpo"] or []) + [response["adv_gdpo"] or 0.0]
+        values["p2t"] += response["adv_p2t"] or []
+    return {name: colour_scale(vs, floor) for name, vs in values.items()}
 
 
 _SOURCE_NOTES = {"verifier": "located by the verifier's spans", "replay": "located by the replay",
                  "uniform": "not located (uniform)"}
 
 
-def _reward_label(name: str, score: float, adv: float, feedback: str, source: str | None) -> str:
-    """`source`: where the reward's relevance came from (credits.relevance_source); None: a run without it."""
+def _reward_label(name: str, score: float, adv: float, feedback: str, source: str | None,
+                  scale: float | None = None) -> str:
+    """`source`: where the reward's relevance came from (credits.relevance_source); None: a run without it.
+    `scale`: the reward's colour scale, where it is shared across cards."""
     note = f' · <span class="label">{_SOURCE_NOTES.get(source, escape(str(source)))}</span>' if source else ""
+    shared = f' · <span class="label scale">scale ±{scale:.3f}</span>' if scale is not None else ""
     return (f'<div class="reward"><b>{escape(name)}</b> <span class="chip">score {score:g}</span> '
-            f'A = {adv:+.3f}{note}<div class="feedback">{escape(feedback or "")}</div></div>')
+            f'A = {adv:+.3f}{note}{shared}<div class="feedback">{escape(feedback or "")}</div></div>')
 
 
 def response_link(response_id: str) -> str:
@@ -172,10 +207,12 @@ def anchor(response_id: str) -> str:
 
 
 def response_card(response: dict, per_reward: list[list[dict]], floor: float = FLOOR,
-                  siblings: list[tuple[dict, list[list[dict]]]] = (), anchored_siblings: Container[str] = ()) -> str:
+                  siblings: list[tuple[dict, list[list[dict]]]] = (), anchored_siblings: Container[str] = (),
+                  scales: dict[str, float] | None = None) -> str:
     """One response, anchored at its row id: its prompt, then per reward its score and feedback beside
     that reward's token advantages, GDPO (uniform) and MRTPO side by side; the prompt group's other
-    responses on demand (those in `anchored_siblings` carry their anchor here)."""
+    responses on demand (those in `anchored_siblings` carry their anchor here). `scales`: the colour scale of
+    each reward, 'total' and 'p2t' (`reward_scales`), shared with other cards; None: one scale for this card."""
     rows = [(k, cs) for k, cs in enumerate(per_reward) if cs]
     rid = response["response_id"]
     if not rows:
@@ -184,32 +221,39 @@ def response_card(response: dict, per_reward: list[list[dict]], floor: float = F
     T = len(rows[0][1])
     adv_mrtpo = response["adv_mrtpo"] or []
     total = response["adv_gdpo"] or 0.0
-    scale = colour_scale([c["advantage"] or 0 for _, cs in rows for c in cs]
-                         + [c["reward_adv"] or 0 for _, cs in rows for c in cs] + adv_mrtpo + [total], floor)
+    card = colour_scale([c["advantage"] or 0 for _, cs in rows for c in cs]
+                        + [c["reward_adv"] or 0 for _, cs in rows for c in cs] + adv_mrtpo + [total], floor)
+    shared = scales is not None
+    scales = scales or {}
     grid = []
     for k, cs in rows:
         adv_k = cs[0]["reward_adv"] or 0.0
+        scale = scales.get(response["reward_names"][k], card)
         tips = [f'#{c["position"]} {text!r} · part {c["part"]} · d {_num(c["distance"], 4)} · '
                 f'w {_num(c["weight"], 2)} · A {_num(c["advantage"])}' for c, text in zip(cs, texts)]
         grid += [_reward_label(response["reward_names"][k], response["rewards"][k], adv_k,
-                               (response["feedback"] or [""] * len(per_reward))[k], _source(cs[0])),
+                               (response["feedback"] or [""] * len(per_reward))[k], _source(cs[0]),
+                               scale if shared else None),
                  token_strip(texts, [adv_k] * T, tips, scale, floor),
                  token_strip(texts, [c["advantage"] or 0.0 for c in cs], tips, scale, floor)]
+    scale = scales.get("total", card)
     mrtpo_total = (token_strip(texts, adv_mrtpo, [f"#{t} A_mrtpo {a:.3f}" for t, a in enumerate(adv_mrtpo)],
                                scale, floor) if len(adv_mrtpo) == T
                    else '<div class="label">MRTPO was not computed for this response.</div>')
-    grid += [f'<div class="reward"><b>total</b> A_gdpo = {total:+.3f}</div>',
+    total_scale = f' · <span class="label scale">scale ±{scale:.3f}</span>' if shared else ""
+    grid += [f'<div class="reward"><b>total</b> A_gdpo = {total:+.3f}{total_scale}</div>',
              token_strip(texts, [total] * T, [f"A_gdpo {total:.3f}"] * T, scale, floor), mrtpo_total]
     p2t = ""
     adv_p2t = response["adv_p2t"]
     if adv_p2t and len(adv_p2t) == T:
-        p2t_scale = colour_scale(adv_p2t, floor)
-        p2t = (f'<div class="row"><div class="label">P2T token advantage (own scale, max |A| {p2t_scale:.3f})</div>'
+        p2t_scale = scales.get("p2t", colour_scale(adv_p2t, floor))
+        whose = "P2T's scale across the task's cards" if shared else "own scale"
+        p2t = (f'<div class="row"><div class="label">P2T token advantage ({whose}, max |A| {p2t_scale:.3f})</div>'
                + token_strip(texts, adv_p2t, [f"#{t} A_p2t {a:.3f}" for t, a in enumerate(adv_p2t)], p2t_scale, floor)
                + "</div>")
     return (f'<div class="card" {anchor(rid)}><h3>{response_link(rid)} '
-            f'<span class="label">prompt {escape(response["group_id"])} · {T} tokens · '
-            f'colour scale ±{scale:.3f}</span></h3>'
+            f'<span class="label">prompt {escape(response["group_id"])} · {T} tokens'
+            f'{"" if shared else f" · colour scale ±{card:.3f}"}</span></h3>'
             f'<details class="prompt"><summary>prompt</summary><pre>{escape(response["prompt"] or "")}</pre></details>'
             f'<div class="grid"><div class="head">reward, score and feedback</div>'
             f'<div class="head">GDPO: the reward\'s advantage on every token</div>'
@@ -276,8 +320,39 @@ def header(manifest: dict[str, Any], counts: dict[str, int]) -> str:
     note = "" if counts["replayed_rows"] else (
         '<p class="note">MRTPO was not computed in this run (no replay distances): the shares of '
         'Figure 6 are not available and MRTPO advantages equal GDPO\'s.</p>')
-    return (f'<h1>tokencredit credit report: {escape(str(manifest.get("run_id", "")))}</h1>'
-            f'<table>{table}</table><details><summary>config</summary><pre>{config}</pre></details>{note}')
+    return (f'{note}<details class="run"><summary>about this run: {counts["responses"]} responses to '
+            f'{counts["prompts"]} prompts, its versions, counts and config</summary><table>{table}</table>'
+            f'<details><summary>config</summary><pre>{config}</pre></details></details>')
+
+
+def failures(tasks: list[str], data: dict[str, Any]) -> str:
+    """What a reader looks for first: per task, the rewards that failed on some responses, most failures first,
+    in plain words, with the part of a response where most of the reward's replay distance falls; then the
+    rewards that passed on every response."""
+    where = {}
+    for r in data["parts"]:
+        key = (r["task"], _by(r))
+        if key not in where or r["distance_share"] > where[key]["distance_share"]:
+            where[key] = r
+    items, passed = [], []
+    for task in tasks:
+        rows = [r for r in data["summary"] if r["task"] == task and r["pass_rate"] is not None]
+        for r in sorted(rows, key=lambda r: (r["pass_rate"], r["reward"])):
+            failed = round(r["responses"] * (1 - r["pass_rate"]))
+            if not failed:
+                passed.append(f'{escape(r["reward"])} ({escape(task)})')
+                continue
+            part = where.get((task, r["reward"]))
+            blamed = (f'; the replay puts {part["distance_share"]:.0%} of its blame on the {escape(part["part"])} '
+                      f'({part["token_share"]:.0%} of the tokens)' if part and part["token_share"] < 1 else "")
+            items.append(f'<li><a href="#task-{escape(task)}">{escape(task)}</a>: <b>{escape(r["reward"])}</b> '
+                         f'failed on {failed} of {r["responses"]} responses ({1 - r["pass_rate"]:.0%}){blamed}</li>')
+    failed_list = f'<ul class="failed">{"".join(items)}</ul>' if items else "<p>No reward failed on any response.</p>"
+    all_passed = f'<p>Passed on every response: {", ".join(passed)}.</p>' if passed else ""
+    return (f'<section id="failures"><h2>What failed, and where</h2>{failed_list}{all_passed}'
+            '<p class="label">A reward fails on a response when its score is below 1. Below, per task: the '
+            'score distributions, where the replay distance falls, and responses shaded token by token.</p>'
+            '</section>')
 
 
 def reward_table(summary: list[dict], hist: dict[tuple[str, str], list[int]]) -> str:
@@ -313,14 +388,16 @@ def _by(row: dict) -> str:
 
 
 def task_section(task: str, con: duckdb.DuckDBPyConnection, data: dict[str, Any], chosen: list[str],
-                 floor: float) -> str:
+                 floor: float, scale: str = "reward") -> str:
     def of_task(rows: list[dict]) -> list[dict]:
         return [r for r in rows if r["task"] == task]
 
+    details = [analysis.response_detail(con, rid) for rid in chosen]
+    scales = reward_scales(details, floor) if scale == "reward" else None
     cards, anchored = [], set(chosen)  # an id anchors once: at its card, else at its first listing as a sibling
-    for rid in chosen:
+    for rid, detail in zip(chosen, details):
         others = analysis.siblings(con, rid)
-        cards.append(response_card(*analysis.response_detail(con, rid), floor=floor,
+        cards.append(response_card(*detail, floor=floor, scales=scales,
                                    siblings=[analysis.response_detail(con, other) for other in others],
                                    anchored_siblings={o for o in others if o not in anchored}))
         anchored.update(others)
@@ -328,38 +405,45 @@ def task_section(task: str, con: duckdb.DuckDBPyConnection, data: dict[str, Any]
             f'{reward_table(of_task(data["summary"]), data["hist"])}'
             f'<h3>Where the replay distance falls</h3>{share_figures(of_task(data["top"]), of_task(data["parts"]))}'
             f'<h3>Responses</h3><p class="label">Token shading: green positive, red negative advantage, '
-            f'intensity by magnitude on one scale per response; hover a token for its distance d, weight w '
+            f'intensity by magnitude on {"one scale per reward" if scale == "reward" else "one scale per response"}'
+            f'; hover a token for its distance d, weight w '
             f'and advantage A.</p>{"".join(cards) or "<p>No credited responses.</p>"}</section>')
 
 
 def render(con: duckdb.DuckDBPyConnection, manifest: dict[str, Any], responses_per_task: int = 2,
-           ids: list[str] | None = None, floor: float = FLOOR) -> str:
+           ids: list[str] | None = None, floor: float = FLOOR, scale: str = "reward") -> str:
     """The report's HTML for a connection from `connect(out)` and the run's manifest: the responses
-    `ids` (by task), else `responses_per_task` chosen ones per task."""
+    `ids` (by task), else `responses_per_task` chosen ones per task; `scale`: one of SCALES."""
     data = {"summary": analysis.reward_summary(con).to_pylist(), "hist": analysis.score_histograms(con),
             "top": analysis.top_share(con).to_pylist(), "parts": analysis.part_share(con).to_pylist()}
     counts = analysis.rows(con, analysis.COUNTS_SQL)[0]
     chosen = analysis.responses_by_task(con, ids) if ids else analysis.chosen_responses(con, responses_per_task)
     tasks = sorted({r["task"] for r in analysis.rows(con, "SELECT DISTINCT task FROM responses")})
     nav = "".join(f'<a href="#task-{escape(t)}">{escape(t)}</a>' for t in tasks)
-    sections = "".join(task_section(t, con, data, chosen.get(t, []), floor) for t in tasks)
+    sections = "".join(task_section(t, con, data, chosen.get(t, []), floor, scale) for t in tasks)
     title = escape(f'tokencredit report: {manifest.get("run_id", "")}')
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            f'<style>{CSS}</style></head><body>{header(manifest, counts)}<nav>{nav}</nav>{legend(floor)}'
+            f'<style>{CSS}</style></head><body><h1>tokencredit credit report: '
+            f'{escape(str(manifest.get("run_id", "")))}</h1>{failures(tasks, data)}{header(manifest, counts)}'
+            f'<nav>{nav}</nav>{legend(floor, scale)}'
             f'{sections}<script>{JS}</script></body></html>')
 
 
 def write_report(out: str | Path, dest: str | Path | None = None, responses_per_task: int = 2,
-                 ids: list[str] | None = None, floor: float = FLOOR, allow_incomplete: bool = False) -> Path:
+                 ids: list[str] | None = None, floor: float = FLOOR, allow_incomplete: bool = False,
+                 scale: str = "reward") -> Path:
     """Write the HTML report of run directory `out` to `dest` (default OUT/report.html).
 
     ids: show these responses token by token (ValueError naming one that is not in the run);
-    default: `responses_per_task` chosen per task. floor: |advantage| below it is drawn white.
+    default: `responses_per_task` chosen per task. floor: |advantage| below it is drawn white. scale: 'reward'
+    (one colour scale per reward across a task's cards) or 'card' (one per card).
     """
+    if scale not in SCALES:
+        raise ValueError(f"scale {scale!r}: one of {', '.join(SCALES)}")
     out = str(out)
     con = connect(out, allow_incomplete=allow_incomplete)
     run = run_files(out, allow_incomplete=True)
-    html = render(con, run.manifest, responses_per_task, ids, floor)
+    html = render(con, run.manifest, responses_per_task, ids, floor, scale)
     dest_fs, path = (run.fs, f"{run.root}/report.html") if dest is None else filesystem(str(dest))
     with dest_fs.open_output_stream(path) as stream:
         stream.write(html.encode())

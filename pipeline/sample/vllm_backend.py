@@ -20,15 +20,19 @@ transformers backend.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Sequence
 
 from tokencredit.schemas.records import Sample, TaskRecord
 
 from tokencredit.pipeline.config import SamplingConfig
+from tokencredit.pipeline.progress import Phase
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer, model_name, resolve_model_path
 from tokencredit.pipeline.sample.choice import vllm_platform
 from tokencredit.pipeline.sample.detokenize import StopChecker
+from tokencredit.pipeline.sample.engine_output import (CHUNKED_PREFILL_NOTE, EngineError, EngineProgress,
+                                                       engine_start, load_options, quiet_import, verbose)
 from tokencredit.pipeline.sample.rows import build_sample, check_records, render_prompt, row_seed
 
 DEVICES = ("cpu", "cuda")
@@ -178,7 +182,8 @@ class VllmSampler:
         if max_lora_rank:
             options.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
         self.adapter = None  # the LoRA request every generate call applies (`use_adapter`)
-        vllm = import_vllm()
+        with quiet_import():
+            vllm = import_vllm()
 
         self.vllm, self.lock = vllm, threading.Lock()  # one engine, shards on threads take turns
         import torch
@@ -186,12 +191,15 @@ class VllmSampler:
         set_threads, before = torch.set_num_threads, torch.get_num_threads()
         if before_start is not None:
             before_start()
+        if verbose() and options.get("enable_chunked_prefill") is False:
+            print(CHUNKED_PREFILL_NOTE, file=sys.stderr, flush=True)
         try:
-            self.llm = vllm.LLM(model=str(folder), tokenizer=str(folder), trust_remote_code=trust_remote_code,
-                                **options)
+            with Phase(f"starting the vllm engine ({self.name} on {kind}, {self.dtype})"), engine_start() as held:
+                self.llm = vllm.LLM(model=str(folder), tokenizer=str(folder), trust_remote_code=trust_remote_code,
+                                    **options, **load_options())
         except Exception as error:  # noqa: BLE001 - vLLM raises many kinds; the user needs its one line
-            raise RuntimeError(f"the vllm engine could not load {folder} on {kind}: {type(error).__name__}: "
-                               f"{reason(error)}") from error
+            raise EngineError(f"the vllm engine could not load {folder} on {kind}: {type(error).__name__}: "
+                              f"{reason(error)}", held) from error
         finally:
             # the in-process CPU engine sets torch to 1 thread and replaces torch.set_num_threads with a no-op;
             # the replay and reward model that run in this process keep the threads they had
@@ -240,8 +248,10 @@ class VllmSampler:
             if self.llm is None:
                 raise RuntimeError(f"the vllm engine of {self.name} was stopped (another engine started in this "
                                    "process, or release_sampler); make_sampler starts it again")
-            outputs = self.llm.generate([{"prompt_token_ids": [*prompts[i], *prefixes[i]]} for i in todo], params,
-                                        use_tqdm=self.progress, lora_request=self.adapter) if todo else []
+            with EngineProgress.opened() as bar:  # tokencredit's `sampling:` line, not vLLM's bar
+                outputs = self.llm.generate([{"prompt_token_ids": [*prompts[i], *prefixes[i]]} for i in todo],
+                                            params, use_tqdm=bar if self.progress else False,
+                                            lora_request=self.adapter) if todo else []
         tokens, logprobs = [[] for _ in prompts], [[] for _ in prompts]
         for i, output in zip(todo, outputs):
             completion = output.outputs[0]

@@ -41,6 +41,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ import transformers
 from torch import Tensor
 
 from tokencredit.pipeline import interrupts
+from tokencredit.pipeline.progress import Phase
 from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
 from tokencredit.pipeline.models.loading import load_policy
 from tokencredit.pipeline.dataset.derived import run_identity
@@ -371,6 +373,20 @@ class MetricsCSV(transformers.TrainerCallback):
         write_config(self.config, self.out / f"checkpoint-{state.global_step}")
 
 
+class StepLines(transformers.TrainerCallback):
+    """Each optimizer step's figures as a line of their own on stderr ('train: step 3/10, loss 0.123, ...'), in place
+    of Trainer's bar and its printed dictionaries; `phase` hears of each line (its heartbeat waits 5 s from it)."""
+
+    def __init__(self, phase: Phase):
+        self.phase = phase
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "tokens" in logs:
+            figures = ", ".join(f"{k.replace('_', ' ')} {logs[k]:.4g}" for k in METRICS[1:])
+            print(f"train: step {state.global_step}/{state.max_steps}, {figures}", file=sys.stderr, flush=True)
+            self.phase.mark()
+
+
 # --- model, checkpoints, metrics --------------------------------------------------------------------
 
 
@@ -508,32 +524,37 @@ def training_arguments(config: TrainConfig) -> transformers.TrainingArguments:
         gradient_accumulation_steps=config.grad_accum, learning_rate=config.lr, lr_scheduler_type="constant",
         warmup_steps=0, max_grad_norm=0.0, logging_steps=1, save_strategy="steps", save_steps=config.save_every,
         save_total_limit=config.save_total_limit, seed=config.seed, remove_unused_columns=False,
-        use_cpu=config.device == "cpu", dataloader_pin_memory=False, report_to=config.report_to)
+        use_cpu=config.device == "cpu", dataloader_pin_memory=False, report_to=config.report_to,
+        disable_tqdm=True)  # StepLines prints each step
 
 
 def train(config: TrainConfig, callbacks: Sequence[transformers.TrainerCallback] = ()) -> Path:
     """Train (or resume training) from config.data; returns the final checkpoint folder out/final.
     `callbacks` are extra TrainerCallbacks (progress, timing, ...)."""
-    examples = load_examples(config.data, config.advantage, config.objective, config.allow_incomplete)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)  # only once the data is usable: a refusal leaves no folder
-    torch.manual_seed(config.seed)  # LoRA init; a resume then restores the saved RNG state
-    checkpoint = latest_checkpoint(out)
-    sampled_with = run_model(config.data, config.allow_incomplete)
-    if config.model is None:
-        config.model = sampled_with
-    start = check_resumable(checkpoint, config) if checkpoint else 0
-    model, tokenizer = load_model(config, checkpoint)
-    check_vocabulary(examples, config, sampled_with, model, tokenizer)
-    reference = reference_policy(config, model) if config.kl_coef else None
-    reset_metrics(out / "metrics.csv", start)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    trainer = CreditTrainer(model=model, args=training_arguments(config), train_dataset=examples,
-                            data_collator=lambda batch: collate(batch, pad_id), processing_class=tokenizer,
-                            callbacks=[MetricsCSV(out, config), *callbacks], config=config, reference=reference)
+    with Phase(f"train: reading {config.data} and loading the policy"):
+        examples = load_examples(config.data, config.advantage, config.objective, config.allow_incomplete)
+        out = Path(config.out)
+        out.mkdir(parents=True, exist_ok=True)  # only once the data is usable: a refusal leaves no folder
+        torch.manual_seed(config.seed)  # LoRA init; a resume then restores the saved RNG state
+        checkpoint = latest_checkpoint(out)
+        sampled_with = run_model(config.data, config.allow_incomplete)
+        if config.model is None:
+            config.model = sampled_with
+        start = check_resumable(checkpoint, config) if checkpoint else 0
+        model, tokenizer = load_model(config, checkpoint)
+        check_vocabulary(examples, config, sampled_with, model, tokenizer)
+        reference = reference_policy(config, model) if config.kl_coef else None
+        reset_metrics(out / "metrics.csv", start)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if checkpoint:
         print(f"resuming from {checkpoint} (step {start} of {config.steps})")
     if start < config.steps:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        with Phase(f"train: steps {start + 1} to {config.steps}") as phase:
+            trainer = CreditTrainer(model=model, args=training_arguments(config), train_dataset=examples,
+                                    data_collator=lambda batch: collate(batch, pad_id), processing_class=tokenizer,
+                                    callbacks=[MetricsCSV(out, config), StepLines(phase), *callbacks], config=config,
+                                    reference=reference)
+            trainer.remove_callback(transformers.PrinterCallback)  # its dictionaries: StepLines says the same
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     plot_metrics(out / "metrics.csv", out / "metrics.png")
     return save_final(model, tokenizer, config, out / "final")

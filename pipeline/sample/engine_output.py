@@ -1,0 +1,138 @@
+"""What the vLLM engine prints: nothing of its own unless the run is verbose (`--verbose`, which sets
+TOKENCREDIT_VERBOSE=1 for the process and the workers it starts), so that a run's log is tokencredit's lines.
+
+Quiet, the engine's INFO and WARNING lines are dropped (VLLM_LOGGING_LEVEL=ERROR unless the user set it), and
+so are the Python warnings its import and start raise; its progress bars are replaced by tokencredit's own
+`sampling:` progress (the transformers backend's line) or left off (loading its weights), and an error the engine
+logs while it starts is held and printed after tokencredit's one-line message (EngineError's details). Verbose,
+the engine logs as it likes (on stderr), and the warning it prints about chunked prefill, which tokencredit turns
+off on CPU on purpose, is explained in a line of its own first (CHUNKED_PREFILL_NOTE).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import warnings
+from contextlib import contextmanager
+
+from tokencredit.pipeline.progress import Progress
+
+VERBOSE_ENV = "TOKENCREDIT_VERBOSE"
+CHUNKED_PREFILL_NOTE = ("tokencredit: chunked prefill is off on purpose (with per-request seeds the CPU engine fails "
+                        "once a call's prompt tokens pass its batch limit); vLLM's warning that it may crash or "
+                        "produce incorrect outputs refers to that setting")
+
+
+class EngineError(RuntimeError):
+    """The engine did not start: the message is tokencredit's one line; `details` the engine's own error lines,
+    printed after it."""
+
+    def __init__(self, message: str, details: list[str]):
+        super().__init__(message)
+        self.details = details
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@contextmanager
+def quiet_import():
+    """Around `import vllm` (its logging is configured at import): its INFO and WARNING lines and the Python
+    warnings it raises off unless verbose. Its log goes to stderr, with tokencredit's lines (vLLM's default is
+    stdout, which holds a command's result)."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if verbose():
+        yield
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])  # an engine imported before, too
+
+
+def load_options() -> dict:
+    """The engine's keyword arguments for its own output: no bar while it loads its weights unless verbose."""
+    return {} if verbose() else {"use_tqdm_on_load": False}
+
+
+class _Held(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextmanager
+def engine_start():
+    """Around the engine's start: quiet, its error lines are held (yields the list), so that tokencredit's
+    message comes first, and its Python warnings dropped; verbose, nothing is held."""
+    logger = logging.getLogger("vllm")
+    if verbose():
+        yield []
+        return
+    held, handlers = _Held(), logger.handlers[:]
+    logger.handlers = [held]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield held.lines
+    finally:
+        logger.handlers = handlers
+
+
+# vLLM's bar postfix: "est. speed input: 12.00 toks/s, output: 345.67 toks/s"
+_OUTPUT_SPEED = re.compile(r"output: ([0-9.]+) toks/s")
+
+
+class EngineProgress:
+    """The tqdm stand-in that `LLM.generate(use_tqdm=EngineProgress)` drives: tokencredit's `sampling:` Progress
+    (a bar on a terminal, a line every 5 s otherwise, with tokens/s) instead of vLLM's bar. vLLM also wraps its
+    prompt iterator in it ('Rendering prompts', fast): that pass is silent. vLLM tells its bar only its output
+    speed (`postfix`), so the tokens are that speed times the elapsed time."""
+
+    def __init__(self, iterable=None, *, total: int | None = None, desc: str = "", postfix: str = "", **_):
+        self.iterable, self.postfix, self.n = iterable, postfix, 0
+        self.start = time.monotonic()
+        self.progress = None if iterable is not None else Progress("sampling", total=total, unit="response")
+
+    @staticmethod
+    @contextmanager
+    def opened():
+        """Yields the `use_tqdm` callable for one generate call; every bar it made is closed after the call, also
+        when the call raises (vLLM closes its bar only when it returns): no heartbeat outlives its call."""
+        made: list[EngineProgress] = []
+
+        def make(*args, **kwargs) -> EngineProgress:
+            made.append(EngineProgress(*args, **kwargs))
+            return made[-1]
+        try:
+            yield make
+        finally:
+            for bar in made:
+                bar.close()
+
+    def __iter__(self):
+        return iter(self.iterable)
+
+    @property
+    def format_dict(self) -> dict:
+        return {"elapsed": max(time.monotonic() - self.start, 1e-9)}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        match = _OUTPUT_SPEED.search(self.postfix or "")
+        tokens = round(float(match.group(1)) * self.format_dict["elapsed"]) if match else self.progress.tokens
+        self.progress.update(n, tokens=max(tokens - self.progress.tokens, 0))
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
