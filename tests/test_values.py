@@ -28,7 +28,9 @@ from tokencredit.pipeline.values import (ValuesConfig, connect_values, continuat
 from tokencredit.schemas import DECISIVE, VALUES
 from tokencredit.verifiers import plugins
 
-ARGS = ["--k", "3", "--cuts", "3", "--pairs", "5", "--shard-size", "1", "--seed", "2", "--runner", "none"]
+# the transformers sampler, which the fresh samples below and CONFIG use (auto would take the engine where installed)
+ARGS = ["--k", "3", "--cuts", "3", "--pairs", "5", "--shard-size", "1", "--seed", "2", "--runner", "none",
+        "--backend", "transformers"]
 CONFIG = ValuesConfig(k=3, cuts=3, pairs=5, shard_size=1, seed=2)
 
 
