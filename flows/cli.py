@@ -241,9 +241,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    "whose prompt file, databases or models changed since it started) and start a fresh one")
 
 
-def annotate_config(args: argparse.Namespace, notes: list[str] | None = None) -> AnnotateConfig:
+def annotate_config(args: argparse.Namespace, notes: list[str] | None = None,
+                    resolve_auto: bool = True) -> AnnotateConfig:
     """The run's config from the command line; `--backend auto`'s choice and its reason go to `notes` (printed by
-    the caller once the inputs are checked, so that a refused input stays one line)."""
+    the caller once the inputs are checked, so that a refused input stays one line). `resolve_auto=False` leaves
+    auto's backend unchosen (transformers in float32, else vllm) and reads no prompt."""
     from tokencredit.verifiers.isolation import resolve  # imported in a worker: a plugin's import cannot end this process
 
     if args.kv_cache is not None:  # vLLM's own variable: the engine reads it where it starts (Dask workers too)
@@ -265,7 +267,7 @@ def annotate_config(args: argparse.Namespace, notes: list[str] | None = None) ->
                             feedback_style=args.feedback_style, relevance_floor=args.relevance_floor,
                             store_js=args.store_js),
     )
-    return _auto_backend(config, [] if notes is None else notes) if auto else config
+    return _auto_backend(config, [] if notes is None else notes) if auto and resolve_auto else config
 
 
 def _auto_backend(config: AnnotateConfig, notes: list[str]) -> AnnotateConfig:
@@ -325,17 +327,28 @@ def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
             f"to its API, or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") from None
 
 
+def _found_complete(args: argparse.Namespace) -> dict | None:
+    """The manifest of a complete run of these arguments in --out whose recorded inputs are unchanged, found
+    without loading torch or reading the prompt set (`identity.found_complete`); else None."""
+    from tokencredit.pipeline.identity import found_complete
+
+    config = annotate_config(args, resolve_auto=False)
+    return found_complete(config, args.out, ("transformers", "vllm") if args.backend == "auto" else (config.backend,))
+
+
 def cmd_annotate(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.progress import Phase
 
     notes: list[str] = []
-    with Phase(f"annotate: loading torch, reading the prompt set, checking {args.out}"):
-        from tokencredit.pipeline.annotate import check_inputs, complete_run, rejection_lines
-        from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
+    done = None if args.restart else _found_complete(args)
+    if done is None:
+        with Phase(f"annotate: loading torch, reading the prompt set, checking {args.out}"):
+            from tokencredit.pipeline.annotate import check_inputs, complete_run, rejection_lines
+            from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
 
-        config = annotate_config(args, notes)
-        rejected = check_inputs(config, args.out, args.restart)
-        done = None if args.restart else complete_run(config, args.out)
+            config = annotate_config(args, notes)
+            rejected = check_inputs(config, args.out, args.restart)
+            done = None if args.restart else complete_run(config, args.out)
     if done:  # found again: no model, no Prefect, nothing written
         print(f"{args.out}: complete with this config and these inputs ({done['totals']}, checksum "
               f"{done['dataset_checksum'][:16]}); nothing to do")

@@ -130,6 +130,30 @@ def run_inputs(config: AnnotateConfig, records: Sequence[TaskRecord]) -> dict[st
     return file_checksums(input_files(config, records))
 
 
+def found_complete(config: AnnotateConfig, out: str, backends: Sequence[str]) -> dict[str, Any] | None:
+    """The manifest of `out` when it holds a complete run of `config` under one of `backends` (`--backend auto`
+    chooses after reading the prompt set), every input it recorded unchanged (its prompt files among them) and every
+    shard's files as written; else None. Reads no prompt and loads no model: a rerun that would write nothing
+    says so in a few seconds (`annotate` runs the full checks otherwise)."""
+    from tokencredit.pipeline.dataset.writer import RunWriter, read_manifest
+
+    manifest = read_manifest(out) or {}  # read first: a RunWriter makes the run's folders
+    digests = {dataclasses.replace(config, backend=backend).digest() for backend in backends}
+    recorded = manifest.get("inputs")
+    if not manifest.get("complete") or manifest.get("config_hash") not in digests or not recorded:
+        return None
+    prompts = demo_dir() if config.prompts == DEMO else Path(config.prompts)
+    if not {str(path.absolute()) for path in source_files(prompts, config.format)} <= set(recorded):
+        return None
+    try:
+        if file_checksums([Path(path) for path in recorded]) != recorded:
+            return None
+        RunWriter(out).checked_shards(manifest["n_shards"])
+    except (OSError, RuntimeError):  # an input gone or a shard to write again: the full checks say which
+        return None
+    return manifest
+
+
 def record_hash(record: TaskRecord) -> str:
     """sha256 (16 hex digits) of what a record says; an SQL record's database by its file name only."""
     fields = dataclasses.asdict(record)

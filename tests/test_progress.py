@@ -285,3 +285,27 @@ def test_an_engine_run_prints_the_transformers_runs_lines_and_explains_what_toke
         assert not vllm_lines and CHUNKED_PREFILL_NOTE not in said, vllm_lines
         assert not any("chunked prefill" in line.lower() or "Processed prompts" in line for line in said)
     assert longest_silence(lines) <= MAX_GAP_S, lines
+
+
+def test_a_run_found_again_is_known_without_torch_and_an_edited_prompt_file_is_not(tmp_path):
+    """The found-again check reads the manifest and hashes the recorded inputs: in a fresh process it says
+    'nothing to do' with torch never imported; once a prompt file changes it finds nothing and the full checks
+    refuse the run's other inputs."""
+    from tokencredit.flows.cli import _found_complete, annotate_config, build_parser, main
+    from tokencredit.pipeline.annotate import run_annotation
+    from tokencredit.verifiers.tasks import demo_dir
+
+    prompts, out = tmp_path / "demo", tmp_path / "run"
+    shutil.copytree(demo_dir(), prompts)
+    argv = ["annotate", "--out", str(out), "--prompts", str(prompts), "--tasks", "sql", "--limit", "1", "--n", "2",
+            "--max-new-tokens", "8", "--runner", "none", "--backend", "transformers"]
+    run_annotation(annotate_config(build_parser().parse_args(argv)), str(out), progress=False)
+    script = ("import sys; from tokencredit.flows.cli import main; "
+              f"code = main({argv!r}); print(code, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].endswith("nothing to do") and done.stdout.splitlines()[-1] == "0 False False"
+    edited = next(prompts.rglob("*.jsonl"))
+    edited.write_text(edited.read_text() + "\n")
+    assert _found_complete(build_parser().parse_args(argv)) is None
+    assert main(argv) == 2  # the full checks name the changed input
