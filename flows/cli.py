@@ -41,6 +41,7 @@ from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DE
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
 PREFECT_START_TIMEOUT_S = 300
 USER_ERRORS = (ValueError, OSError, RuntimeError, ImportError)
+QUERY_TIMEOUT_S = 600.0  # `query`'s default time limit: a query over a large run takes seconds to minutes
 # The commands that write a run or a folder derived from one: an interrupt ends them at once, and rerunning
 # resumes (`tokencredit.pipeline.interrupts`)
 INTERRUPTIBLE = ("annotate", "values", "repair", "train", "rm", "export", "compare")
@@ -525,6 +526,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     from tokencredit.pipeline.dataset.memory_bound import DUCKDB_SHARE, MemoryBound, default_limit
     from tokencredit.pipeline.dataset.query import check_read_only, connect
+    from tokencredit.pipeline.dataset.time_bound import TimeBound
 
     if args.memory_limit is None:
         limit = default_limit()
@@ -537,11 +539,11 @@ def cmd_query(args: argparse.Namespace) -> int:
         name = f"--memory-limit {args.memory_limit}"
     con = connect(args.out, allow_incomplete=args.allow_incomplete, memory_limit=f"{int(DUCKDB_SHARE * limit)}B")
     check_read_only(con, args.sql)
-    with MemoryBound(con, limit, name) as bound:
+    with MemoryBound(con, limit, name) as bound, TimeBound(con, args.timeout, f"--timeout {args.timeout:g} s") as clock:
         try:
             con.sql(args.sql).show(max_rows=args.max_rows, max_width=200)
         except (duckdb.Error, MemoryError) as error:  # a mistyped query is the user's input: say what DuckDB said
-            raise ValueError(bound.refusal(error) or f"the query failed: {error}") from None
+            raise ValueError(bound.refusal(error) or clock.refusal(error) or f"the query failed: {error}") from None
     return 0
 
 
@@ -587,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", default=None, metavar="SIZE",
                    help="memory the query may take, such as 4GB: DuckDB spills past 3/4 of it, and the query is "
                    "cancelled past it (default: 80%% of the memory available when it starts)")
+    p.add_argument("--timeout", type=_seconds, default=QUERY_TIMEOUT_S, metavar="SECONDS",
+                   help="the query is cancelled once it has run this long (a recursive CTE without an end)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_query)
 
