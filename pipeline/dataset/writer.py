@@ -91,9 +91,21 @@ def _sha256(fs: pafs.FileSystem, path: str) -> str:
     return digest.hexdigest()
 
 
+def _footer_sha256(fs: pafs.FileSystem, path: str) -> str:
+    """sha256 of a Parquet file's footer (its metadata, its length and the closing magic): the footer holds every
+    column chunk's offset, size and statistics, so another file's (a part copied from another shard) differs.
+    Two small reads, where a full hash reads the whole part."""
+    with fs.open_input_file(path) as handle:
+        size = handle.size()
+        tail = handle.read_at(min(size, 8), max(size - 8, 0))
+        length = int.from_bytes(tail[:4], "little") + 8 if tail[4:] == b"PAR1" else len(tail)
+        return hashlib.sha256(handle.read_at(min(size, length), max(size - length, 0))).hexdigest()
+
+
 RESUME_RUN = ("resume the run (rerun the annotate command that wrote it: its manifest keeps each part's sha256, and "
               "shards whose files differ are written again)")
-_MARKER = re.compile(r"shard-\d{5}\.json")  # a shard's completion marker in OUT/_shards
+_MARKER = re.compile(r"shard-(\d{5})\.json")  # a shard's completion marker in OUT/_shards
+_PART = re.compile(r"part-(\d{5})\.parquet")  # a shard's part file in OUT/TABLE
 _TEMPORARY = re.compile(r"\..+\.[0-9a-f]+\.tmp")  # what `_write_atomic` names a file while writing it
 
 
@@ -204,6 +216,9 @@ def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
                                     f"tokencredit values or repair derived from the run {derived['run']}; pass a run")
         raise FileNotFoundError(f"{out} is not a tokencredit run directory (no {MANIFEST})")
     if manifest.get("complete"):
+        problem = _shard_list_problem(fs, root, manifest)
+        if problem:
+            raise ValueError(f"{out}: {problem}; {RESUME_RUN}")
         entries = list(manifest["shards"].values())
     else:
         markers = fs.get_file_info(pafs.FileSelector(f"{root}/{SHARDS}", allow_not_found=True))
@@ -216,28 +231,67 @@ def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
                 f"written); resume it with the same annotate command, or pass --allow-incomplete to read "
                 f"the shards written so far")
     entries.sort(key=lambda e: e["shard"])
-    if "://" not in out:  # a footer read per part; a remote run's parts are checked when DuckDB reads them
-        for entry in entries:
-            for name in TABLES:
-                if name in entry:
-                    _check_part(out, root, entry[name])
+    for entry in entries:
+        for name in TABLES:
+            if name in entry:
+                _check_part(fs, out, root, entry[name])
     files = {name: [f"{root}/{e[name]['path']}" for e in entries if name in e] for name in TABLES}
     return RunFiles(fs, root, "://" not in out, manifest, files)
 
 
-def _check_part(out: str, root: str, part: dict[str, Any], resume: str = RESUME_RUN) -> None:
-    """ValueError naming a part file of the run that is gone, is not Parquet any more (cut short) or holds other
-    than the rows its marker counts, and saying how to write it again (`resume`). Reads only the file's footer: a
-    change that keeps those is found by the sha256 check of a resume."""
+def _shard_list_problem(fs: pafs.FileSystem, root: str, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a complete manifest's list of shards, None when nothing: a shard of 0..n_shards-1 it does
+    not list, a marker or a part file on disk of a shard it does not list, or totals its shards' rows do not make
+    (an entry deleted from the manifest read as a smaller run). Three folder listings, no file read."""
+    shards = manifest["shards"]
+    listed = {str(entry.get("shard")) for entry in shards.values()}
+    for s in range(manifest.get("n_shards") or 0):
+        if str(s) not in shards or str(s) not in listed:
+            return f"{MANIFEST} lists no shard {s} of its {manifest['n_shards']} shards"
+    for folder, pattern in ((SHARDS, _MARKER), *((name, _PART) for name in TABLES)):
+        for info in fs.get_file_info(pafs.FileSelector(f"{root}/{folder}", allow_not_found=True)):
+            found = pattern.fullmatch(info.base_name)
+            if found and str(int(found[1])) not in listed:
+                return f"{folder}/{info.base_name} is a shard that {MANIFEST} does not list"
+    totals = manifest.get("totals") or {}
+    for name in TABLES:
+        rows = sum(entry[name]["rows"] for entry in shards.values() if name in entry)
+        if name in totals and rows != totals[name]:
+            return f"{MANIFEST} counts {totals[name]} {name} rows but its shards hold {rows}"
+    return None
+
+
+def _check_part(fs: pafs.FileSystem, out: str, root: str, part: dict[str, Any], resume: str = RESUME_RUN) -> None:
+    """ValueError naming a part file of the run that is gone or is not the file its shard wrote, and saying how to
+    write it again (`resume`). A part written with its size and footer hash is checked by both (a stat and two
+    small reads: a copied, cut-short or appended-to part differs); an older run's part, which records only its
+    sha256, by that (a full read); a part recorded with its rows alone by its footer's row count. A change inside
+    a page that keeps the size and the footer is found by a resume's sha256 check, not here."""
+    path = f"{root}/{part['path']}"
     try:
-        rows = pq.read_metadata(f"{root}/{part['path']}").num_rows
-        problem = None if rows == part["rows"] else f"holds {rows} rows where the run wrote {part['rows']}"
+        problem = _part_problem(fs, path, part)
     except FileNotFoundError:
         problem = "is missing"
     except (OSError, pa.ArrowInvalid):
         problem = "is not a whole Parquet file (cut short?)"
     if problem:
         raise ValueError(f"{out}: its part file {part['path']} {problem}; {resume}")
+
+
+def _part_problem(fs: pafs.FileSystem, path: str, part: dict[str, Any]) -> str | None:
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return "is missing"
+    if "bytes" in part:
+        if info.size != part["bytes"]:
+            return f"holds {info.size} bytes where the run wrote {part['bytes']} (cut short or replaced?)"
+        if _footer_sha256(fs, path) != part["footer_sha256"]:
+            return "is not the file the run wrote: its Parquet footer differs (copied from another shard?)"
+        return None
+    if "sha256" in part:
+        return None if _sha256(fs, path) == part["sha256"] else "differs from the sha256 the run recorded for it"
+    rows = pq.read_metadata(path, filesystem=fs).num_rows
+    return None if rows == part["rows"] else f"holds {rows} rows where the run wrote {part['rows']}"
 
 
 @dataclass
@@ -407,7 +461,8 @@ class RunWriter:
         self._delete_temporaries()
         marked = {s: self._read_marker(s) for s in range(n_shards)}
         redo = [s for s, entry in marked.items() if entry is not None and not self._files_match(entry)]
-        if redo and self.manifest.get("complete"):
+        stale = self.manifest.get("complete") and _shard_list_problem(self.fs, self.root, self.manifest)
+        if (redo or stale) and self.manifest.get("complete"):  # `finish` writes its list of shards again
             self.manifest["complete"] = False
             self._write_json(MANIFEST, self.manifest)
         for s in redo:
@@ -458,7 +513,8 @@ class RunWriter:
             table = table.cast(with_version(TABLES[name], name))
             _write_atomic(self.fs, path, lambda tmp, t=table: pq.write_table(t, tmp, filesystem=self.fs))
             entry[name] = {"path": f"{name}/part-{shard:05d}.parquet", "rows": table.num_rows,
-                           "sha256": _sha256(self.fs, path)}
+                           "sha256": _sha256(self.fs, path), "bytes": self.fs.get_file_info(path).size,
+                           "footer_sha256": _footer_sha256(self.fs, path)}
         self._write_json(self._marker(shard), entry)
         return entry
 
