@@ -31,6 +31,8 @@ from tokencredit.pipeline.dataset.training import read_training
 from tokencredit.pipeline.dataset.writer import RunWriter
 from tokencredit.schemas import CREDITS, RESPONSES
 
+from tests.test_writer import rewrite_as_older_run
+
 VOCAB = 64
 PAD = 0
 
@@ -259,7 +261,7 @@ def test_unknown_kind_null_and_missing_columns_are_clear_errors(run_dir, tmp_pat
     old = tmp_path / "old"
     write_run(old, response_rows())
     table = pq.read_table(old / "responses" / "part-00000.parquet").drop_columns(["p2t_alpha"])
-    pq.write_table(table, old / "responses" / "part-00000.parquet")
+    rewrite_as_older_run(old, "responses/part-00000.parquet", table)
     with pytest.raises(ValueError, match=rf"run dir {old}: advantage kind 'p2t' \(column adv_p2t\) is NULL "
                                          r"for 6 of 6 responses"):
         read_training(old, "p2t")

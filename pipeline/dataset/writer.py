@@ -252,7 +252,8 @@ def _shard_list_problem(fs: pafs.FileSystem, root: str, manifest: dict[str, Any]
         for info in fs.get_file_info(pafs.FileSelector(f"{root}/{folder}", allow_not_found=True)):
             found = pattern.fullmatch(info.base_name)
             if found and str(int(found[1])) not in listed:
-                return f"{folder}/{info.base_name} is a shard that {MANIFEST} does not list"
+                return (f"{folder}/{info.base_name} is a shard that {MANIFEST} does not list (move it out of the "
+                        f"run folder if the run did not write it)")
     totals = manifest.get("totals") or {}
     for name in TABLES:
         rows = sum(entry[name]["rows"] for entry in shards.values() if name in entry)
