@@ -35,7 +35,7 @@ import threading
 from tokencredit.pipeline.interrupts import interruptible
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
                                          ENGINE_DTYPES, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig,
-                                         MIN_VERIFIER_MEMORY, parse_branch, parse_bytes)
+                                         MIN_VERIFIER_MEMORY, check_lr, parse_branch, parse_bytes)
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
@@ -82,6 +82,15 @@ def _finite(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _lr(text: str) -> float:
+    value = _finite(text)
+    try:
+        check_lr(value, "learning rate")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return value
 
 
@@ -655,7 +664,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="checkpoint folder")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=16, help="responses per step")
-    p.add_argument("--lr", type=_finite, default=1e-4, help="AdamW learning rate")
+    p.add_argument("--lr", type=_lr, default=1e-4, help="AdamW learning rate")
     p.add_argument("--seed", type=_seed, default=0, help="batch order and initialization seed")
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
@@ -689,7 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--train-layers", type=int, default=0, help="top decoder layers trained with the head on "
                    "cached lower-layer states, the epoch kept by a dev part of the train prompts (0: the head alone)")
     q.add_argument("--epochs", type=int, default=2, help="passes over the pairs when --train-layers > 0")
-    q.add_argument("--layer-lr", type=_finite, default=2e-5, help="step size when --train-layers > 0")
+    q.add_argument("--layer-lr", type=_lr, default=2e-5, help="step size when --train-layers > 0")
     q.add_argument("--batch-size", type=int, default=8, help="responses per backbone forward")
     q.add_argument("--seed", type=_seed, default=0, help="held-out split and initialization seed")
     q.add_argument("--device", default="cpu", help="torch device")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tokencredit.flows.cli import main
 from tokencredit.pipeline.compare.design import load_design
@@ -94,6 +95,29 @@ def test_a_bad_design_is_one_line_naming_the_key(tmp_path):
     design = load_design(write(tmp_path / "d.toml", TINY))
     assert design.policy["backend"] == "auto"  # annotate's default: vllm where installed and worth its start
     assert design.comparisons == (("mrtpo", "gdpo"),) and design.decodes == ["greedy", "sampled-1"]
+
+
+@pytest.mark.parametrize("lr", ["inf", "nan", "5.0"])
+def test_a_learning_rate_that_cannot_train_is_refused_with_the_design(tmp_path, lr):
+    with pytest.raises(ValueError, match=r"design \[training\] lr: "):  # `lr = inf` trained NaN policies, reported
+        load_design(write(tmp_path / "d.toml", TINY.replace("lr = 5e-2", f"lr = {lr}")))
+
+
+def test_a_policy_with_non_finite_weights_fails_and_is_never_scored(tmp_path):
+    from tokencredit.pipeline.compare.run import heldout_records, score_policy
+    from tokencredit.pipeline.models.loading import load_policy
+
+    model, tokenizer = load_policy(None)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")  # what `lr = inf` left in every tensor
+    model.save_pretrained(tmp_path / "nan", safe_serialization=True)
+    tokenizer.save_pretrained(tmp_path / "nan")
+    design = load_design(write(tmp_path / "d.toml", TINY.replace('device = "cpu"', 'device = "cpu"\nbackend = '
+                                                                                     '"transformers"')))
+    with pytest.raises(ValueError, match=r"policy gdpo-0 \(.*nan\): 1 of \d+ weight tensors hold NaN or inf \(first "
+                                         r"model\.embed_tokens\.weight\); it failed and is not scored"):
+        score_policy(design, "gdpo-0", tmp_path / "nan", heldout_records(design), tmp_path / "run", "gdpo", 0)
+    assert not (tmp_path / "run" / "scores").exists()
 
 
 def test_registration_refuses_a_changed_design_and_marks_added_arms_exploratory(tmp_path):
