@@ -120,6 +120,19 @@ def test_a_policy_with_non_finite_weights_fails_and_is_never_scored(tmp_path):
     assert not (tmp_path / "run" / "scores").exists()
 
 
+def test_an_arm_whose_training_meets_a_non_finite_loss_fails_naming_it(tmp_path):
+    from tests.test_train import huge_run, tiny_policy
+    from tokencredit.pipeline.compare.run import train_arm
+
+    policy = tiny_policy(tmp_path / "policy")
+    design = load_design(write(tmp_path / "d.toml", TINY.replace('device = "cpu"', f'device = "cpu"\nmodel = '
+                                                                                     f'"{policy}"')))
+    pool = huge_run(tmp_path / "pool", 1e38)  # its first step's loss is -inf; trained on, every weight was NaN
+    with pytest.raises(ValueError, match=r"^train mrtpo-0: step 1: the loss is not finite \(-inf\)"):
+        train_arm(design, design.arms["mrtpo"], 0, Path(pool), tmp_path / "run")
+    assert not (tmp_path / "run" / "train" / "mrtpo-0" / "final").exists()
+
+
 def test_registration_refuses_a_changed_design_and_marks_added_arms_exploratory(tmp_path):
     out = tmp_path / "run"
     design = write(tmp_path / "d.toml", TINY)
