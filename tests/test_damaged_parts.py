@@ -1,16 +1,23 @@
 """Every reader of a run checks what it reads (issue 49, item 3): a part file copied over another shard's, cut short
 or appended to, and a manifest whose shard list does not match the shards on disk, are refused in one line by
-query, export, train, report, values and repair, before anything is written; rerunning annotate repairs both."""
+query, export, train, report, values and repair, before anything is written; rerunning annotate repairs both. A
+part verified once is stamped (`stamps`) and not read again until it changes: a change after a verified read is
+refused all the same, and a run folder that cannot be written is checked in full."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tokencredit.flows.cli import main
 from tokencredit.pipeline.dataset.query import run_query
+from tokencredit.pipeline.dataset.stamps import SETTLED_NS, STAMPS
 from tokencredit.pipeline.dataset.writer import RunWriter
 
 from tests.test_identity import FAST, title_record, write_prompts
@@ -144,3 +151,109 @@ def test_rerunning_annotate_repairs_a_copied_part_and_a_shard_dropped_from_the_m
     refused(capsys, READERS["query"](run, None))
     assert main(annotate) == 0
     assert run_query(run, "SELECT response_id FROM responses ORDER BY ALL").fetchall() == ids
+
+
+def settled(run: Path) -> Path:
+    """`run` once its newest part is old enough for a read to stamp it (`stamps.SETTLED_NS`, about 2 s)."""
+    newest = max(p.stat().st_ctime_ns for p in run.glob("*/part-*.parquet"))
+    deadline = time.monotonic() + 60
+    while time.time_ns() <= newest + SETTLED_NS:
+        assert time.monotonic() < deadline, "the clock does not move"
+        time.sleep(0.1)
+    return run
+
+
+def copy_over_keeping_its_mtime(part: Path, other: Path) -> None:
+    """`cp` over the part, then its mtime put back: the same inode, size and mtime; only the ctime moves."""
+    before = part.stat()
+    shutil.copyfile(other, part)
+    os.utime(part, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (part.stat().st_ino, part.stat().st_size, part.stat().st_mtime_ns) == \
+        (before.st_ino, before.st_size, before.st_mtime_ns)
+
+
+def moved_over(part: Path, other: Path) -> None:
+    shutil.copyfile(other, part.parent / "copy")
+    os.replace(part.parent / "copy", part)
+
+
+def cut_short(part: Path, other: Path) -> None:
+    os.truncate(part, part.stat().st_size - 100)
+
+
+@pytest.mark.parametrize("damage,problem", [
+    (copy_over_keeping_its_mtime, "is not the file the run wrote: its Parquet footer differs"),
+    (moved_over, "is not the file the run wrote: its Parquet footer differs"),
+    (cut_short, "holds {} bytes where the run wrote {}"),
+])
+def test_a_part_changed_after_a_verified_read_is_refused_by_the_next(tmp_path, capsys, damage, problem):
+    """The first read verifies every part and stamps it; the next skips the footers whose stamps hold, so a stamp
+    that missed a change would let the copied part through."""
+    run = settled(three_shards(tmp_path / "run"))
+    assert run_query(run, "SELECT count(*) FROM responses").fetchall() == [(9,)]
+    stamped = json.loads((run / STAMPS).read_text())["parts"]
+    assert sorted(stamped) == sorted(f"{name}/part-{s:05d}.parquet" for s in range(3)
+                                     for name in ("responses", "credits", "nodes"))
+    part = run / "responses" / "part-00001.parquet"
+    size = part.stat().st_size
+    damage(part, run / "responses" / "part-00000.parquet")
+    err = refused(capsys, READERS["query"](run, None))
+    assert f"responses/part-00001.parquet {problem.format(part.stat().st_size, size)}" in err, err
+
+
+@pytest.mark.parametrize("change,problem", [
+    (lambda run: edit_manifest(run, drop_shard), "manifest.json lists no shard 1 of its 3 shards"),
+    (lambda run: shutil.copyfile(run / "credits" / "part-00002.parquet", run / "credits" / "part-00003.parquet"),
+     "credits/part-00003.parquet is a shard that manifest.json does not list"),
+    (lambda run: shutil.copyfile(run / "_shards" / "shard-00002.json", run / "_shards" / "shard-00007.json"),
+     "_shards/shard-00007.json is a shard that manifest.json does not list"),
+])
+def test_a_shard_list_changed_after_a_verified_read_is_refused_by_the_next(tmp_path, capsys, change, problem):
+    """A read that found the shard list whole stamps the manifest and the folders; the next lists the folders
+    only when one of them moved."""
+    run = settled(three_shards(tmp_path / "run"))
+    assert run_query(run, "SELECT count(*) FROM responses").fetchall() == [(9,)]
+    assert [stamp[0] for stamp in json.loads((run / STAMPS).read_text())["checks"]["shard_list"]] == \
+        ["manifest.json", "_shards", "responses", "credits", "nodes"]
+    change(run)
+    err = refused(capsys, READERS["query"](run, None))
+    assert f"{run}: {problem}" in err, err
+
+
+def test_a_read_of_a_verified_run_writes_nothing(tmp_path):
+    run = settled(three_shards(tmp_path / "run"))
+    run_query(run, "SELECT count(*) FROM responses").fetchall()
+    before = {p: (p.stat().st_ino, p.stat().st_ctime_ns) for p in run.rglob("*")}
+    assert run / STAMPS in before
+    assert run_query(run, "SELECT count(*) FROM credits").fetchall() == [(sum(len(shard_tables(s)["credits"])
+                                                                               for s in range(3)),)]
+    assert {p: (p.stat().st_ino, p.stat().st_ctime_ns) for p in run.rglob("*")} == before
+
+
+CLI = "import sys; from tokencredit.flows.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def read_only(run: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """The command line run with `run` mounted read-only for it alone (a mount namespace of its own: file modes
+    do not stop root); skips the test where no mount namespace can be made."""
+    script = 'mount --bind -o ro "$0" "$0" || exit 98; touch "$0/probe" 2>/dev/null && exit 99; exec "$@"'
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    done = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", script, str(run), sys.executable,
+                           "-c", CLI, *argv], capture_output=True, text=True, timeout=300)
+    if done.returncode == 98 or done.stderr.startswith("unshare:"):
+        pytest.skip(f"no read-only mount here: {done.stderr.strip()}")
+    assert done.returncode != 99, "the run folder was writable"
+    return done
+
+
+def test_a_read_only_run_folder_is_read_and_checked_in_full_each_time(tmp_path):
+    run = settled(three_shards(tmp_path / "run"))
+    for _ in range(2):
+        done = read_only(run, ["query", str(run), "SELECT count(DISTINCT response_id) FROM responses"])
+        assert done.returncode == 0 and "9" in done.stdout, done.stderr
+        assert not (run / STAMPS).exists() and not list(run.glob(f"{STAMPS}*"))
+    shutil.copyfile(run / "responses" / "part-00000.parquet", run / "responses" / "part-00001.parquet")
+    done = read_only(run, ["query", str(run), "SELECT count(*) FROM responses"])
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "responses/part-00001.parquet is not the file the run wrote" in done.stderr
