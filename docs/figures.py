@@ -163,7 +163,7 @@ def cell(file: str, row: dict, column, where: dict) -> str:
 # Row fields that name a row rather than measure it: recorded as the selector of a table cell
 IDENTITY = ("model", "arm", "method", "baseline", "decoding", "credit", "locate", "kind", "pool", "split",
             "relevance", "ablation", "style", "family", "cut", "reward_family", "sample", "temperature", "base",
-            "pooling", "train_layers", "layer", "fraction", "run", "floor")
+            "pooling", "train_layers", "layer", "fraction", "run", "floor", "layout", "query")
 
 
 def _table_value(file: str, row: dict, key: str, fmt: str | None, where: dict, scale: float | None = None) -> str:

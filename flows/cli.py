@@ -36,12 +36,13 @@ from tokencredit.pipeline.interrupts import interruptible
 from tokencredit.pipeline.sample.engine_output import VERBOSE_ENV
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
                                          ENGINE_DTYPES, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig,
-                                         MIN_VERIFIER_MEMORY, parse_branch, parse_bytes)
+                                         MIN_VERIFIER_MEMORY, check_lr, parse_branch, parse_bytes)
 
 # Prefect's temporary API server starts in ~20 s on an idle machine and several times that on a
 # busy one; Prefect's own default (20 s) then fails the run before it starts.
 PREFECT_START_TIMEOUT_S = 300
 USER_ERRORS = (ValueError, OSError, RuntimeError, ImportError)
+QUERY_TIMEOUT_S = 600.0  # `query`'s default time limit: a query over a large run takes seconds to minutes
 # The commands that write a run or a folder derived from one: an interrupt ends them at once, and rerunning
 # resumes (`tokencredit.pipeline.interrupts`)
 INTERRUPTIBLE = ("annotate", "values", "repair", "train", "rm", "export", "compare")
@@ -82,6 +83,15 @@ def _finite(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _lr(text: str) -> float:
+    value = _finite(text)
+    try:
+        check_lr(value, "learning rate")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return value
 
 
@@ -589,6 +599,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     from tokencredit.pipeline.dataset.memory_bound import DUCKDB_SHARE, MemoryBound, default_limit
     from tokencredit.pipeline.dataset.query import check_read_only, connect
+    from tokencredit.pipeline.dataset.time_bound import TimeBound
 
     if args.memory_limit is None:
         limit = default_limit()
@@ -601,11 +612,11 @@ def cmd_query(args: argparse.Namespace) -> int:
         name = f"--memory-limit {args.memory_limit}"
     con = connect(args.out, allow_incomplete=args.allow_incomplete, memory_limit=f"{int(DUCKDB_SHARE * limit)}B")
     check_read_only(con, args.sql)
-    with MemoryBound(con, limit, name) as bound:
+    with MemoryBound(con, limit, name) as bound, TimeBound(con, args.timeout, f"--timeout {args.timeout:g} s") as clock:
         try:
             con.sql(args.sql).show(max_rows=args.max_rows, max_width=200)
         except (duckdb.Error, MemoryError) as error:  # a mistyped query is the user's input: say what DuckDB said
-            raise ValueError(bound.refusal(error) or f"the query failed: {error}") from None
+            raise ValueError(bound.refusal(error) or clock.refusal(error) or f"the query failed: {error}") from None
     return 0
 
 
@@ -656,6 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", default=None, metavar="SIZE",
                    help="memory the query may take, such as 4GB: DuckDB spills past 3/4 of it, and the query is "
                    "cancelled past it (default: 80%% of the memory available when it starts)")
+    p.add_argument("--timeout", type=_seconds, default=QUERY_TIMEOUT_S, metavar="SECONDS",
+                   help="the query is cancelled once it has run this long (a recursive CTE without an end)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_query)
 
@@ -728,7 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="checkpoint folder")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=16, help="responses per step")
-    p.add_argument("--lr", type=_finite, default=1e-4, help="AdamW learning rate")
+    p.add_argument("--lr", type=_lr, default=1e-4, help="AdamW learning rate")
     p.add_argument("--seed", type=_seed, default=0, help="batch order and initialization seed")
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
@@ -762,7 +775,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--train-layers", type=int, default=0, help="top decoder layers trained with the head on "
                    "cached lower-layer states, the epoch kept by a dev part of the train prompts (0: the head alone)")
     q.add_argument("--epochs", type=int, default=2, help="passes over the pairs when --train-layers > 0")
-    q.add_argument("--layer-lr", type=_finite, default=2e-5, help="step size when --train-layers > 0")
+    q.add_argument("--layer-lr", type=_lr, default=2e-5, help="step size when --train-layers > 0")
     q.add_argument("--batch-size", type=int, default=8, help="responses per backbone forward")
     q.add_argument("--seed", type=_seed, default=0, help="held-out split and initialization seed")
     q.add_argument("--device", default="cpu", help="torch device")

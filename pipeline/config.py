@@ -228,6 +228,18 @@ def parse_bytes(text: str) -> int:
     return int(size)
 
 
+# AdamW moves every weight by about lr per step whatever the gradient's scale: past 1 a step is larger than the
+# weights themselves (a policy's are mostly below 1), and `--lr 1e30` made every tensor NaN by the second step
+MAX_LR = 1.0
+
+
+def check_lr(lr: float, name: str) -> None:
+    """ValueError naming `name` (an option or a design key) unless `lr` is a learning rate in (0, MAX_LR]."""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr <= MAX_LR:  # NaN fails too
+        raise ValueError(f"{name}: {lr!r} is no learning rate; expected a number > 0 and at most {MAX_LR:g} "
+                         f"(AdamW moves every weight by about that much per step)")
+
+
 DEMO_LIMIT = 16  # prompts per task of the demo set unless a limit is given
 AUTO_LIMIT = "auto"
 

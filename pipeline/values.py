@@ -377,7 +377,7 @@ def connect_values(out: str):
     for n in numbers:  # a part gone or cut short: one line, not DuckDB's error
         rows = _read_json(fs, f"{root}/{MARKER.format(n)}")["rows"]
         for name in VALUE_TABLES:
-            _check_part(out, root, {"path": PART.format(table=name, shard=n), "rows": rows[name]},
+            _check_part(fs, out, root, {"path": PART.format(table=name, shard=n), "rows": rows[name]},
                         f"resume the values run (tokencredit values RUN --out {out}) to write its shard again")
     con = duckdb.connect()
     sources = {}

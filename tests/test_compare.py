@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tokencredit.flows.cli import main
 from tokencredit.pipeline.compare.design import load_design
@@ -111,6 +112,42 @@ def registered(design: Path, out: Path) -> dict:
     """`register` as compare calls it: the design loaded, its inputs hashed."""
     loaded = load_design(design)
     return register(loaded, out, design_inputs(loaded))
+
+
+@pytest.mark.parametrize("lr", ["inf", "nan", "5.0"])
+def test_a_learning_rate_that_cannot_train_is_refused_with_the_design(tmp_path, lr):
+    with pytest.raises(ValueError, match=r"design \[training\] lr: "):  # `lr = inf` trained NaN policies, reported
+        load_design(write(tmp_path / "d.toml", TINY.replace("lr = 5e-2", f"lr = {lr}")))
+
+
+def test_a_policy_with_non_finite_weights_fails_and_is_never_scored(tmp_path):
+    from tokencredit.pipeline.compare.run import heldout_records, score_policy
+    from tokencredit.pipeline.models.loading import load_policy
+
+    model, tokenizer = load_policy(None)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")  # what `lr = inf` left in every tensor
+    model.save_pretrained(tmp_path / "nan", safe_serialization=True)
+    tokenizer.save_pretrained(tmp_path / "nan")
+    design = load_design(write(tmp_path / "d.toml", TINY.replace('device = "cpu"', 'device = "cpu"\nbackend = '
+                                                                                     '"transformers"')))
+    with pytest.raises(ValueError, match=r"policy gdpo-0 \(.*nan\): 1 of \d+ weight tensors hold NaN or inf \(first "
+                                         r"model\.embed_tokens\.weight\); it failed and is not scored"):
+        score_policy(design, "gdpo-0", tmp_path / "nan", heldout_records(design), tmp_path / "run", "gdpo", 0)
+    assert not (tmp_path / "run" / "scores").exists()
+
+
+def test_an_arm_whose_training_meets_a_non_finite_loss_fails_naming_it(tmp_path):
+    from tests.test_train import huge_run, tiny_policy
+    from tokencredit.pipeline.compare.run import train_arm
+
+    policy = tiny_policy(tmp_path / "policy")
+    design = load_design(write(tmp_path / "d.toml", TINY.replace('device = "cpu"', f'device = "cpu"\nmodel = '
+                                                                                     f'"{policy}"')))
+    pool = huge_run(tmp_path / "pool", 1e38)  # its first step's loss is -inf; trained on, every weight was NaN
+    with pytest.raises(ValueError, match=r"^train mrtpo-0: step 1: the loss is not finite \(-inf\)"):
+        train_arm(design, design.arms["mrtpo"], 0, Path(pool), tmp_path / "run")
+    assert not (tmp_path / "run" / "train" / "mrtpo-0" / "final").exists()
 
 
 def test_registration_refuses_a_changed_design_and_marks_added_arms_exploratory(tmp_path):

@@ -126,10 +126,13 @@ def test_views_read_the_manifests_files_not_the_folder(tmp_path):
     rows = response_rows()
     writer.write_shard(0, shard(rows, 0), {})
     writer.finish(1, {})
-    # a stray part file and a stale temporary in the table folders
-    pq.write_table(shard(rows, 7)["responses"], out / "responses" / "part-00007.parquet")
+    # a stale temporary in the table folders is not read...
     (out / "credits" / ".part-00001.parquet.0123.tmp").write_bytes(b"half a file")
     assert run_query(out, "SELECT count(*) FROM responses").fetchall() == [(len(rows),)]
+    # ...and a part file of a shard the manifest does not list is refused, not read or passed over in silence
+    pq.write_table(shard(rows, 7)["responses"], out / "responses" / "part-00007.parquet")
+    with pytest.raises(ValueError, match="responses/part-00007.parquet is a shard that manifest.json does not list"):
+        run_query(out, "SELECT count(*) FROM responses")
 
 
 def test_resume_deletes_temporaries_and_rewrites_changed_shards(tmp_path):

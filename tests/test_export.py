@@ -87,6 +87,23 @@ def test_export_errors_name_the_kind_and_the_missing_record(run_dir, tmp_path):
         export_verl(run, tmp_path / "x.parquet", advantage="gdpo")
 
 
+@pytest.mark.parametrize("fmt", ["hf", "verl"])
+def test_exports_refuse_non_finite_advantages_naming_the_response(tmp_path, capsys, fmt):
+    from tokencredit.flows.cli import main
+
+    rows = response_rows()
+    rows[3]["mrtpo_sum"] = [0.5, float("nan"), 0.5]  # a NaN in the run's credit, and a mix that overflows float32
+    rows[5]["gdpo_sum"] = 3e38
+    run = write_run(tmp_path / "run", rows)
+    for advantage, problem in [("mrtpo", "response 'r3': advantage 'mrtpo' is nan at token 1 (1 of 3 tokens"),
+                               ("gdpo:4", "response 'r5': advantage 'gdpo:4' is 1.2e+39 at token 0 (3 of 3 tokens")]:
+        dest = tmp_path / f"{fmt}-{advantage}"
+        assert main(["export", run, "--format", fmt, "--dest", str(dest), "--advantage", advantage]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and problem in err, err
+        assert not dest.exists()
+
+
 def test_hf_export_of_a_real_run_carries_rewards_by_name_and_token_texts(tmp_path):
     import datasets
     import pyarrow.dataset as pads

@@ -37,6 +37,12 @@ def refused(argv: list[str], capsys) -> str:
     (["query", "RUN", "SELECT 1", "--max-rows", "0"], "--max-rows"),
     (["annotate", "--out", "OUT", "--temperature", "nan"], "--temperature"),
     (["train", "--data", "RUN", "--out", "CKPT", "--lr", "inf"], "--lr"),
+    # issue 49: a learning rate that turns every weight NaN, and mix weights whose sum overflows float32
+    (["train", "--data", "RUN", "--out", "CKPT", "--lr", "1e30"], "--lr"),
+    (["train", "--data", "RUN", "--out", "CKPT", "--lr", "0"], "--lr"),
+    (["rm", "train", "RUN", "--out", "RM", "--layer-lr", "5"], "--layer-lr"),
+    (["export", "RUN", "--advantage", "gdpo:3.4e38,mrtpo:3.4e38"], "--advantage"),
+    (["train", "--data", "RUN", "--out", "CKPT", "--advantage", "mrtpo:2e6"], "--advantage"),
 ])
 def test_a_bad_number_is_one_line_naming_its_option(argv, option, capsys):
     err = refused(argv, capsys)

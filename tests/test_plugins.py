@@ -122,17 +122,41 @@ def bad_shape(record, response):
     return "1.0"
 
 
+class NanFloat(float):
+    """A float whose own value passes every range check, but whose conversion is NaN."""
+
+    def __float__(self):
+        return float("nan")
+
+
+def nan_subclass(record, response):
+    return [("x", NanFloat(0.5), "?")]
+
+
+def nan_score(record, response):
+    return [("x", float("nan"), "?")]
+
+
 def varying(record, response):
     return [(response[:1] or "empty", 1.0, "Anything.")]
 
 
 @pytest.mark.parametrize("target,problem", [("bad_score", "expected a number in [0, 1]"),
+                                            ("nan_subclass", "score 0.5 (a NanFloat), which converts to nan"),
+                                            ("nan_score", "expected a number in [0, 1]"),
                                             ("bad_shape", "expected an iterable")])
 def test_a_misbehaving_plugin_fails_only_its_responses_with_a_clear_status(target, problem):
     record = plugin_record()
     samples = [Sample(f"h1/{j}", "h1", "haiku", "p", [1], "a response", [2], [-0.1], "m", 0) for j in range(2)]
     verified = verify_samples(samples, {"h1": record}, [plugins.PluginRef(f"{__name__}:{target}", "haiku")])
     assert all(v.status.startswith("verifier_error: PluginError") and problem in v.status for v in verified), verified[0].status
+
+
+@pytest.mark.parametrize("score", [float("nan"), float("inf"), -0.5, True])
+def test_a_verifiers_score_out_of_range_fails_its_response_whoever_gave_it(score):
+    """The last check before credit, built-in rewards included: a NaN stored there made GDPO's statistics NaN."""
+    with pytest.raises(plugins.PluginError, match=rf"record 'h1': reward 'x' has score {score!r}; expected a number"):
+        verifiers.checked(plugin_record(), "a response", [RewardScore("x", score, "?")])
 
 
 def hanging(record, response):
@@ -299,10 +323,14 @@ def test_a_trl_reward_function_is_a_verifier_in_annotate(tmp_path, capsys):
     assert ref.source_sha256 == hashlib.sha256((tmp_path / "trl_rewards.py").read_bytes()).hexdigest()
 
 
+NAN_FLOAT = "class NanFloat(float):\n    def __float__(self):\n        return float('nan')\n"
+
+
 @pytest.mark.parametrize("returned,problem", [("[1.0, 2.0]", "expected a list of one number"),
-                                              ("[float('nan')]", "expected a list of one number")])
+                                              ("[float('nan')]", "expected a list of one number"),
+                                              ("[NanFloat(0.5)]", "expected a list of one number")])
 def test_a_trl_reward_function_returning_no_single_number_is_named(tmp_path, returned, problem):
-    (tmp_path / "bad.py").write_text("from tokencredit.verifiers.trl_rewards import trl_verifier\n"
+    (tmp_path / "bad.py").write_text("from tokencredit.verifiers.trl_rewards import trl_verifier\n" + NAN_FLOAT +
                                      f"def odd_reward(completions, **kwargs):\n    return {returned}\n"
                                      "odd = trl_verifier(odd_reward, feedback='Anything.')\n")
     (ref,) = plugins.resolve([f"haiku={tmp_path / 'bad.py'}:odd"])
@@ -370,6 +398,9 @@ def test_a_conversational_choice_is_kept_and_a_function_failing_either_way_raise
     assert "raised by verifier tests.test_plugins:" in "".join(raised.value.__notes__)
     with pytest.raises(plugins.PluginError, match="conversational must be True, False or None"):
         trl_verifier(broken_reward, feedback="x", conversational="yes")
+    for bounds in [(0, float("inf")), (float("nan"), 1), (1, 1)]:  # NaN or inf made every score 0
+        with pytest.raises(plugins.PluginError, match=r"bounds .* must be two different finite numbers"):
+            trl_verifier(broken_reward, feedback="x", bounds=bounds)
 
 
 def test_a_verifier_object_scores_in_python_and_annotate_says_it_needs_an_importable_target():

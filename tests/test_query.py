@@ -15,14 +15,16 @@ import pytest
 from tokencredit.pipeline.dataset import analysis
 from tokencredit.flows.cli import main
 from tokencredit.pipeline.dataset.query import connect, run_query
+from tokencredit.pipeline.dataset.stamps import STAMPS
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
-    """Every file under `folder` (hidden ones too) -> sha256 of its bytes."""
+    """Every file under `folder` (hidden ones too) -> sha256 of its bytes, but the stamps a read writes once its
+    parts are a few seconds old (`stamps`: that read's timing is not what these tests hold)."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != STAMPS}
 
 
 @pytest.fixture()
@@ -175,10 +177,31 @@ def test_a_run_of_an_older_schema_reads_its_missing_columns_as_null(run):
     """A run written before `mc_sum` existed (schema 2.2) stays readable: the column reads as NULL."""
     import pyarrow.parquet as pq
 
+    from tests.test_writer import rewrite_as_older_run
+
     for part in (run / "responses").glob("part-*.parquet"):
-        table = pq.read_table(part)
-        pq.write_table(table.drop_columns(["mc_sum"]), part)
+        rewrite_as_older_run(run, f"responses/{part.name}", pq.read_table(part).drop_columns(["mc_sum"]))
     con = connect(run)
     assert con.execute("SELECT count(*), count(mc_sum), count(gdpo_sum) FROM responses").fetchone() == (12, 0, 12)
     assert con.execute("SELECT count(*), count(adv_mc) FROM training").fetchone() == (12, 0)
     assert main(["query", str(run), "SELECT count(*) FROM responses WHERE mc_sum IS NULL"]) == 0
+
+
+ENDLESS = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) SELECT count(*) FROM t"
+
+
+def test_an_endless_recursive_query_is_cancelled_at_its_time_limit(run):
+    """It ran until killed; now --timeout ends it with one line naming the option (a subprocess: the old code never
+    returns, and the test's own deadline then fails it)."""
+    done = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "query", str(run), ENDLESS,
+                           "--timeout", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and "--timeout 2 s" in err and "cancelled" in err, err
+
+
+def test_the_time_limit_is_parsed_as_a_bounded_number_of_seconds(run, capsys):
+    for bad in ("0", "-1", "inf", "nan", "1e300"):
+        with pytest.raises(SystemExit) as exited:
+            main(["query", str(run), "SELECT 1", "--timeout", bad])
+        assert exited.value.code == 2 and "--timeout" in capsys.readouterr().err

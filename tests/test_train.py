@@ -3,6 +3,7 @@ checkpoints and resume, and the errors of the training view, on a tiny random Ll
 run directory written with the real RunWriter."""
 import csv
 import json
+import re
 import shutil
 import sys
 
@@ -30,6 +31,8 @@ from tokencredit.pipeline.train.trainer import (
 from tokencredit.pipeline.dataset.training import read_training
 from tokencredit.pipeline.dataset.writer import RunWriter
 from tokencredit.schemas import CREDITS, RESPONSES
+
+from tests.test_writer import rewrite_as_older_run
 
 VOCAB = 64
 PAD = 0
@@ -259,7 +262,7 @@ def test_unknown_kind_null_and_missing_columns_are_clear_errors(run_dir, tmp_pat
     old = tmp_path / "old"
     write_run(old, response_rows())
     table = pq.read_table(old / "responses" / "part-00000.parquet").drop_columns(["p2t_alpha"])
-    pq.write_table(table, old / "responses" / "part-00000.parquet")
+    rewrite_as_older_run(old, "responses/part-00000.parquet", table)
     with pytest.raises(ValueError, match=rf"run dir {old}: advantage kind 'p2t' \(column adv_p2t\) is NULL "
                                          r"for 6 of 6 responses"):
         read_training(old, "p2t")
@@ -507,3 +510,51 @@ def test_training_on_an_incomplete_run_is_refused_without_creating_the_output_fo
     assert main(["train", "--data", str(tmp_path / "run"), "--out", str(out), "--steps", "1"]) == 2
     assert "not complete" in capsys.readouterr().err
     assert not out.exists()
+
+
+# --- non-finite values (issue 49, item 2) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lr", [float("inf"), float("nan"), 1e30, 0.0, -1e-3])
+def test_a_learning_rate_outside_its_range_is_refused_where_parsed(run_dir, tmp_path, lr):
+    with pytest.raises(ValueError, match=r"TrainConfig.lr: .* is no learning rate"):
+        TrainConfig(data=run_dir, out=str(tmp_path / "out"), lr=lr)
+
+
+def huge_run(folder, advantage: float) -> str:
+    """A run whose MRTPO advantage is `advantage` on each response's first token (0 elsewhere)."""
+    rows = response_rows()
+    for row in rows:
+        row["mrtpo_sum"] = [advantage] + [0.0] * (len(row["token_ids"]) - 1)
+    return write_run(folder, rows)
+
+
+def test_advantages_past_float32_are_refused_naming_the_response(tmp_path):
+    run = huge_run(tmp_path / "run", 3e38)  # float32 holds it; twice it does not
+    assert len(read_training(run, "mrtpo")) == 6
+    with pytest.raises(ValueError, match=r"response 'r0': advantage 'mrtpo:2' is 6e\+38 at token 0 \(1 of 4 tokens"):
+        read_training(run, "mrtpo:2")
+
+
+# The first step's loss of huge_run(1e38) is -inf; with 5e37 the loss is finite and the gradients are not.
+@pytest.mark.parametrize("advantage,what", [(1e38, r"the loss is not finite \(-inf\)"),
+                                            (5e37, r"the gradient of model\.\S+ is not finite")])
+def test_training_stops_at_the_first_non_finite_loss_or_gradient_writing_no_checkpoint(policy_dir, tmp_path, capsys,
+                                                                                       advantage, what):
+    from tokencredit.flows.cli import main
+
+    run, out = huge_run(tmp_path / "run", advantage), tmp_path / "out"
+    assert main(["train", "--data", run, "--out", str(out), "--model", str(policy_dir), "--steps", "2",
+                 "--batch-size", "6", "--save-every", "1"]) == 2
+    err = capsys.readouterr().err  # with the loading and progress bars around it
+    errors = [line for line in re.split(r"[\r\n]", err) if "error" in line]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert re.search(rf"tokencredit train: error: step 1: {what}.*training stopped", errors[0]), err
+    assert not list(out.glob("checkpoint-*")) and not (out / "final").exists()
+    # the plain loop stops there too, before the optimizer moves a weight
+    model = load_model(policy_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = collate(load_examples(run, "mrtpo", "pg"), PAD)
+    with pytest.raises(ValueError, match=f"train_step: {what}"):
+        train_step(model, batch, "pg", torch.optim.AdamW(model.parameters(), lr=1e-3))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -29,6 +29,23 @@ def shard_tables(shard: int, responses: int = 3, tokens: int = 4) -> dict[str, p
     return {"responses": resp, "credits": cred, "nodes": NODES.empty_table()}  # flat samples: no tree nodes
 
 
+def rewrite_as_older_run(run, relpath: str, table: pa.Table) -> None:
+    """Write `table` as the run's part file `relpath`, recorded as a writer from before parts recorded their size and
+    footer did (path, rows, sha256), in the manifest and the shard's marker: what a run of an older schema holds."""
+    import hashlib
+
+    pq.write_table(table, run / relpath)
+    part = {"path": relpath, "rows": table.num_rows, "sha256": hashlib.sha256((run / relpath).read_bytes()).hexdigest()}
+    manifest = json.loads((run / "manifest.json").read_text())
+    for entry in manifest["shards"].values():
+        for name in TABLES:
+            if entry.get(name, {}).get("path") == relpath:
+                entry[name] = part
+                marker = run / "_shards" / f"shard-{entry['shard']:05d}.json"
+                marker.write_text(json.dumps(entry))
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+
 def test_shards_are_marked_complete_and_the_manifest_adds_up(tmp_path):
     writer = RunWriter(str(tmp_path))
     writer.start("run", {"seed": 3}, "hash-a", "code")

@@ -53,9 +53,13 @@ def plugin_scores(record: TaskRecord, response: str, plugin_refs: Sequence[Plugi
 
 def checked(record: TaskRecord, response: str, scores: list[RewardScore]) -> list[RewardScore]:
     """`scores` (built-in, then plugins') if they make a response's rewards: PluginError when there
-    is none, a spans list is invalid, or a name is given twice."""
+    is none, a score is not a number in [0, 1] (NaN neither), a spans list is invalid, or a name is given twice."""
     if not scores:
         raise plugins.PluginError(f"record {record.id!r}: the verifiers returned no reward")
+    for s in scores:  # a NaN score would reach GDPO's group statistics and every advantage of the run
+        if isinstance(s.score, bool) or not isinstance(s.score, (int, float)) or not 0 <= s.score <= 1:
+            raise plugins.PluginError(f"record {record.id!r}: reward {s.name!r} has score {s.score!r}; "
+                                      "expected a number in [0, 1]")
     for s in scores:  # a built-in check's spans are validated as a plugin's are
         try:
             spans.check(s.spans, response, f"record {record.id!r}: reward {s.name!r}")

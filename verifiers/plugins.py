@@ -248,6 +248,7 @@ def _reward(ref: PluginRef, item: Any) -> RewardScore:
     # numbers.Real: Python's int and float and numpy's number scalars (numpy.float32, numpy.int64); not a bool
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or not 0 <= value <= 1:
         raise PluginError(f"verifier {ref.target}: reward {name!r} has score {_short(value)}, expected a number in [0, 1]")
+    score = _as_float(ref, name, value)
     for what, text in (("name", name), ("feedback", feedback), ("observed", observed)):
         if not isinstance(text, str):
             raise PluginError(f"verifier {ref.target}: reward {name!r} has {what} {_short(text)}, expected a string")
@@ -256,7 +257,21 @@ def _reward(ref: PluginRef, item: Any) -> RewardScore:
                               "valid Unicode text (a lone surrogate?)")
     # checked against the response in `score`; a list of lists becomes a tuple of pairs there
     where = tuple(tuple(s) if isinstance(s, list) else s for s in where) if isinstance(where, (list, tuple)) else where
-    return RewardScore(name, float(value), feedback, observed, where)
+    return RewardScore(name, score, feedback, observed, where)
+
+
+def _as_float(ref: PluginRef, name: str, value: numbers.Real) -> float:
+    """The stored score: float(value), checked again, since a float subclass's own `__float__` may say other
+    than the value the range checks compared (NaN from a score that compares as 0.5)."""
+    try:
+        score = float(value)
+    except Exception as error:  # the subclass's own code: whatever it raises is this reward's failure
+        raise PluginError(f"verifier {ref.target}: reward {name!r}: float() of its score {_short(value)} raised "
+                          f"{type(error).__name__}: {error}") from None
+    if not 0 <= score <= 1:  # also NaN
+        raise PluginError(f"verifier {ref.target}: reward {name!r} has score {_short(value)} (a "
+                          f"{type(value).__name__}), which converts to {score!r}; expected a number in [0, 1]")
+    return score
 
 
 def _short(value: Any) -> str:

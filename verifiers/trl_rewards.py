@@ -37,6 +37,18 @@ from tokencredit.verifiers.plugins import PluginError
 Feedback = str | Callable[[dict], str]
 
 
+def _one_number(values: Any) -> float | None:
+    """The finite number of a reward function's list for one completion, else None. float() comes before the
+    check: a float subclass's `__float__` may say NaN for a value that compares as 0.5 (max(0.0, NaN) is 0.0)."""
+    if not isinstance(values, Sequence) or len(values) != 1 or not isinstance(values[0], (int, float)):
+        return None
+    try:
+        value = float(values[0])
+    except Exception:  # the subclass's own code, or an int past float's range
+        return None
+    return value if math.isfinite(value) else None
+
+
 class TrlRewardVerifier:
     """A verifier plugin (`tokencredit.verifiers.plugins`) that scores one response with a TRL reward function."""
 
@@ -47,23 +59,23 @@ class TrlRewardVerifier:
         if not callable(feedback) and not (isinstance(feedback, str) and feedback.strip()):
             raise PluginError(f"trl_verifier({_name(fn)}): feedback must be a non-empty string or a "
                               "callable record -> string saying what the reward expects")
-        low, high = bounds
-        if high == low:
-            raise PluginError(f"trl_verifier({_name(fn)}): bounds {bounds} must differ")
+        low, high = _one_number([bounds[0]]), _one_number([bounds[1]])
+        if low is None or high is None or high == low or not math.isfinite(high - low):  # NaN or inf: every score 0
+            raise PluginError(f"trl_verifier({_name(fn)}): bounds {bounds} must be two different finite numbers")
         if conversational not in (None, True, False):
             raise PluginError(f"trl_verifier({_name(fn)}): conversational must be True, False or None (find out), "
                               f"got {conversational!r}")
-        self.__wrapped__, self.feedback, self.bounds = fn, feedback, (float(low), float(high))
+        self.__wrapped__, self.feedback, self.bounds = fn, feedback, (low, high)
         self.name, self.conversational = name or _name(fn), conversational
 
     def __call__(self, record: dict, response: str) -> list[tuple[str, float, str]]:
         values = self._values(record, response)
-        if (not isinstance(values, Sequence) or len(values) != 1 or not isinstance(values[0], (int, float))
-                or not math.isfinite(values[0])):
+        value = _one_number(values)
+        if value is None:
             raise PluginError(f"TRL reward function {self.name}: returned {values!r} for one completion; "
                               "expected a list of one number")
         low, high = self.bounds
-        score = min(1.0, max(0.0, (float(values[0]) - low) / (high - low)))
+        score = min(1.0, max(0.0, (value - low) / (high - low)))
         feedback = self.feedback(record) if callable(self.feedback) else self.feedback
         return [(self.name, score, feedback)]
 

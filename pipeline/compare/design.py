@@ -15,10 +15,12 @@ Every unknown key or bad value is one ValueError naming the table and key.
 from __future__ import annotations
 
 import hashlib
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokencredit.pipeline.config import check_lr
 from tokencredit.pipeline.names import check_name
 
 OBJECTIVES = ("pg", "sft", "rs")
@@ -123,11 +125,11 @@ def _check_types(where: str, table: dict, types: dict) -> None:
             good = isinstance(value, bool)
         elif kind is int:
             good = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        else:
-            good = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        else:  # TOML has inf and nan
+            good = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
         if not good:
             expected = {"seeds": "a list of integers >= 0", bool: "true or false", int: "an integer >= 0",
-                        float: "a number > 0"}[kind]
+                        float: "a finite number > 0"}[kind]
             raise ValueError(f"design [{where}] {key}: {value!r}; expected {expected}")
 
 
@@ -228,6 +230,7 @@ def load_design(path: str | Path) -> Design:
     if len(arms) < 2:
         raise ValueError("design: at least two [arms.NAME] tables are needed to compare")
     training = {"seeds": [0, 1], "steps": 16, "batch_size": 8, "lr": 3e-4, "lora": True, **raw.get("training", {})}
+    check_lr(training["lr"], "design [training] lr")  # `lr = inf` trained NaN policies that were then reported
     if len(training["seeds"]) < 2 or len(set(training["seeds"])) != len(training["seeds"]):
         raise ValueError(f"design [training] seeds: {training['seeds']!r}; at least two distinct seeds (the "
                          "seed component needs them)")

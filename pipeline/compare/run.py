@@ -111,8 +111,8 @@ def train_arm(design: Design, arm: Arm, seed: int, pool: Path, out: Path) -> Pat
     try:
         final = train(config)
     except ValueError as error:
-        if "no response has tokens to train on" not in str(error):
-            raise
+        if "no response has tokens to train on" not in str(error):  # e.g. a loss that is not finite: failed
+            raise ValueError(f"train {arm.name}-{seed}: {error}") from error
         folder.mkdir(parents=True, exist_ok=True)
         write_json(folder / "untrained.json", {"reason": str(error)})
         log(f"{arm.name} seed {seed} stays the base policy: {error}")
@@ -146,6 +146,20 @@ def load_scored_policy(design: Design, adapter: Path | None):
         model, tokenizer = load_policy(design.policy["model"], device=device)
         return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval(), tokenizer
     return load_policy(str(adapter), device=device)
+
+
+def refuse_non_finite_weights(model, label: str, adapter: Path | None) -> None:
+    """ValueError (one line) when a weight of the policy to score is NaN or infinite: such a policy failed, and its
+    rewards (a NaN model decodes something all the same) must not become a row of the comparison."""
+    import torch
+
+    weights = dict(model.named_parameters())  # a tied weight once
+    bad = [name for name, tensor in weights.items() if not bool(torch.isfinite(tensor).all())]
+    if bad:
+        remedy = f"delete {adapter} and rerun to train it again" if adapter else "check the design's [policy] model"
+        raise ValueError(f"policy {label} ({adapter or 'the base policy'}): {len(bad)} of "
+                         f"{len(weights)} weight tensors hold NaN or inf (first {bad[0]}); it failed and "
+                         f"is not scored; {remedy}")
 
 
 def scores_path(out: Path, label: str) -> Path:
@@ -196,6 +210,7 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
     model = design.policy["model"]
     backend = stage_backend(design, len(records) * len(design.decodes) * design.scoring["max_new_tokens"])
     policy = load_scored_policy(design, adapter)
+    refuse_non_finite_weights(policy[0], label, adapter)
     if backend == "transformers":
         sampler = make_sampler(backend, model, device=design.policy["device"], policy=policy)
     else:  # an engine that loads its own weights: the merged policy in DIR/policies/LABEL until it is scored

@@ -8,6 +8,7 @@
                                        rows and checksums; `complete` is true once every shard is written
     OUT/record_hashes.json             a hash of each annotated task record's content
     OUT/.lock                          held by the one process that writes the run
+    OUT/.read_stamps.json              parts that readers verified, by their stat (`stamps`)
 
 A shard is written table by table to a temporary name and renamed into place; it counts as
 complete only once its marker exists, and the marker is written (atomically) last. A crash
@@ -38,6 +39,7 @@ import pyarrow.parquet as pq
 from tokencredit.schemas import SCHEMA_VERSION, TABLES, with_version
 
 from tokencredit.pipeline import interrupts
+from tokencredit.pipeline.dataset.stamps import STAMPS, PartStamps
 
 MANIFEST = "manifest.json"
 RECORD_HASHES = "record_hashes.json"  # task record id -> hash of its content (`tokencredit.pipeline.identity`)
@@ -58,14 +60,14 @@ class IncompleteRunError(ValueError):
 
 def check_restartable(out: str) -> None:
     """Raise ValueError unless OUT holds a tokencredit run (its manifest.json), or nothing but what a run
-    start leaves (its empty table folders, its lock): `--restart` deletes a run, never a folder of other
-    files. Called before anything is written into OUT."""
+    start leaves (its empty table folders, its lock) and its readers' stamps: `--restart` deletes a run, never a
+    folder of other files. Called before anything is written into OUT."""
     fs, root = filesystem(out)
     if fs.get_file_info(root).type == pafs.FileType.NotFound or _exists(fs, f"{root}/{MANIFEST}"):
         return
     found = [info.path[len(root) + 1:] for info in fs.get_file_info(pafs.FileSelector(root, recursive=True))
              if not (info.type == pafs.FileType.Directory and info.base_name in (*TABLES, SHARDS))
-             and info.path[len(root) + 1:] != LOCK]
+             and info.path[len(root) + 1:] not in (LOCK, STAMPS)]
     if found:
         shown = ", ".join(sorted(found)[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise ValueError(f"--restart: {out} holds no tokencredit run (no {MANIFEST}) but {len(found)} other "
@@ -91,9 +93,21 @@ def _sha256(fs: pafs.FileSystem, path: str) -> str:
     return digest.hexdigest()
 
 
+def _footer_sha256(fs: pafs.FileSystem, path: str) -> str:
+    """sha256 of a Parquet file's footer (its metadata, its length and the closing magic): the footer holds every
+    column chunk's offset, size and statistics, so another file's (a part copied from another shard) differs.
+    Two small reads, where a full hash reads the whole part."""
+    with fs.open_input_file(path) as handle:
+        size = handle.size()
+        tail = handle.read_at(min(size, 8), max(size - 8, 0))
+        length = int.from_bytes(tail[:4], "little") + 8 if tail[4:] == b"PAR1" else len(tail)
+        return hashlib.sha256(handle.read_at(min(size, length), max(size - length, 0))).hexdigest()
+
+
 RESUME_RUN = ("resume the run (rerun the annotate command that wrote it: its manifest keeps each part's sha256, and "
               "shards whose files differ are written again)")
-_MARKER = re.compile(r"shard-\d{5}\.json")  # a shard's completion marker in OUT/_shards
+_MARKER = re.compile(r"shard-(\d{5})\.json")  # a shard's completion marker in OUT/_shards
+_PART = re.compile(r"part-(\d{5})\.parquet")  # a shard's part file in OUT/TABLE
 _TEMPORARY = re.compile(r"\..+\.[0-9a-f]+\.tmp")  # what `_write_atomic` names a file while writing it
 
 
@@ -187,12 +201,13 @@ class RunFiles:
 
 
 def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
-    """The part files of a run: the manifest's list once the run is complete.
+    """The part files of a run: the manifest's list once the run is complete, each checked (`_check_run`).
 
     An incomplete run raises IncompleteRunError, unless `allow_incomplete`: then the files of the
     shards whose completion marker exists (never a half-written or unmarked file).
     """
     fs, root = filesystem(out)
+    stamps = PartStamps(root) if isinstance(fs, pafs.LocalFileSystem) else None  # before the manifest is read
     manifest = _read_manifest(fs, root)
     if manifest is None:
         try:
@@ -216,28 +231,113 @@ def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
                 f"written); resume it with the same annotate command, or pass --allow-incomplete to read "
                 f"the shards written so far")
     entries.sort(key=lambda e: e["shard"])
-    if "://" not in out:  # a footer read per part; a remote run's parts are checked when DuckDB reads them
-        for entry in entries:
-            for name in TABLES:
-                if name in entry:
-                    _check_part(out, root, entry[name])
+    _check_run(fs, out, root, manifest, entries, stamps)
     files = {name: [f"{root}/{e[name]['path']}" for e in entries if name in e] for name in TABLES}
     return RunFiles(fs, root, "://" not in out, manifest, files)
 
 
-def _check_part(out: str, root: str, part: dict[str, Any], resume: str = RESUME_RUN) -> None:
-    """ValueError naming a part file of the run that is gone, is not Parquet any more (cut short) or holds other
-    than the rows its marker counts, and saying how to write it again (`resume`). Reads only the file's footer: a
-    change that keeps those is found by the sha256 check of a resume."""
+def _check_run(fs: pafs.FileSystem, out: str, root: str, manifest: dict[str, Any], entries: list[dict[str, Any]],
+               stamps: PartStamps | None) -> None:
+    """ValueError naming what a reader must not read: a complete manifest's shard list that does not match the run
+    (`_shard_list_problem`), or a part of `entries` that is not the file its shard wrote (`_check_part`). With
+    `stamps` (a local run's, made before its manifest was read), only what changed since a reader verified it is
+    checked again: each part is stat'ed, and the folders are listed only when they or the manifest changed."""
+    parts = [entry[name] for entry in entries for name in TABLES if name in entry]
+    unverified = stamps.unverified(parts) if stamps is not None else [(part, None) for part in parts]
+    if manifest.get("complete"):
+        holds, now = stamps.check_holds("shard_list", (MANIFEST, SHARDS, *TABLES)) if stamps else (False, [])
+        if not holds:
+            problem = _shard_list_problem(manifest, _listing(fs, root))
+            if problem:
+                raise ValueError(f"{out}: {problem}; {RESUME_RUN}")
+            if stamps is not None:
+                stamps.add_check("shard_list", now)
+    for part, stat in unverified:
+        _check_part(fs, out, root, part)
+        if stamps is not None and stat is not None:
+            stamps.add(part, stat)
+    if stamps is not None:
+        stamps.save()
+
+
+def _listing(fs: pafs.FileSystem, root: str) -> dict[str, set[str]]:
+    """The names of the files in OUT's marker and table folders, one listing each ({} for a folder not there)."""
+    found: dict[str, set[str]] = {}
+    for folder in (SHARDS, *TABLES):
+        if isinstance(fs, pafs.LocalFileSystem):  # names only: pyarrow stats every file it lists
+            try:
+                found[folder] = set(os.listdir(f"{root}/{folder}"))
+            except (FileNotFoundError, NotADirectoryError):
+                found[folder] = set()
+        else:
+            selector = pafs.FileSelector(f"{root}/{folder}", allow_not_found=True)
+            found[folder] = {info.base_name for info in fs.get_file_info(selector)}
+    return found
+
+
+def _shard_list_problem(manifest: dict[str, Any], listing: dict[str, set[str]]) -> str | None:
+    """What is wrong with a complete manifest's list of shards, None when nothing: a shard of 0..n_shards-1 it does
+    not list, a marker or a part file on disk (`listing`, from `_listing`) of a shard it does not list, or totals
+    its shards' rows do not make (an entry deleted from the manifest read as a smaller run). One pass over its
+    shards, then set differences: the pattern is matched only against names that are not a listed shard's."""
+    shards = manifest["shards"]
+    listed: set[int] = set()
+    rows = dict.fromkeys(TABLES, 0)
+    for entry in shards.values():
+        listed.add(entry["shard"])
+        for name in TABLES:
+            if name in entry:
+                rows[name] += entry[name]["rows"]
+    n_shards = manifest.get("n_shards") or 0
+    missing = [s for s in range(n_shards) if s not in listed or str(s) not in shards]
+    if missing:
+        return f"{MANIFEST} lists no shard {missing[0]} of its {n_shards} shards"
+    numbers = [f"{s:05d}" for s in listed]
+    for folder, pattern, prefix, suffix in ((SHARDS, _MARKER, "shard-", ".json"),
+                                            *((name, _PART, "part-", ".parquet") for name in TABLES)):
+        for base_name in sorted(listing[folder] - {prefix + number + suffix for number in numbers}):
+            found = pattern.fullmatch(base_name)
+            if found and int(found[1]) not in listed:
+                return (f"{folder}/{base_name} is a shard that {MANIFEST} does not list (move it out of the "
+                        f"run folder if the run did not write it)")
+    totals = manifest.get("totals") or {}
+    for name in TABLES:
+        if name in totals and rows[name] != totals[name]:
+            return f"{MANIFEST} counts {totals[name]} {name} rows but its shards hold {rows[name]}"
+    return None
+
+
+def _check_part(fs: pafs.FileSystem, out: str, root: str, part: dict[str, Any], resume: str = RESUME_RUN) -> None:
+    """ValueError naming a part file of the run that is gone or is not the file its shard wrote, and saying how to
+    write it again (`resume`). A part written with its size and footer hash is checked by both (a stat and two
+    small reads: a copied, cut-short or appended-to part differs); an older run's part, which records only its
+    sha256, by that (a full read); a part recorded with its rows alone by its footer's row count. A change inside
+    a page that keeps the size and the footer is found by a resume's sha256 check, not here."""
+    path = f"{root}/{part['path']}"
     try:
-        rows = pq.read_metadata(f"{root}/{part['path']}").num_rows
-        problem = None if rows == part["rows"] else f"holds {rows} rows where the run wrote {part['rows']}"
+        problem = _part_problem(fs, path, part)
     except FileNotFoundError:
         problem = "is missing"
     except (OSError, pa.ArrowInvalid):
         problem = "is not a whole Parquet file (cut short?)"
     if problem:
         raise ValueError(f"{out}: its part file {part['path']} {problem}; {resume}")
+
+
+def _part_problem(fs: pafs.FileSystem, path: str, part: dict[str, Any]) -> str | None:
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return "is missing"
+    if "bytes" in part:
+        if info.size != part["bytes"]:
+            return f"holds {info.size} bytes where the run wrote {part['bytes']} (cut short or replaced?)"
+        if _footer_sha256(fs, path) != part["footer_sha256"]:
+            return "is not the file the run wrote: its Parquet footer differs (copied from another shard?)"
+        return None
+    if "sha256" in part:
+        return None if _sha256(fs, path) == part["sha256"] else "differs from the sha256 the run recorded for it"
+    rows = pq.read_metadata(path, filesystem=fs).num_rows
+    return None if rows == part["rows"] else f"holds {rows} rows where the run wrote {part['rows']}"
 
 
 @dataclass
@@ -372,8 +472,9 @@ class RunWriter:
 
     def clear(self) -> None:
         """Delete the run this directory holds (`--restart`), and only what the run wrote: its manifest,
-        record hashes, rejected records, the markers and part files of its shards (by their exact names, for
-        the shards its manifest and markers count) and its temporary files; anything else in OUT stays.
+        record hashes, rejected records, its readers' stamps, the markers and part files of its shards (by their
+        exact names, for the shards its manifest and markers count) and its temporary files; anything else in OUT
+        stays.
         Call it holding the lock, after `check_restartable`. A crash midway leaves the old run incomplete
         (readers refuse it) and no shard that counts as written without its files: the manifest says
         incomplete first, then markers go, then part files, then the manifest."""
@@ -385,7 +486,7 @@ class RunWriter:
         shards |= {int(m.base_name[6:11]) for m in markers if _MARKER.fullmatch(m.base_name)}
         ours = [self._marker(s) for s in sorted(shards)]
         ours += [f"{name}/part-{s:05d}.parquet" for s in sorted(shards) for name in TABLES]
-        ours += ["rejected.jsonl", RECORD_HASHES]
+        ours += ["rejected.jsonl", RECORD_HASHES, STAMPS]
         for relpath in ours:
             if self.fs.get_file_info(f"{self.root}/{relpath}").type == pafs.FileType.File:
                 self.fs.delete_file(f"{self.root}/{relpath}")
@@ -407,7 +508,8 @@ class RunWriter:
         self._delete_temporaries()
         marked = {s: self._read_marker(s) for s in range(n_shards)}
         redo = [s for s, entry in marked.items() if entry is not None and not self._files_match(entry)]
-        if redo and self.manifest.get("complete"):
+        stale = self.manifest.get("complete") and _shard_list_problem(self.manifest, _listing(self.fs, self.root))
+        if (redo or stale) and self.manifest.get("complete"):  # `finish` writes its list of shards again
             self.manifest["complete"] = False
             self._write_json(MANIFEST, self.manifest)
         for s in redo:
@@ -461,7 +563,8 @@ class RunWriter:
             table = table.cast(with_version(TABLES[name], name))
             _write_atomic(self.fs, path, lambda tmp, t=table: pq.write_table(t, tmp, filesystem=self.fs))
             entry[name] = {"path": f"{name}/part-{shard:05d}.parquet", "rows": table.num_rows,
-                           "sha256": _sha256(self.fs, path)}
+                           "sha256": _sha256(self.fs, path), "bytes": self.fs.get_file_info(path).size,
+                           "footer_sha256": _footer_sha256(self.fs, path)}
         self._write_json(self._marker(shard), entry)
         return entry
 

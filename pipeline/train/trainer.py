@@ -13,7 +13,8 @@ micro-batch's loss is divided by the step's total tokens or SFT weight, not by i
 runs the forwards under bf16 autocast (CUDA; CPU works too, slowly); `lora` trains adapters.
 The optimizer is torch's AdamW with its defaults (weight decay 0.01 on every trainable parameter)
 at a constant learning rate, without gradient clipping. `train_step` is the same step without
-Trainer, for a plain loop.
+Trainer, for a plain loop. Both stop (ValueError, one line naming the step) at the first loss or gradient that
+holds NaN or an infinity, before the optimizer applies it: no checkpoint or final folder holds such a step.
 
 The advantages are the dataset's: GDPO's batch step taken over the whole run (schemas/views.sql).
 A trainer that prefers to normalize over its own batch, as TRL and verl do, reads `gdpo_sum` and
@@ -54,6 +55,7 @@ import transformers
 from torch import Tensor
 
 from tokencredit.pipeline import interrupts
+from tokencredit.pipeline.config import check_lr
 from tokencredit.pipeline.progress import Phase
 from tokencredit.pipeline.train.losses import IGNORE_INDEX, kl_penalty, policy_gradient_loss
 from tokencredit.pipeline.models.loading import load_policy
@@ -103,6 +105,7 @@ class TrainConfig:
                              "pass advantage=None")
         if self.advantage is not None:
             parse_advantage(self.advantage)
+        check_lr(self.lr, "TrainConfig.lr")
         if self.kl_coef < 0:
             raise ValueError(f"TrainConfig.kl_coef must be >= 0, got {self.kl_coef}")
         for name in ("steps", "batch_size", "save_every", "grad_accum", "save_total_limit"):
@@ -199,6 +202,28 @@ def step_totals(micro: list[dict[str, Tensor]]) -> tuple[int, float]:
             sum(float(b["credit"][:, 1:][m].sum()) for b, m in zip(micro, masks)))
 
 
+def refuse_non_finite(where: str, what: str, value: Tensor) -> None:
+    """ValueError (one line) when `value` holds NaN or an infinity: AdamW would carry it into every weight (a NaN
+    policy that still scores, as a result), so the first one ends the training."""
+    if not bool(torch.isfinite(value).all()):
+        shown = value.item() if value.numel() == 1 else "NaN or inf"
+        raise ValueError(f"{where}: {what} is not finite ({shown}); training stopped before the optimizer applied it "
+                         f"and no checkpoint holds it; lower the learning rate, or check the policy's weights and "
+                         f"the run's advantages")
+
+
+def refuse_non_finite_gradients(where: str, model) -> None:
+    """refuse_non_finite of every parameter's gradient, naming the first non-finite one. One device sync, not one a
+    parameter: the test runs on per-tensor flags."""
+    named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return
+    bad = torch.stack([~torch.isfinite(grad).all() for _, grad in named])
+    if bool(bad.any()):
+        name, grad = named[int(bad.nonzero()[0])]
+        refuse_non_finite(where, f"the gradient of {name}", grad)
+
+
 def micro_batch_loss(model, batch: dict[str, Tensor], objective: str, totals: tuple[int, float],
                      clip_eps: float = 0.2, reference=None, kl_coef: float = 0.0,
                      bf16: bool = False) -> tuple[Tensor, dict[str, float]]:
@@ -245,7 +270,7 @@ def train_step(model, batch: dict[str, Tensor] | list[dict[str, Tensor]], object
 
     The micro-batches' gradients accumulate (micro_batch_loss), so the step equals one on their union.
     `reference(batch)` gives log pi_ref of the labels ([B, L - 1]) for the `kl_coef` term. Returns the
-    step_figures row.
+    step_figures row; ValueError, the optimizer untouched, where a loss or a gradient is not finite.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
@@ -259,8 +284,10 @@ def train_step(model, batch: dict[str, Tensor] | list[dict[str, Tensor]], object
     for b in micro:
         loss, figures = micro_batch_loss(model, b, "sft" if objective == "rs" else objective, totals, clip_eps,
                                          reference, kl_coef, bf16)
+        refuse_non_finite("train_step", "the loss", loss)
         loss.backward()
         parts.append(figures)
+    refuse_non_finite_gradients("train_step", model)
     optimizer.step()
     return step_figures(parts, totals[0])
 
@@ -319,6 +346,7 @@ class CreditTrainer(transformers.Trainer):
         self._parts: list[dict[str, float]] = []
         # compute_loss divides by the whole step's tokens or weight; Trainer must not divide by grad_accum again
         self.model_accepts_loss_kwargs = True
+        self.add_callback(FiniteGradients())
 
     def _get_train_sampler(self, train_dataset=None):
         c = self.config
@@ -340,6 +368,7 @@ class CreditTrainer(transformers.Trainer):
         c = self.config
         loss, figures = micro_batch_loss(model, inputs, self.objective, self._totals, c.clip_eps, self.reference,
                                          c.kl_coef, c.bf16)
+        refuse_non_finite(f"step {self.state.global_step + 1}", "the loss", loss)
         self._parts.append(figures)
         return (loss, {}) if return_outputs else loss
 
@@ -352,6 +381,13 @@ class CreditTrainer(transformers.Trainer):
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         if self.config.save_optimizer:  # else a resume starts AdamW's moments (and the constant LR) afresh
             super()._save_optimizer_and_scheduler(output_dir)
+
+
+class FiniteGradients(transformers.TrainerCallback):
+    """Ends the training (refuse_non_finite_gradients) before the optimizer step of a gradient that is not finite."""
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        refuse_non_finite_gradients(f"step {state.global_step + 1}", model)
 
 
 class MetricsCSV(transformers.TrainerCallback):

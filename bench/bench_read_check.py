@@ -1,0 +1,178 @@
+"""What the read check costs `query` on a 20M-credit-row run (issue 49, item 3): target under 5% of the query.
+
+    python bench/bench_read_check.py [--quick] [--rows N]
+
+Every reader opens a run through `writer.run_files`, whose `_check_run` refuses a manifest whose shard list does
+not match the folders (one listing each) and a part file whose size or Parquet footer is not the one its shard
+wrote. A local run's parts are stat'ed, and only those whose stat stamp changed since a reader verified them are
+read; the folders are listed only when they or the manifest changed (`stamps`): the first read after the run is
+written (or changed, or copied elsewhere) reads every part's footer and writes the stamps, every later read stats
+them. The run is `analysis.synthetic_run` (RunWriter, about 192 credit rows a response: 96 tokens on average, 2
+rewards) in two layouts: annotate's default shards (8 prompts x 4 responses, so thousands of parts) and large
+shards (4096 responses). Each query of the docs is timed through `run_query(...).fetchall()` with the check and
+with it switched off (`_check_run` and the stamps swapped for no-ops), and the check alone, in turns
+(`interleaved_times`), the page cache warm for all; the first read's check (no stamps) is timed alone. The figure
+is the check's seconds over the query's without it; the difference of the two query timings is recorded beside
+it. Results: bench/results/read_check.json (a row per layout and query) and bench/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from common import ROOT, interleaved_times, machine, upsert_result, verdict
+
+RESULTS_JSON = ROOT / "bench" / "results" / "read_check.json"
+TARGET = 0.05  # the check's share of a query's time
+TOKENS, REWARDS = 96, 2  # annotate's default max_new_tokens (a response's mean length) and a task's rewards
+CREDIT_ROWS_PER_RESPONSE = TOKENS * REWARDS
+LAYOUTS = {"default shards (8 prompts x 4 responses)": 32, "large shards (4096 responses)": 4096}
+QUERIES = {  # README.md and docs/credits.md
+    "responses by task": "select task, count(*) as responses, avg(rewards[1]) as first_reward from responses "
+                         "group by task",
+    "credits by source": "select relevance_source, count(*) from credits group by all",
+    "lowest advantages": "select reward, token_text, advantage from credits order by advantage limit 5",
+}
+
+
+@contextlib.contextmanager
+def check_switched_off():
+    """run_files without its shard-list and part checks (what every reader did before them)."""
+    from tokencredit.pipeline.dataset import writer
+
+    saved = writer._check_run, writer.PartStamps
+    writer._check_run, writer.PartStamps = (lambda *args: None), (lambda root: None)
+    try:
+        yield
+    finally:
+        writer._check_run, writer.PartStamps = saved
+
+
+def check_alone(run: str, files) -> Callable[[], None]:
+    """The check run_files makes, on `files` (run_files' result, its manifest read already)."""
+    from tokencredit.pipeline.dataset import writer
+    from tokencredit.pipeline.dataset.stamps import PartStamps
+
+    entries = sorted(files.manifest["shards"].values(), key=lambda e: e["shard"])
+    return lambda: writer._check_run(files.fs, run, files.root, files.manifest, entries, PartStamps(files.root))
+
+
+def first_read_check_s(run: str, check: Callable[[], None], repeats: int) -> float:
+    """Median seconds of the check with no stamps (each part's footer read, the stamps written)."""
+    from tokencredit.pipeline.dataset.stamps import STAMPS
+
+    times = []
+    for _ in range(repeats):
+        (Path(run) / STAMPS).unlink(missing_ok=True)
+        start = time.perf_counter()
+        check()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def settle(run: str) -> None:
+    """Wait until the newest file may be stamped (`stamps.SETTLED_NS`), then read once: every stamp recorded."""
+    from tokencredit.pipeline.dataset.stamps import SETTLED_NS, PartStamps
+    from tokencredit.pipeline.dataset.writer import MANIFEST, SHARDS, TABLES, run_files
+
+    newest = max(p.stat().st_ctime_ns for p in Path(run).rglob("*"))
+    time.sleep(max(0.0, (newest + SETTLED_NS - time.time_ns()) / 1e9 + 0.1))
+    files = run_files(run)
+    parts = [entry[name] for entry in files.manifest["shards"].values() for name in entry
+             if isinstance(entry[name], dict) and "path" in entry[name]]
+    stamps = PartStamps(files.root)
+    assert stamps.unverified(parts) == [] and stamps.check_holds("shard_list", (MANIFEST, SHARDS, *TABLES))[0]
+
+
+def build(folder: Path, responses: int, shard_responses: int) -> tuple[float, dict]:
+    from tokencredit.pipeline.dataset.analysis import synthetic_run
+
+    start = time.perf_counter()
+    synthetic_run(folder, responses, TOKENS, REWARDS, shard_responses=shard_responses)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return time.perf_counter() - start, manifest
+
+
+def measure(run: str, repeats: int) -> list[dict]:
+    from tokencredit.pipeline.dataset.query import run_query
+    from tokencredit.pipeline.dataset.writer import run_files
+
+    def query(sql: str, checked: bool):
+        def go():
+            with contextlib.nullcontext() if checked else check_switched_off():
+                return run_query(run, sql).fetchall()
+        return go
+
+    with check_switched_off():
+        check = check_alone(run, run_files(run))
+    first_s = first_read_check_s(run, check, repeats)
+    settle(run)
+    rows = []
+    for name, sql in QUERIES.items():
+        times = interleaved_times({"with": query(sql, True), "without": query(sql, False), "check": check},
+                                  repeats=repeats)
+        rows.append({"query": name, "sql": sql, "query_with_check_s": times["with"],
+                     "query_without_check_s": times["without"], "check_s": times["check"],
+                     "check_over_query": times["check"] / times["without"],
+                     "difference_over_query": (times["with"] - times["without"]) / times["without"],
+                     "first_read_check_s": first_s, "first_read_check_over_query": first_s / times["without"]})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2M credit rows instead of 20M, 3 repeats")
+    parser.add_argument("--rows", type=int, default=None, help="credit rows of the run (default 20M; --quick 2M)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls a side (default 5; --quick 3)")
+    args = parser.parse_args()
+    rows_wanted = args.rows or (2_000_000 if args.quick else 20_000_000)
+    repeats = args.repeats or (3 if args.quick else 5)
+    responses = -(-rows_wanted // CREDIT_ROWS_PER_RESPONSE // 32) * 32  # whole shards of the default layout
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_read_check_", dir="/tmp") as tmp:
+        for layout, shard_responses in LAYOUTS.items():
+            run = Path(tmp) / f"run-{shard_responses}"
+            build_s, manifest = build(run, responses, shard_responses)
+            parts = sum(isinstance(part, dict) and "path" in part for entry in manifest["shards"].values()
+                        for part in entry.values())
+            print(f"{layout}: {manifest['totals']['credits']:,} credit rows, {len(manifest['shards'])} shards, "
+                  f"{parts} part files, built in {build_s:.0f} s", flush=True)
+            for row in measure(str(run), repeats):
+                row.update({"layout": layout, "credit_rows": manifest["totals"]["credits"],
+                            "responses": manifest["totals"]["responses"], "shards": len(manifest["shards"]),
+                            "part_files": parts, "build_s": build_s, "repeats": repeats,
+                            "mode": "quick" if args.quick else "full", "machine": machine(),
+                            "date": datetime.date.today().isoformat()})
+                print(f"  {row['query']}: query {row['query_without_check_s']:.3f} s without the check, "
+                      f"{row['query_with_check_s']:.3f} s with; check alone {row['check_s']:.3f} s = "
+                      f"{row['check_over_query']:.1%} of the query; the first read's "
+                      f"{row['first_read_check_s']:.3f} s = {row['first_read_check_over_query']:.1%}", flush=True)
+                results.append(row)
+            shutil.rmtree(run)
+    RESULTS_JSON.write_text(json.dumps(results, indent=1) + "\n")
+    worst = max(results, key=lambda r: r["check_over_query"])
+    figures = "; ".join(f"{r['layout'].split(' (')[0]}, {r['query']}: {r['check_over_query']:.1%} "
+                        f"({r['check_s']:.3f} s of {r['query_without_check_s']:.3f} s; first read "
+                        f"{r['first_read_check_over_query']:.1%})" for r in results)
+    upsert_result("Read check (query)",
+                  "`run_files`' shard-list and part checks (size + stat stamp per part; footer sha256 of a part "
+                  "whose stamp changed, every part on the first read) against the query they precede, on a "
+                  "synthetic run written through RunWriter (`python bench/bench_read_check.py`).",
+                  "quick" if args.quick else "full",
+                  f"{results[0]['credit_rows']:,} credit rows; {results[0]['part_files']} / {results[-1]['part_files']}"
+                  f" part files", figures,
+                  f"check < {TARGET:.0%} of the query, every read after the first: "
+                  f"{verdict(worst['check_over_query'] < TARGET)} (worst {worst['check_over_query']:.1%}); the first "
+                  f"read after a write: worst {max(r['first_read_check_over_query'] for r in results):.1%}")
+
+
+if __name__ == "__main__":
+    main()
