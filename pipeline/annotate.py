@@ -30,7 +30,7 @@ from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
 from tokencredit.pipeline.sample import engine_starts, make_sampler
 from tokencredit.pipeline.dataset.tables import credits_table, nodes_table, responses_table
-from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_restartable, read_manifest
+from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_restartable, read_manifest, run_files
 from tokencredit.pipeline.devices import worker_identity
 from tokencredit.pipeline.identity import record_hashes, run_inputs
 from tokencredit.pipeline.progress import Phase
@@ -305,7 +305,8 @@ def complete_run(config: AnnotateConfig, out: str) -> dict[str, Any] | None:
         return None
     try:
         RunWriter(out).checked_shards(manifest["n_shards"])
-    except RuntimeError:  # a shard to write again: the rerun resumes it
+        run_files(out)  # the manifest's shard list and parts as a reader checks them
+    except (RuntimeError, ValueError):  # a shard to write again, or a manifest to write again: the rerun resumes
         return None
     return manifest
 

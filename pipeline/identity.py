@@ -135,7 +135,7 @@ def found_complete(config: AnnotateConfig, out: str, backends: Sequence[str]) ->
     chooses after reading the prompt set), every input it recorded unchanged (its prompt files among them) and every
     shard's files as written; else None. Reads no prompt and loads no model: a rerun that would write nothing
     says so in a few seconds (`annotate` runs the full checks otherwise)."""
-    from tokencredit.pipeline.dataset.writer import RunWriter, read_manifest
+    from tokencredit.pipeline.dataset.writer import RunWriter, read_manifest, run_files
 
     manifest = read_manifest(out) or {}  # read first: a RunWriter makes the run's folders
     digests = {dataclasses.replace(config, backend=backend).digest() for backend in backends}
@@ -149,7 +149,8 @@ def found_complete(config: AnnotateConfig, out: str, backends: Sequence[str]) ->
         if file_checksums([Path(path) for path in recorded]) != recorded:
             return None
         RunWriter(out).checked_shards(manifest["n_shards"])
-    except (OSError, RuntimeError):  # an input gone or a shard to write again: the full checks say which
+        run_files(out)  # the manifest's shard list and parts as a reader checks them
+    except (OSError, RuntimeError, ValueError):  # an input gone or a shard to write again: the full checks say which
         return None
     return manifest
 

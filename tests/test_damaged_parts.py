@@ -21,6 +21,7 @@ from tokencredit.pipeline.dataset.stamps import SETTLED_NS, STAMPS
 from tokencredit.pipeline.dataset.writer import RunWriter
 
 from tests.test_identity import FAST, title_record, write_prompts
+from tests.test_progress import without_phases
 from tests.test_writer import shard_tables
 
 READERS = {
@@ -45,9 +46,9 @@ def three_shards(folder: Path) -> Path:
 
 def refused(capsys, argv: list[str]) -> str:
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
+    err = without_phases(capsys.readouterr().err)  # a phase's announcement, then the one error line
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
 
 
 def edit_manifest(run: Path, change) -> None:
