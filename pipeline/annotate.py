@@ -305,7 +305,7 @@ def complete_run(config: AnnotateConfig, out: str) -> dict[str, Any] | None:
         return None
     try:
         RunWriter(out).checked_shards(manifest["n_shards"])
-        run_files(out)  # the manifest's shard list and parts as a reader checks them
+        run_files(out, stamp=False)  # the manifest's shard list and parts as a reader checks them
     except (RuntimeError, ValueError):  # a shard to write again, or a manifest to write again: the rerun resumes
         return None
     return manifest

@@ -149,7 +149,7 @@ def found_complete(config: AnnotateConfig, out: str, backends: Sequence[str]) ->
         if file_checksums([Path(path) for path in recorded]) != recorded:
             return None
         RunWriter(out).checked_shards(manifest["n_shards"])
-        run_files(out)  # the manifest's shard list and parts as a reader checks them
+        run_files(out, stamp=False)  # the manifest's shard list and parts as a reader checks them
     except (OSError, RuntimeError, ValueError):  # an input gone or a shard to write again: the full checks say which
         return None
     return manifest

@@ -200,14 +200,15 @@ class RunFiles:
     files: dict[str, list[str]]
 
 
-def run_files(out: str, allow_incomplete: bool = False) -> RunFiles:
+def run_files(out: str, allow_incomplete: bool = False, stamp: bool = True) -> RunFiles:
     """The part files of a run: the manifest's list once the run is complete, each checked (`_check_run`).
 
     An incomplete run raises IncompleteRunError, unless `allow_incomplete`: then the files of the
-    shards whose completion marker exists (never a half-written or unmarked file).
+    shards whose completion marker exists (never a half-written or unmarked file). `stamp=False` checks every
+    part in full and writes no stamp (annotate's found-again check, which writes nothing).
     """
     fs, root = filesystem(out)
-    stamps = PartStamps(root) if isinstance(fs, pafs.LocalFileSystem) else None  # before the manifest is read
+    stamps = PartStamps(root) if stamp and isinstance(fs, pafs.LocalFileSystem) else None  # before the manifest
     manifest = _read_manifest(fs, root)
     if manifest is None:
         try:
