@@ -641,6 +641,15 @@ def _verbose(p: argparse.ArgumentParser) -> None:
                    "WARNING) and its progress bars")
 
 
+def _derived_runner(p: argparse.ArgumentParser) -> None:
+    """--runner and --workers of `values` and `repair`."""
+    p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
+                   help="Prefect task runner for the shards: threads, or a local Dask cluster of --workers processes "
+                   "of one core (or GPU) each, each with its own engine; 'none' runs them in this process without "
+                   "Prefect")
+    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
+
+
 def _allow_incomplete(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-incomplete", action="store_true",
                    help="read a run that is not complete (the shards written so far)")
@@ -697,11 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto", help="sampler of the "
                    "resamples; auto: the vllm engine where it is installed for --device, else transformers")
     _verbose(p)
-    p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
-                   help="Prefect task runner for the shards: threads, or a local Dask cluster of --workers processes "
-                   "of one core (or GPU) each, each with its own engine; 'none' runs them in this process without "
-                   "Prefect")
-    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
+    _derived_runner(p)
     p.add_argument("--cut", choices=["penalty", "decisive"], default="penalty",
                    help="where to cut: before the credit's top penalty, or at the start of the decisive segment of "
                         "the value curve (needs --values)")
@@ -724,11 +729,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto", help="sampler of the "
                    "continuations; auto: the vllm engine where it is installed for --device, else transformers")
     _verbose(p)
-    p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
-                   help="Prefect task runner for the shards: threads, or a local Dask cluster of --workers processes "
-                   "of one core (or GPU) each, each with its own engine; 'none' runs them in this process without "
-                   "Prefect")
-    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
+    _derived_runner(p)
     p.set_defaults(func=cmd_values)
 
     p = command("train", "train a policy from a run's training view")
