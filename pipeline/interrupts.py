@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -85,6 +86,9 @@ def _watch(read: int, command: str) -> None:
             return
         code = 128 + first[0]
         _stopping.set()
+        # an event loop that the signal cut short drops its sockets with "Exception ignored in ...": noise before
+        # the one line, like everything dying threads print after it (`_stop`)
+        sys.unraisablehook = lambda unraisable: None
         threading.Thread(target=_stop, args=(command, code), name="interrupts-stop", daemon=True).start()
         if os.read(read, 1):  # a second signal: end now
             os._exit(code)
