@@ -32,8 +32,9 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def repaired(run, tmp_path_factory):
     out = tmp_path_factory.mktemp("repaired") / "pairs"
+    # the transformers sampler, which CONFIG's runs below use (auto would take the engine where installed)
     code = main(["repair", str(run), "--out", str(out), "--n", "3", "--shard-size", "4", "--seed", "1",
-                 "--runner", "none"])
+                 "--runner", "none", "--backend", "transformers"])
     assert code == 0
     return out
 
@@ -72,7 +73,7 @@ def test_repair_writes_pairs_whose_chosen_fixes_the_reward(run, repaired):
 def test_the_cli_says_failures_for_what_it_repaired_and_pairs_for_what_it_wrote(run, repaired, capsys):
     """Run again on its own output (every shard done: no model loads), the command prints the summary."""
     assert main(["repair", str(run), "--out", str(repaired), "--n", "3", "--shard-size", "4", "--seed", "1",
-                 "--runner", "none"]) == 0
+                 "--runner", "none", "--backend", "transformers"]) == 0
     summary = json.loads((repaired / "repair.json").read_text())
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == (f"wrote {summary['pairs_written']} preference pairs to {repaired}/pairs (TRL DPOTrainer "
