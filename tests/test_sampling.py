@@ -240,6 +240,24 @@ def test_in_a_chat_template_its_own_special_tokens_stay_special_and_typed_ones_a
         render_prompt(chat, TYPED)  # "<EOS>" is no special token, but where the prompt is, no longer shows
 
 
+def test_special_tokens_as_text_leave_the_shared_tokenizer_as_it_was_for_other_threads(shipped):
+    """Shards on threads share one tokenizer: encoding a prompt's special texts as text never changes its state
+    (it did, per call: "Already borrowed" in a concurrent encode, which could also split a template's specials)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, tokenizer = shipped
+    expected = tokenizer("<eos>")["input_ids"]
+    render_prompt(tokenizer, TYPED)
+    assert tokenizer._tokenizer.encode_special_tokens is False and tokenizer("<eos>")["input_ids"] == expected
+
+    def encode(i: int) -> list[int]:
+        return render_prompt(tokenizer, TYPED)[1] if i % 2 else tokenizer("<eos>")["input_ids"]
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(encode, range(400)))
+    assert results[0::2] == [expected] * 200 and len({tuple(r) for r in results[1::2]}) == 1
+
+
 def test_bad_records_and_configs_are_named(sampler):
     with pytest.raises(RecordError, match="'r9'.*'prompt'"):
         sampler.sample([record(9, "   ")], config())

@@ -26,6 +26,8 @@ The raw layout is the one the tiny policy was trained on (`replay_prompt`, `samp
 """
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -147,12 +149,31 @@ def encode_prompt(tokenizer, text: str, task_prompt: str, chat: bool,
             spans = [(0, start, False, False), (start, end, True, False), (end, len(text), False, False)]
     ids, spans_out = [], []
     for begin, end, as_text, added in spans:
-        encoded = tokenizer(text[begin:end], add_special_tokens=added, split_special_tokens=as_text,
-                            return_offsets_mapping=offsets)
+        encoder = _text_encoder(tokenizer) if as_text else tokenizer
+        encoded = encoder(text[begin:end], add_special_tokens=added, return_offsets_mapping=offsets)
         ids += encoded["input_ids"]
         if offsets:  # a special token's (0, 0) stays as it is
             spans_out += [(s + begin, e + begin) if e > s else (s, e) for s, e in encoded["offset_mapping"]]
     return ids, spans_out if offsets else None
+
+
+_TEXT_ENCODERS: dict[int, tuple] = {}  # id(tokenizer) -> (tokenizer, its copy that encodes special texts as text)
+_TEXT_ENCODERS_LOCK = threading.Lock()
+
+
+def _text_encoder(tokenizer):
+    """A copy of `tokenizer` that encodes a special token's text as text. Passing `split_special_tokens` per call
+    would flip the fast tokenizer's own state under other threads' encodes (shards on threads share a tokenizer:
+    "RuntimeError: Already borrowed", and a concurrent encode in the wrong mode); the copy keeps it set."""
+    with _TEXT_ENCODERS_LOCK:
+        held = _TEXT_ENCODERS.get(id(tokenizer))
+        if held is None or held[0] is not tokenizer:
+            encoder = copy.deepcopy(tokenizer)
+            encoder.split_special_tokens = True
+            if hasattr(encoder, "_tokenizer"):  # a fast tokenizer: the flag lives in its Rust tokenizer
+                encoder._tokenizer.encode_special_tokens = True
+            held = _TEXT_ENCODERS[id(tokenizer)] = (tokenizer, encoder)
+        return held[1]
 
 
 def _special_texts(tokenizer) -> list[str]:
