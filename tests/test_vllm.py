@@ -293,15 +293,16 @@ def test_refusals_name_what_is_missing(tmp_path):
         make_sampler("vllm", str(broken), device="cpu")
 
 
-def test_cli_auto_picks_the_engine_from_the_run_size(capsys):
+def test_cli_auto_picks_the_engine_from_the_run_size():
     from tokencredit.flows.cli import annotate_config, build_parser
     from tokencredit.pipeline.sample.choice import BREAK_EVEN_TOKENS
 
-    def chosen(*extra):
-        return annotate_config(build_parser().parse_args(["annotate", "--out", "x", *extra])).backend
+    def chosen(*extra, notes=None):
+        return annotate_config(build_parser().parse_args(["annotate", "--out", "x", *extra]), notes).backend
 
-    assert chosen("--limit", "1", "--max-new-tokens", "8") == "transformers"
-    assert "fewer than the" in capsys.readouterr().err
+    notes: list[str] = []
+    assert chosen("--limit", "1", "--max-new-tokens", "8", notes=notes) == "transformers"
+    assert len(notes) == 1 and "fewer than the" in notes[0], notes  # the line annotate prints once inputs are checked
     per_prompt = 4 * 256  # responses x tokens (the tiny policy's context is 512)
     prompts = -(-BREAK_EVEN_TOKENS["cpu"] // per_prompt)  # ceil: the tokens reach the break-even
     assert chosen("--limit", str(prompts), "--max-new-tokens", "256", "--tasks", "sql") == "vllm"
