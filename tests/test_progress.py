@@ -309,3 +309,16 @@ def test_a_run_found_again_is_known_without_torch_and_an_edited_prompt_file_is_n
     edited.write_text(edited.read_text() + "\n")
     assert _found_complete(build_parser().parse_args(argv)) is None
     assert main(argv) == 2  # the full checks name the changed input
+
+
+
+def test_verbose_shows_the_engine_log_even_where_a_quiet_run_set_its_level(monkeypatch):
+    """A quiet engine import leaves VLLM_LOGGING_LEVEL=ERROR in the process's environment, which the processes it
+    starts inherit; `--verbose` in one of them still shows the engine's INFO lines."""
+    from tokencredit.pipeline.sample.engine_output import VERBOSE_ENV, quiet_import
+
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "ERROR")
+    monkeypatch.setenv(VERBOSE_ENV, "1")
+    with quiet_import():
+        pass
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"

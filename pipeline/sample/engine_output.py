@@ -44,7 +44,8 @@ def quiet_import():
     warnings it raises off unless verbose. Its log goes to stderr, with tokencredit's lines (vLLM's default is
     stdout, which holds a command's result)."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    if verbose():
+    if verbose():  # asked for on the command line: over a level that a quiet process started it with
+        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
         yield
         return
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
