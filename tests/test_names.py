@@ -66,13 +66,18 @@ def test_a_design_name_with_a_path_is_refused_before_anything_is_written(tmp_pat
     assert snapshot(tmp_path) == before  # OUT not even created
 
 
-def test_a_pools_link_out_of_the_compare_folder_is_refused_before_its_pool_is_annotated(tmp_path, home, capsys):
-    outside = tmp_path / "outside"
-    (outside / "flat").mkdir(parents=True)
-    (outside / "flat" / "user.txt").write_text("keep me")
+def linked_out(tmp_path: Path, stage: str, name: str) -> Path:
+    """A compare folder OUT whose OUT/STAGE links to TMP/outside, where NAME holds a user's file."""
+    (tmp_path / "outside" / name).mkdir(parents=True)
+    (tmp_path / "outside" / name / "user.txt").write_text("keep me")
     out = tmp_path / "out"
     out.mkdir()
-    (out / "pools").symlink_to(outside)
+    (out / stage).symlink_to(tmp_path / "outside")
+    return out
+
+
+def test_a_pools_link_out_of_the_compare_folder_is_refused_before_its_pool_is_annotated(tmp_path, home, capsys):
+    out = linked_out(tmp_path, "pools", "flat")
     design = write(tmp_path / "design.toml", TINY)
     before = snapshot(tmp_path, leave_out=out)
     assert main(["compare", str(design), "--out", str(out), "--runner", "none"]) == 2
@@ -86,16 +91,11 @@ def test_a_train_link_out_of_the_compare_folder_deletes_nothing_there(tmp_path, 
     from tokencredit.pipeline.compare.design import load_design
     from tokencredit.pipeline.compare.run import train_arm
 
-    outside = tmp_path / "outside"
-    (outside / "gdpo-0").mkdir(parents=True)
-    (outside / "gdpo-0" / "user.txt").write_text("keep me")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "train").symlink_to(outside)
+    out = linked_out(tmp_path, "train", "gdpo-0")
     design = load_design(write(tmp_path / "design.toml", TINY))
     with pytest.raises(ValueError, match="leads outside .* through a symbolic link"):
         train_arm(design, design.arms["gdpo"], 0, out / "pools" / "flat", out)
-    assert (outside / "gdpo-0" / "user.txt").read_text() == "keep me"
+    assert (tmp_path / "outside" / "gdpo-0" / "user.txt").read_text() == "keep me"
 
 
 def test_inside_follows_links_and_keeps_what_stays_inside(tmp_path):
