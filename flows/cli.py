@@ -245,7 +245,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runner", choices=["threads", "dask", "none"], default="threads",
                    help="Prefect task runner for the shards; 'none' runs them in this process without Prefect")
     p.add_argument("--dask-address", default=None, help="existing Dask scheduler (default: a LocalCluster)")
-    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
+    p.add_argument("--workers", type=_integer(1, 1024), default=None,
+                   help="parallel shards: Dask workers, or shards in flight on threads (default: with the vllm "
+                   "backend, enough shards to fill the engine's batch, which they share; otherwise 1)")
     p.add_argument("--strict", action="store_true", help="exit non-zero when any prompt record was rejected")
     p.add_argument("--restart", action="store_true", help="delete the run --out holds (of another config, or "
                    "whose prompt file, databases or models changed since it started) and start a fresh one")
@@ -647,7 +649,8 @@ def _derived_runner(p: argparse.ArgumentParser) -> None:
                    help="Prefect task runner for the shards: threads, or a local Dask cluster of --workers processes "
                    "of one core (or GPU) each, each with its own engine; 'none' runs them in this process without "
                    "Prefect")
-    p.add_argument("--workers", type=int, default=1, help="parallel shards (threads or Dask workers)")
+    p.add_argument("--workers", type=_integer(1, 1024), default=1,
+                   help="parallel shards (threads or Dask workers)")
 
 
 def _allow_incomplete(p: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ process, loaded once) or on a local Dask cluster of one-core workers, each with 
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -21,8 +22,16 @@ from tokencredit.pipeline.values import VALUES_KIND
 KINDS = {kind.name: kind for kind in (REPAIR, VALUES_KIND)}
 
 
-@functools.lru_cache(maxsize=2)
+_MODELS_LOCK = threading.Lock()  # shards on threads ask at once: one load
+
+
 def _models(model: str | None, device: str, backend: str = "transformers"):
+    with _MODELS_LOCK:
+        return _load_models(model, device, backend)
+
+
+@functools.lru_cache(maxsize=2)
+def _load_models(model: str | None, device: str, backend: str = "transformers"):
     from tokencredit.pipeline.sample import load_sampler  # torch (or the engine) only where a model loads
 
     return load_sampler(backend, model, device)

@@ -1,7 +1,9 @@
 """The annotate stage: prompt set -> shards -> sample -> verify -> credit -> Parquet.
 
-`annotate_shard` is the unit of work; `run_annotation` runs the shards in order in this process
-(the Prefect flow in `flows/annotate.py` runs the same shards as tasks, locally or on Dask).
+`annotate_shard` is the unit of writing and resuming; `annotate_window` samples a window of consecutive shards in
+one engine call (enough to fill the vllm engine's batch; one shard with transformers) and then annotates each.
+`run_annotation` runs the windows in order in this process (the Prefect flow in `flows/annotate.py` runs the same
+windows as tasks, locally or on Dask).
 """
 from __future__ import annotations
 
@@ -131,9 +133,14 @@ _LOAD_LOCK = threading.Lock()
 def load_models(config: AnnotateConfig) -> Models:
     # One loader at a time: transformers builds models under a process-wide meta-device context,
     # so two threads loading at once get each other's empty (meta) weights.
+    key = (config.backend, config.model, config.reward_model if "p2t" in config.credit.kinds else None,
+           config.device, "p2t" in config.credit.kinds, config.dtype, config.cpu_threads)
     with _LOAD_LOCK:
-        return _load_models(config.backend, config.model, config.reward_model if "p2t" in config.credit.kinds else None,
-                            config.device, "p2t" in config.credit.kinds, config.dtype, config.cpu_threads)
+        models = _load_models(*key)
+        if getattr(models.sampler, "llm", True) is None:  # its engine was stopped since (another engine started)
+            _load_models.cache_clear()
+            models = _load_models(*key)
+        return models
 
 
 @functools.lru_cache(maxsize=2)
@@ -250,12 +257,42 @@ def use_cpu_threads(config: AnnotateConfig) -> None:
         torch.set_num_threads(config.cpu_threads)
 
 
+def windows_of(n_shards: int, config: AnnotateConfig) -> list[list[int]]:
+    """The shards sampled together, consecutive: with the vllm backend as many as fill the engine's batch
+    (`engine_window`), with transformers one (its batches are its own). Fixed by the config alone: a resumed run
+    samples each window as the uninterrupted run did, the same requests batched together, so it writes the same
+    bytes (the engine's log-probs depend in their last bits on what shares a batch)."""
+    from tokencredit.pipeline.sample.engine_loop import engine_window
+
+    size = engine_window(config.shard_size * config.sampling.n, config.device) if config.backend == "vllm" else 1
+    return [list(range(start, min(start + size, n_shards))) for start in range(0, n_shards, size)]
+
+
+def annotate_window(shards: Sequence[Sequence[TaskRecord]], window: Sequence[int], config: AnnotateConfig,
+                    models: Models, writer: RunWriter) -> list[dict[str, Any]]:
+    """Sample the shards of `window` in one call, then verify, credit and write each one not yet written; returns
+    each shard's marker entry. A window partly written is sampled whole (its written shards too): its requests are
+    then batched as in the uninterrupted run."""
+    todo = [s for s in window if not writer.is_complete(s)]
+    if todo:
+        use_cpu_threads(config)
+        samples: dict[str, list] = {}
+        for sample in models.sampler.sample([r for s in window for r in shards[s]], config.sampling):
+            samples.setdefault(sample.group_id, []).append(sample)
+        for s in todo:
+            tables, stats = annotate_shard(shards[s], s, config, models,
+                                           samples=[x for r in shards[s] for x in samples.get(r.id, [])])
+            writer.write_shard(s, tables, stats, code_version=code_version(), worker=worker_identity(engine_starts()))
+    return [writer.shard_entry(s) for s in window]
+
+
 def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateConfig,
-                   models: Models) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-    """sample -> verify -> credit for one shard; returns its tables and stats."""
+                   models: Models, samples: Sequence | None = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    """sample -> verify -> credit for one shard; returns its tables and stats. `samples`: the shard's responses,
+    already sampled (`annotate_window`)."""
     use_cpu_threads(config)
     by_id = {r.id: r for r in records}
-    samples = models.sampler.sample(records, config.sampling)
+    samples = models.sampler.sample(records, config.sampling) if samples is None else list(samples)
     verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
                               config.verifier_memory_bytes)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
@@ -388,6 +425,14 @@ def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Re
                          entries)
 
 
+def read_responses(writer: RunWriter, entry: dict[str, Any]) -> pa.Table:
+    """The responses part a shard's marker entry names (what `check_first_shard` reads)."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(f"{writer.root}/{entry['responses']['path']}", filesystem=writer.fs,
+                         columns=["task", "group_id", "status"])
+
+
 def shard_bar(progress: bool) -> bool:
     """A shards bar only on a terminal: elsewhere tqdm writes each refresh as one more line, the final
     one twice, beside the sampling and replay progress lines that already say how far a shard is."""
@@ -400,13 +445,14 @@ def run_annotation(config: AnnotateConfig, out: str, run_id: str | None = None,
     `restart`: delete the run `out` holds first (a run of another config or of changed inputs)."""
     writer, shards, rejected = prepare_run(config, out, run_id, restart)
     try:
-        todo = [s for s in range(len(shards)) if not writer.is_complete(s)]
+        todo = [w for w in windows_of(len(shards), config) if not all(map(writer.is_complete, w))]
         models = load_models(config) if todo else None
-        for s in tqdm(todo, desc="shards", unit="shard", disable=not shard_bar(progress)):
-            tables, stats = annotate_shard(shards[s], s, config, models)
-            writer.write_shard(s, tables, stats, code_version=code_version(), worker=worker_identity(engine_starts()))
-            if s == todo[0]:
-                check_first_shard(tables["responses"], s, out)
+        for window in tqdm(todo, desc="shard windows", unit="window", disable=not shard_bar(progress)):
+            new = [s for s in window if not writer.is_complete(s)]
+            entries = annotate_window(shards, window, config, models, writer)
+            if window is todo[0]:
+                entry = next(e for e in entries if e["shard"] == new[0])
+                check_first_shard(read_responses(writer, entry), new[0], out)
         return finish_run(writer, len(shards), rejected)
     finally:
         writer.unlock()

@@ -145,9 +145,9 @@ def test_a_deterministic_shard_error_is_not_retried(prefect_harness, tmp_path):
 def test_only_transient_errors_are_retried():
     from prefect.states import Failed
 
-    from tokencredit.flows.annotate import annotate_shard_task, is_transient
+    from tokencredit.flows.annotate import annotate_window_task, is_transient
 
-    assert annotate_shard_task.retry_condition_fn is is_transient and annotate_shard_task.retries == 2
+    assert annotate_window_task.retry_condition_fn is is_transient and annotate_window_task.retries == 2
     for error in (ConnectionResetError("peer"), TimeoutError("slow"), OSError(5, "I/O error")):
         assert is_transient(None, None, Failed(data=error)), error
     for error in (FileNotFoundError("model"), ValueError("bad record"), RuntimeError("shape"), KeyError("x"),

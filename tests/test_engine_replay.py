@@ -102,3 +102,30 @@ def test_assign_credit_replays_the_default_relevance_through_the_engine(engines)
             assert (ra is None) == (rb is None)
             if ra is not None:
                 assert max(abs(x - y) for x, y in zip(ra, rb)) <= 2 * LOGPROB_BOUND_FP32
+
+
+def test_each_position_is_computed_once_and_read_back_only_where_computed(engines, items):
+    """Reading the prefix cache: a P_\\k reuses the prompt it shares with P_all, so the engine computes about the
+    distinct positions the sequences hold (not their sum); a response whose every position was read from blocks an
+    earlier call computed is asked again, and its log-probs still match the torch replay."""
+    from tokencredit.pipeline.credit.engine_replay import engine_replay
+    from tokencredit.pipeline.credit.replay import ReplayItem, ReplayStats, replay, replayed_sequences
+
+    model, _, sampler = engines
+    replay_items = items[0][:6]
+    stats = ReplayStats()
+    assert sampler.llm.reset_prefix_cache()  # what the tests before left there
+    engine_replay(sampler, replay_items, stats=stats)
+    sequences, _ = replayed_sequences(replay_items)
+    assert stats.tokens_forwarded + stats.tokens_from_cache == sum(map(len, sequences))
+    assert stats.tokens_forwarded <= 1.25 * stats.positions_min < sum(map(len, sequences))
+    # the same items again: every block is cached now; a P_all whose response lies in cached blocks is recomputed
+    again = ReplayStats()
+    twice = engine_replay(sampler, replay_items, stats=again)
+    assert again.tokens_from_cache > 0 and again.sequences_forwarded > len(sequences)
+    # two items sharing P_all and a long response prefix, then apart: the second reads the first's blocks
+    item = replay_items[0]
+    longer = ReplayItem(item.all_prompt_ids, item.drop_prompt_ids, item.response_ids + item.response_ids[:8])
+    for a, b in zip(replay(model, [*replay_items, longer]), [*twice, *engine_replay(sampler, [longer])]):
+        assert (a.logprob_all - b.logprob_all).abs().max() <= LOGPROB_BOUND_FP32
+        assert (a.logprob_drop - b.logprob_drop).abs().max() <= LOGPROB_BOUND_FP32

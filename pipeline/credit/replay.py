@@ -50,6 +50,43 @@ class ReplayStats:
     tokens_replayed: int = 0  # response tokens over the replayed pairs
     sequences_forwarded: int = 0  # P_all and P_\k sequences through the model
     tokens_forwarded: int = 0  # tokens through the decoder, cached prefixes not counted
+    positions_min: int = 0  # distinct prefix positions of the sequences replayed: the fewest any replay computes
+    response_positions: int = 0  # positions whose next-token log-prob is read (each distinct sequence's response)
+    tokens_from_cache: int = 0  # positions the engine read from its prefix cache instead of computing them
+
+
+def replayed_sequences(items: Sequence[ReplayItem]) -> tuple[list[list[int]], list[tuple[int, int | None, int]]]:
+    """The distinct sequences (prompt + response) a replay of `items` scores, and its uses: (item, reward k or
+    None for P_all, index of the sequence). Items with no response or every reward gated, and a `P_\\k` equal
+    to `P_all` (q = p), add none."""
+    index: dict[tuple[int, ...], int] = {}
+    uses: list[tuple[int, int | None, int]] = []
+    for n, item in enumerate(items):
+        if not item.response_ids or all(p is None for p in item.drop_prompt_ids):
+            continue
+        for k, prompt in [(None, item.all_prompt_ids), *enumerate(item.drop_prompt_ids)]:
+            if prompt is None or (k is not None and prompt == item.all_prompt_ids):
+                continue
+            uses.append((n, k, index.setdefault((*prompt, *item.response_ids), len(index))))
+    return [list(key) for key in index], uses
+
+
+def count_positions(stats: ReplayStats, items: Sequence[ReplayItem]) -> None:
+    """Adds the fewest positions a replay of `items` can compute, and the response positions it scores."""
+    sequences, uses = replayed_sequences(items)
+    stats.positions_min += distinct_positions(sequences)
+    stats.response_positions += sum({s: len(items[n].response_ids) for n, _, s in uses}.values())
+
+
+def distinct_positions(sequences: Sequence[Sequence[int]]) -> int:
+    """How many distinct prefixes (positions) the token sequences hold: a position shared by several sequences'
+    common prefix counts once, as the nodes of their trie."""
+    nodes: dict[tuple[int, int], int] = {}
+    for sequence in sequences:
+        node = -1
+        for token in sequence:
+            node = nodes.setdefault((node, token), len(nodes))
+    return len(nodes)
 
 
 def build_replay_item(tokenizer, task_prompt: str, sections: Sequence[tuple[str, str]],
@@ -105,6 +142,7 @@ def replay(model, items: Sequence[ReplayItem], *, js: bool = False, batch_size: 
     active = [n for n, it in enumerate(items) if it.response_ids and any(p is not None for p in it.drop_prompt_ids)]
     # by prompt: the items of one prompt group (same task prompt) share a batch and its prefix cache
     active.sort(key=lambda n: (items[n].all_prompt_ids, len(items[n].response_ids)))
+    count_positions(stats, items)
     for block in _blocks(items, active, batch_size):
         _replay_block(model, items, block, out, batch_size, chunk_size, stats, on_progress)
     return out

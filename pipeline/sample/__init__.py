@@ -85,10 +85,9 @@ def load_sampler(backend: str, model: str | None, device: str = "cpu"):
     """(sampler, tokenizer) of a run's policy for the stages that continue prefixes (`values`, `repair`): the
     transformers sampler on its own copy of the policy, or the process's vllm engine. backend "auto": vllm where
     an engine for `device` is installed (these stages sample many continuations), else transformers."""
-    from tokencredit.pipeline.sample.choice import vllm_platform
+    from tokencredit.pipeline.sample.choice import resolved_backend
 
-    if backend == "auto":
-        backend = "vllm" if vllm_platform() == str(device).split(":")[0] else "transformers"
+    backend = resolved_backend(backend, device)
     if backend == "transformers":
         from tokencredit.pipeline.sample.transformers_backend import load_sampler as load_transformers
 

@@ -31,6 +31,14 @@ def vllm_platform() -> str | None:
         return "cuda"
 
 
+def resolved_backend(backend: str, device: str) -> str:
+    """The backend a stage that continues prefixes (`values`, `repair`) samples on: `auto` is vllm where an engine
+    for `device` is installed (these stages sample many continuations), else transformers."""
+    if backend != "auto":
+        return backend
+    return "vllm" if vllm_platform() == str(device).split(":")[0] else "transformers"
+
+
 def pinned_vllm() -> str | None:
     """The vLLM release the project pins for its engines (pyproject.toml's `cpu-engine` extra; the `gpu` extra pins
     the same one, tests/test_packaging.py checks), read from the installed package's metadata."""

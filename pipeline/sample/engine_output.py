@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import time
 import warnings
 from contextlib import contextmanager
 
-from tokencredit.pipeline.progress import Progress
 
 VERBOSE_ENV = "TOKENCREDIT_VERBOSE"
 CHUNKED_PREFILL_NOTE = ("tokencredit: chunked prefill is off on purpose (with per-request seeds the CPU engine fails "
@@ -87,53 +84,3 @@ def engine_start():
         logger.handlers = handlers
 
 
-# vLLM's bar postfix: "est. speed input: 12.00 toks/s, output: 345.67 toks/s"
-_OUTPUT_SPEED = re.compile(r"output: ([0-9.]+) toks/s")
-
-
-class EngineProgress:
-    """The tqdm stand-in that `LLM.generate(use_tqdm=EngineProgress)` drives: tokencredit's `sampling:` Progress
-    (a bar on a terminal, a line every 5 s otherwise, with tokens/s) instead of vLLM's bar. vLLM also wraps its
-    prompt iterator in it ('Rendering prompts', fast): that pass is silent. vLLM tells its bar only its output
-    speed (`postfix`), so the tokens are that speed times the elapsed time."""
-
-    def __init__(self, iterable=None, *, total: int | None = None, desc: str = "", postfix: str = "", **_):
-        self.iterable, self.postfix, self.n = iterable, postfix, 0
-        self.start = time.monotonic()
-        self.progress = None if iterable is not None else Progress("sampling", total=total, unit="response")
-
-    @staticmethod
-    @contextmanager
-    def opened():
-        """Yields the `use_tqdm` callable for one generate call; every bar it made is closed after the call, also
-        when the call raises (vLLM closes its bar only when it returns): no heartbeat outlives its call."""
-        made: list[EngineProgress] = []
-
-        def make(*args, **kwargs) -> EngineProgress:
-            made.append(EngineProgress(*args, **kwargs))
-            return made[-1]
-        try:
-            yield make
-        finally:
-            for bar in made:
-                bar.close()
-
-    def __iter__(self):
-        return iter(self.iterable)
-
-    @property
-    def format_dict(self) -> dict:
-        return {"elapsed": max(time.monotonic() - self.start, 1e-9)}
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        match = _OUTPUT_SPEED.search(self.postfix or "")
-        tokens = round(float(match.group(1)) * self.format_dict["elapsed"]) if match else self.progress.tokens
-        self.progress.update(n, tokens=max(tokens - self.progress.tokens, 0))
-
-    def refresh(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.close()

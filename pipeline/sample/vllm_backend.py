@@ -19,9 +19,9 @@ transformers backend.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-import threading
 from collections.abc import Sequence
 
 from tokencredit.schemas.records import Sample, TaskRecord
@@ -31,8 +31,10 @@ from tokencredit.pipeline.progress import Phase
 from tokencredit.pipeline.models.loading import DEFAULT_POLICY, load_tokenizer, model_name, resolve_model_path
 from tokencredit.pipeline.sample.choice import vllm_platform
 from tokencredit.pipeline.sample.detokenize import StopChecker
-from tokencredit.pipeline.sample.engine_output import (CHUNKED_PREFILL_NOTE, EngineError, EngineProgress,
-                                                       engine_start, load_options, quiet_import, verbose)
+from tokencredit.pipeline.progress import Progress
+from tokencredit.pipeline.sample.engine_loop import EngineLoop
+from tokencredit.pipeline.sample.engine_output import (CHUNKED_PREFILL_NOTE, EngineError, engine_start, load_options,
+                                                       quiet_import, verbose)
 from tokencredit.pipeline.sample.rows import build_sample, check_records, render_prompt, row_seed
 
 DEVICES = ("cpu", "cuda")
@@ -185,7 +187,7 @@ class VllmSampler:
         with quiet_import():
             vllm = import_vllm()
 
-        self.vllm, self.lock = vllm, threading.Lock()  # one engine, shards on threads take turns
+        self.vllm = vllm
         import torch
 
         set_threads, before = torch.set_num_threads, torch.get_num_threads()
@@ -208,6 +210,7 @@ class VllmSampler:
         ran = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
         if ran != self.dtype:  # the manifest records the config's dtype as the one it ran in
             raise RuntimeError(f"--dtype {self.dtype}: the vllm engine runs this model in {ran}; give --dtype {ran}")
+        self.loop = EngineLoop(self.llm)  # the shards sampling on this process's threads feed it together
         self.eos_ids = eos_ids(folder, self.tokenizer)
         self.prefilled_tokens = self.decoded_tokens = 0
 
@@ -244,14 +247,10 @@ class VllmSampler:
         params = [self.vllm.SamplingParams(n=1, temperature=config.temperature, top_p=config.top_p,
                                            max_tokens=limits[i], stop=list(config.stop), logprobs=0,
                                            stop_token_ids=list(stop_token_ids), seed=seeds[i]) for i in todo]
-        with self.lock:
-            if self.llm is None:
-                raise RuntimeError(f"the vllm engine of {self.name} was stopped (another engine started in this "
-                                   "process, or release_sampler); make_sampler starts it again")
-            with EngineProgress.opened() as bar:  # tokencredit's `sampling:` line, not vLLM's bar
-                outputs = self.llm.generate([{"prompt_token_ids": [*prompts[i], *prefixes[i]]} for i in todo],
-                                            params, use_tqdm=bar if self.progress else False,
-                                            lora_request=self.adapter) if todo else []
+        requests = [{"prompt_token_ids": [*prompts[i], *prefixes[i]]} for i in todo]
+        with Progress("sampling", total=len(todo), unit="response", enabled=self.progress) as bar:
+            outputs = self.engine_loop().run(requests, params, lora_request=self.adapter,
+                                             on_finished=lambda out: bar.update(1, len(out.outputs[0].token_ids)))
         tokens, logprobs = [[] for _ in prompts], [[] for _ in prompts]
         for i, output in zip(todo, outputs):
             completion = output.outputs[0]
@@ -261,6 +260,13 @@ class VllmSampler:
             self.prefilled_tokens += len(prompts[i]) + len(prefixes[i])
             self.decoded_tokens += len(ids)
         return tokens, logprobs
+
+    def engine_loop(self) -> EngineLoop:
+        """The loop every request of this engine goes through (sampling and `engine_replay`)."""
+        if self.llm is None:
+            raise RuntimeError(f"the vllm engine of {self.name} was stopped (another engine started in this "
+                               "process, or release_sampler); make_sampler starts it again")
+        return self.loop
 
     def continue_prefixes(self, prompts: Sequence[Sequence[int]], prefixes: Sequence[Sequence[int]],
                           seeds: Sequence[Sequence[int]], config: SamplingConfig) -> list[list[tuple[list[int], list[float]]]]:
@@ -279,7 +285,8 @@ class VllmSampler:
         """Shut the engine down and drop it (its weights and KV cache are freed once nothing else holds them)."""
         import gc
 
-        with self.lock:
+        loop = getattr(self, "loop", None)
+        with loop.lock if loop is not None else contextlib.nullcontext():
             llm, self.llm = getattr(self, "llm", None), None
             if llm is not None:
                 llm.llm_engine.engine_core.shutdown()
