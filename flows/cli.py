@@ -234,6 +234,9 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
                    help="mean relevance under which a pair gets uniform weights (default: the option's calibrated floor)")
     p.add_argument("--store-js", action="store_true", help="also store the JS distance beside another relevance")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="prompts per shard")
+    p.add_argument("--engine-batch", type=_integer(1), default=None, metavar="SEQUENCES",
+                   help="with --backend vllm, the sequences one engine call samples: consecutive shards go together "
+                   "up to it (default: the engine's batch, 256 on CPU, 1024 on CUDA); part of the run's identity")
     p.add_argument("--cpu-threads", type=_integer(1, CPU_THREADS_MAX), default=d.cpu_threads,
                    help="torch threads per process on CPU (part of the dataset's identity), at most this machine's "
                    "cores")
@@ -272,6 +275,7 @@ def annotate_config(args: argparse.Namespace, notes: list[str] | None = None,
         backend=("transformers" if args.dtype == "float32" else "vllm") if auto else args.backend, dtype=args.dtype,
         model=args.model,
         reward_model=args.reward_model, device=args.device, shard_size=args.shard_size, cpu_threads=args.cpu_threads,
+        engine_batch=args.engine_batch,
         sampling=SamplingConfig(n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, seed=args.seed, tree=args.tree, branch=args.branch),
         credit=CreditConfig(kinds=args.credit, beta=args.beta, relevance=args.relevance, locate=args.locate,

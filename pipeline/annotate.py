@@ -264,7 +264,8 @@ def windows_of(n_shards: int, config: AnnotateConfig) -> list[list[int]]:
     bytes (the engine's log-probs depend in their last bits on what shares a batch)."""
     from tokencredit.pipeline.sample.engine_loop import engine_window
 
-    size = engine_window(config.shard_size * config.sampling.n, config.device) if config.backend == "vllm" else 1
+    size = (engine_window(config.shard_size * config.sampling.n, config.device, config.engine_batch)
+            if config.backend == "vllm" else 1)
     return [list(range(start, min(start + size, n_shards))) for start in range(0, n_shards, size)]
 
 

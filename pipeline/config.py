@@ -274,6 +274,10 @@ class AnnotateConfig:
     # torch threads on CPU: float sums are split by thread, so the count changes the last bits of
     # every log-prob; fixing it makes a Dask worker (1 thread by default) write the same bytes.
     cpu_threads: int = 2
+    # with the vllm backend, the sequences one engine call samples: consecutive shards are sampled together up to
+    # it (`annotate.windows_of`); None = the engine's batch, max_num_seqs (256 on CPU, 1,024 on CUDA). What shares
+    # a batch changes the log-probs' last bits, so it is part of the run's identity.
+    engine_batch: int | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
 
@@ -294,6 +298,8 @@ class AnnotateConfig:
         if self.backend not in ("transformers", "vllm"):
             raise ValueError(f"AnnotateConfig.backend {self.backend!r}: transformers or vllm (the CLI's --backend auto "
                              "picks one before the config is built)")
+        if self.engine_batch is not None and (not isinstance(self.engine_batch, int) or self.engine_batch < 1):
+            raise ValueError(f"--engine-batch {self.engine_batch!r}: a positive number of sequences")
         if self.dtype not in ENGINE_DTYPES:
             raise ValueError(f"--dtype {self.dtype}: choose from {', '.join(ENGINE_DTYPES)}")
         if self.dtype != "float32" and self.backend != "vllm":
@@ -321,7 +327,7 @@ class AnnotateConfig:
 
 # Fields added to AnnotateConfig after runs were written: left out of the digest at these values, which is what
 # those runs ran with
-IDENTITY_DEFAULTS = {"dtype": "float32"}
+IDENTITY_DEFAULTS = {"dtype": "float32", "engine_batch": None}
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 
 

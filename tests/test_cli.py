@@ -137,7 +137,7 @@ def test_a_deterministic_shard_error_is_not_retried(prefect_harness, tmp_path):
         run_annotate_flow(config, str(tmp_path / "run"), run_id="no-retry", progress=False)
     assert "CUDA" in str(failure.value)
     with get_client(sync_client=True) as client:
-        runs = [r for r in client.read_task_runs() if r.name.startswith("annotate-shard")
+        runs = [r for r in client.read_task_runs() if r.name.startswith("annotate-window")
                 and r.state is not None and r.state.is_failed()]
     assert runs and all(r.run_count == 1 for r in runs), [(r.name, r.run_count) for r in runs]
 

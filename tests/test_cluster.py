@@ -154,7 +154,7 @@ def test_killed_run_on_dask_workers_to_s3_resumes_equal_to_a_local_run(cluster, 
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         with get_client(sync_client=True) as client:
             flow_runs = client.read_flow_runs()
-            task_runs = [r for r in client.read_task_runs() if r.name.startswith("annotate-shard")]
+            task_runs = [r for r in client.read_task_runs() if r.name.startswith("annotate-window")]
     assert len(flow_runs) == 2 and sorted(r.state_name for r in flow_runs)[0] == "Completed"
     assert len({r.name for r in task_runs}) >= 9
     for log in logs.glob("*.log"):

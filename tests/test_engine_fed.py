@@ -3,6 +3,7 @@ batch; every runner writes the same bytes for it, and a run killed (kill -9) or 
 partly written resumes to the uninterrupted run's rows."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -104,3 +105,16 @@ def test_a_fed_run_stopped_mid_run_resumes_to_the_uninterrupted_rows(uninterrupt
     assert resumed.wait(timeout=900) == 0, resumed.stderr.read()[-2000:]
     for table in ("responses", "credits"):
         assert rows(out, table) == rows(uninterrupted, table)
+
+
+def test_windows_follow_the_engine_batch_and_it_is_part_of_the_run_identity():
+    small = AnnotateConfig(limit=2, shard_size=1, backend="vllm", engine_batch=8)
+    assert windows_of(5, small) == [[0, 1], [2, 3], [4]]
+    assert windows_of(3, AnnotateConfig(backend="vllm", engine_batch=1)) == [[0], [1], [2]]  # at least a shard
+    assert windows_of(3, AnnotateConfig(backend="transformers")) == [[0], [1], [2]]
+    assert windows_of(20, AnnotateConfig(backend="vllm")) == [list(range(8)), list(range(8, 16)), list(range(16, 20))]
+    assert small.digest() != AnnotateConfig(limit=2, shard_size=1, backend="vllm").digest()
+    before = {k: v for k, v in AnnotateConfig().to_dict().items() if k not in ("dtype", "engine_batch")}
+    assert AnnotateConfig().digest() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    with pytest.raises(ValueError, match="--engine-batch 0"):
+        AnnotateConfig(engine_batch=0)

@@ -26,8 +26,10 @@ TABLES = ("responses", "credits", "nodes")
 
 
 def config() -> AnnotateConfig:
-    """Six one-prompt shards; one thread per engine, so that one worker and two compute the same floats."""
-    return AnnotateConfig(limit=2, shard_size=1, backend="vllm", cpu_threads=1, credit=CreditConfig(kinds=("gdpo",)),
+    """Six one-prompt shards in three windows of two (8 sequences per engine call); one thread per engine, so that
+    one worker and two compute the same floats."""
+    return AnnotateConfig(limit=2, shard_size=1, backend="vllm", cpu_threads=1, engine_batch=8,
+                          credit=CreditConfig(kinds=("gdpo",)),
                           sampling=SamplingConfig(max_new_tokens=24, seed=7))
 
 

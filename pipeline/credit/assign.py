@@ -11,6 +11,7 @@ Responses whose verifier failed keep their row but get no credit.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 
 import torch
@@ -28,7 +29,7 @@ from tokencredit.pipeline.sample.prompts import feedback_sections
 from tokencredit.pipeline.credit.located import verifier_relevance
 from tokencredit.pipeline.credit.relevance import apply_floor, relevance, signs
 from tokencredit.pipeline.credit.engine_replay import engine_replay
-from tokencredit.pipeline.credit.replay import build_replay_item, replay
+from tokencredit.pipeline.credit.replay import ReplayStats, build_replay_item, replay
 
 def reward_tensors(verified: Sequence[VerifiedSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """rewards [N, K_max] float32, mask [N, K_max] bool, group [N] long (index of the prompt)."""
@@ -99,9 +100,15 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
 
     beta = config.beta if "mrtpo" in config.kinds else 0.0
     if "mrtpo" in config.kinds:
+        replay_stats, started = ReplayStats(), time.perf_counter()
         distance, js, floored, source = _relevance(ok, records, mask, ungated, result.reward_adv, T, config, policy,
-                                                   tokenizer, progress, replay_engine)
+                                                   tokenizer, progress, replay_engine, replay_stats)
         replayed = source == SOURCES.index("replay")
+        stats.update(replay_s=round(time.perf_counter() - started, 3),
+                     replay_positions_computed=replay_stats.tokens_forwarded,
+                     replay_positions_min=replay_stats.positions_min,
+                     replay_positions_from_cache=replay_stats.tokens_from_cache,
+                     replay_response_positions=replay_stats.response_positions)
         stats.update(replays_done=int(replayed.sum()), replays_skipped=int((mask & ~replayed).sum()),
                      replays_floored=int(floored.sum()),
                      verifier_located=int((source == SOURCES.index("verifier")).sum()),
@@ -152,7 +159,7 @@ SOURCES = ("verifier", "replay", "uniform")  # where a pair's relevance came fro
 
 def _relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], mask: torch.Tensor,
                ungated: torch.Tensor, reward_adv: torch.Tensor, T: int, config: CreditConfig, policy, tokenizer,
-               progress: bool = True, replay_engine=None):
+               progress: bool = True, replay_engine=None, replay_stats: ReplayStats | None = None):
     """MRTPO's relevance under `config.locate` -> (relevance [N, K, T] NaN where none, JS [N, K, T] or None,
     floored [N, K], source [N, K] long: an index of SOURCES). `both` replays only the ungated pairs the
     verifier does not locate: the spans are free, a replay costs forwards."""
@@ -165,7 +172,7 @@ def _relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], mas
     js, floored = None, torch.zeros(N, K, dtype=torch.bool)
     if to_replay.any():
         replayed, js, floored = _replay_relevance(ok, records, to_replay, reward_adv, T, config, policy, tokenizer,
-                                                  progress, replay_engine)
+                                                  progress, replay_engine, replay_stats)
         distance = torch.where(to_replay[:, :, None], replayed, distance)
     source = torch.full((N, K), SOURCES.index("uniform"), dtype=torch.long)
     source[to_replay] = SOURCES.index("replay")
@@ -175,7 +182,7 @@ def _relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], mas
 
 def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecord], ungated: torch.Tensor,
                       reward_adv: torch.Tensor, T: int, config: CreditConfig, policy, tokenizer, progress: bool = True,
-                      replay_engine=None):
+                      replay_engine=None, stats: ReplayStats | None = None):
     """Replay the ungated pairs -> (relevance [N, K, T], JS [N, K, T] or None, floored [N, K]); NaN where not
     replayed. `logprob_signed` is oriented by each reward's advantage (or +1 where its section points).
     Through `replay_engine` (`engine_replay`) when given and no JS is wanted, else with `policy`."""
@@ -189,10 +196,10 @@ def _replay_relevance(ok: Sequence[VerifiedSample], records: dict[str, TaskRecor
     tokens = sum(len(it.response_ids) * sum(p is not None for p in it.drop_prompt_ids) for it in items)
     with Progress("replay", total=tokens, unit="token", enabled=progress and tokens > 0) as bar:
         if replay_engine is not None and not want_js:
-            outputs = engine_replay(replay_engine, items, on_progress=bar.update)
+            outputs = engine_replay(replay_engine, items, stats=stats, on_progress=bar.update)
         else:
             outputs = replay(policy, items, js=want_js, batch_size=config.replay_batch_size,
-                             chunk_size=config.chunk_size, on_progress=bar.update)
+                             chunk_size=config.chunk_size, stats=stats, on_progress=bar.update)
     K = reward_adv.shape[1]
     distance = torch.full((len(ok), K, T), float("nan"))
     js = torch.full((len(ok), K, T), float("nan")) if want_js else None

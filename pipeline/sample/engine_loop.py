@@ -19,9 +19,11 @@ from collections.abc import Callable, Sequence
 ENGINE_SEQUENCES = {"cpu": 256, "cuda": 1024}  # vLLM's default max_num_seqs offline (CUDA: an H100 or larger)
 
 
-def engine_window(sequences_per_shard: int, device: str) -> int:
-    """How many shards' sequences fill the engine's batch (`max_num_seqs`) on `device`."""
-    return -(-ENGINE_SEQUENCES.get(device.split(":")[0], 256) // max(sequences_per_shard, 1))
+def engine_window(sequences_per_shard: int, device: str, batch: int | None = None) -> int:
+    """How many shards' sequences fill a batch of `batch` sequences (None: the engine's, `max_num_seqs`, on
+    `device`); at least one shard."""
+    batch = batch or ENGINE_SEQUENCES.get(device.split(":")[0], 256)
+    return max(batch // max(sequences_per_shard, 1), 1)
 
 
 class EngineLoop:
