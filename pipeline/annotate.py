@@ -34,6 +34,8 @@ from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_
 from tokencredit.pipeline.devices import worker_identity
 from tokencredit.pipeline.identity import record_hashes, run_inputs
 from tokencredit.pipeline.progress import Phase
+from tokencredit.pipeline.timing import (ENGINE_STARTED, FIRST_SAMPLE, MODELS_LOADED, MODELS_LOADING, SECONDS, Stages,
+                                         begin_run, mark, run_seconds)
 
 
 @functools.lru_cache(maxsize=1)
@@ -126,14 +128,39 @@ class Models:
 
 
 _LOAD_LOCK = threading.Lock()
+_PRELOAD_ERRORS: dict[tuple, BaseException] = {}  # what `preload_models` raised, by `_load_models`' arguments
+
+
+def _models_key(config: AnnotateConfig) -> tuple:
+    """`_load_models`' arguments for `config`."""
+    p2t = "p2t" in config.credit.kinds
+    return (config.backend, config.model, config.reward_model if p2t else None, config.device, p2t, config.dtype,
+            config.cpu_threads)
 
 
 def load_models(config: AnnotateConfig) -> Models:
     # One loader at a time: transformers builds models under a process-wide meta-device context,
     # so two threads loading at once get each other's empty (meta) weights.
+    key = _models_key(config)
     with _LOAD_LOCK:
-        return _load_models(config.backend, config.model, config.reward_model if "p2t" in config.credit.kinds else None,
-                            config.device, "p2t" in config.credit.kinds, config.dtype, config.cpu_threads)
+        if key in _PRELOAD_ERRORS:  # a second try would fail the same way, after as long
+            raise _PRELOAD_ERRORS[key]
+        return _load_models(*key)
+
+
+def preload_models(config: AnnotateConfig) -> threading.Thread:
+    """Start `load_models(config)` on a thread and return it, so that the run's models (the vllm engine first) load
+    while Prefect's server and flow start; the flow's `load_models` waits for them, or raises what they raised. The
+    thread is not a daemon: a process that fails meanwhile exits once the engine is up, never from under it."""
+    def load() -> None:
+        try:
+            load_models(config)
+        except BaseException as error:  # noqa: BLE001 - raised again where the run asks for its models
+            with _LOAD_LOCK:
+                _PRELOAD_ERRORS[_models_key(config)] = error
+    thread = threading.Thread(target=load, name="preload-models")
+    thread.start()
+    return thread
 
 
 @functools.lru_cache(maxsize=2)
@@ -143,8 +170,12 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
     from tokencredit.pipeline.credit.p2t import shares_vocab
     from tokencredit.pipeline.models.loading import load_policy, load_reward_model, model_name
 
+    mark(MODELS_LOADING)
     # the vllm engine first: what it refuses (device, memory, model) is said before the replay's copy loads
-    engine = make_sampler(backend, model, device=device, dtype=dtype, threads=threads) if backend == "vllm" else None
+    engine = None
+    if backend == "vllm":
+        engine = make_sampler(backend, model, device=device, dtype=dtype, threads=threads)
+        mark(ENGINE_STARTED)
     with Phase(f"loading the policy {model_name(model)}" + (" and the reward model" if p2t else "")):
         policy, tokenizer = load_policy(model, device=device)
         # one copy of the weights for the transformers backend; the vllm engine loads its own, one per process
@@ -156,6 +187,7 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
         raise ValueError(f"reward model {reward_model}: its tokenizer is not the policy's and not a fast tokenizer; "
                          "P2T carries its attribution to the policy's tokens by character offsets, which only a "
                          "fast tokenizer gives")
+    mark(MODELS_LOADED)
     return Models(sampler, policy, tokenizer, rm, rm_tokenizer)
 
 
@@ -252,15 +284,21 @@ def use_cpu_threads(config: AnnotateConfig) -> None:
 
 def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateConfig,
                    models: Models) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-    """sample -> verify -> credit for one shard; returns its tables and stats."""
+    """sample -> verify -> credit for one shard; returns its tables and stats (`seconds`: each stage's wall
+    time, `pipeline.timing`)."""
     use_cpu_threads(config)
     by_id = {r.id: r for r in records}
-    samples = models.sampler.sample(records, config.sampling)
-    verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
-                              config.verifier_memory_bytes)
+    stages = Stages()
+    mark(FIRST_SAMPLE)
+    with stages("sample"):
+        samples = models.sampler.sample(records, config.sampling)
+    with stages("verify"):
+        verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
+                                  config.verifier_memory_bytes)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
                                      models.reward_model, reward_tokenizer=models.reward_tokenizer,
                                      replay_engine=replay_engine(models))
+    stats[SECONDS] = {**stages.seconds, **stats.get(SECONDS, {})}
     return shard_tables(annotated, by_id, shard, models.tokenizer), stats
 
 
@@ -356,6 +394,7 @@ def open_run(config: AnnotateConfig, out: str, records: Sequence[TaskRecord], n_
     The writer holds the lock on `out` until `writer.unlock()`."""
     if restart:
         check_restartable(out)
+    begin_run(out)
     writer = RunWriter(out)
     writer.lock()
     try:
@@ -384,8 +423,8 @@ def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Re
     entries = writer.checked_shards(n_shards)
     scale, shift = connect(writer.out, allow_incomplete=True).execute(
         "SELECT any_value(gdpo_scale), any_value(gdpo_shift) FROM responses").fetchone()
-    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift}},
-                         entries)
+    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift},
+                                    "run_seconds": run_seconds(writer.out)}, entries)
 
 
 def shard_bar(progress: bool) -> bool:
