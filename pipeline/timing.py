@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 SECONDS = "seconds"  # the stats key of a shard's stage times
+STAGES = ("sample", "verify", "credit_gdpo", "credit_mrtpo", "credit_mc", "credit_p2t", "credit_rows", "write")
 MODELS_LOADING, ENGINE_STARTED, MODELS_LOADED = "models_loading", "engine_started", "models_loaded"
 FIRST_SAMPLE = "sample"
 
@@ -93,3 +94,12 @@ def run_seconds(out: str) -> dict:
     return {"startup": between(None, FIRST_SAMPLE), "engine_start": between(MODELS_LOADING, engine),
             "total": round(now - start, 3), "marks": {event: round(t, 3) for event, t in sorted(marks.items(),
                                                                                                key=lambda m: m[1])}}
+
+
+def describe(run: dict, stages: dict[str, float]) -> str:
+    """One line of a run's times: its wall times, then each stage's seconds summed over its shards."""
+    wall = [f"{name.replace('_', ' ')} {run[name]:.1f} s" for name in ("startup", "engine_start", "total")
+            if run.get(name) is not None]
+    order = sorted(stages, key=lambda name: (STAGES.index(name) if name in STAGES else len(STAGES), name))
+    summed = [f"{name} {stages[name]:.1f} s" for name in order]
+    return "; ".join(part for part in (", ".join(wall), "shards: " + ", ".join(summed) if summed else "") if part)

@@ -140,6 +140,20 @@ def read_manifest(out: str) -> dict[str, Any] | None:
     return _read_manifest(*filesystem(out))
 
 
+def stage_seconds(out: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """(the run's wall seconds, each stage's seconds summed over its shards: `pipeline.timing`) of the run in `out`:
+    the manifest's once it is complete, else the shards' markers written so far (and no wall seconds)."""
+    fs, root = filesystem(out)
+    manifest = _read_manifest(fs, root) or {}
+    if manifest.get("complete"):
+        return manifest.get("run_seconds") or {}, manifest.get("stats", {}).get(SECONDS, {})
+    seconds: dict[str, float] = {}
+    for info in fs.get_file_info(pafs.FileSelector(f"{root}/{SHARDS}", allow_not_found=True)):
+        entry = _read_marker(fs, info.path) if _MARKER.fullmatch(info.base_name) else None
+        add_stats(seconds, entry["stats"].get(SECONDS, {}) if entry else {})
+    return {}, seconds
+
+
 def _read_manifest(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
     """OUT/manifest.json (None when absent); ValueError naming it when it is not the object annotate writes
     (a `[]` or `{"complete": true}` failed later with a raw AttributeError or KeyError)."""
@@ -603,7 +617,7 @@ class RunWriter:
                                   .encode()).hexdigest()
         stats: dict[str, Any] = {}
         for entry in entries:
-            _add_stats(stats, entry["stats"])
+            add_stats(stats, entry["stats"])
         self.manifest.update(shards={str(e["shard"]): e for e in entries}, totals=totals, stats=stats,
                              dataset_checksum=checksum, n_shards=n_shards, complete=True, **extra)
         self._write_json(MANIFEST, self.manifest)
@@ -611,11 +625,11 @@ class RunWriter:
         return self.manifest
 
 
-def _add_stats(total: dict[str, Any], stats: dict[str, Any]) -> None:
+def add_stats(total: dict[str, Any], stats: dict[str, Any]) -> None:
     """Add one shard's stats into `total`: counts, and the seconds of each stage (a dict of them)."""
     for key, value in stats.items():
         if isinstance(value, dict):
-            _add_stats(total.setdefault(key, {}), value)
+            add_stats(total.setdefault(key, {}), value)
         else:  # seconds to the millisecond, as a shard's are
             total[key] = round(total.get(key, 0) + value, 3) if isinstance(value, float) else total.get(key, 0) + value
 
