@@ -34,8 +34,8 @@ from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_
 from tokencredit.pipeline.devices import worker_identity
 from tokencredit.pipeline.identity import record_hashes, run_inputs
 from tokencredit.pipeline.progress import Phase
-from tokencredit.pipeline.timing import (ENGINE_STARTED, FIRST_SAMPLE, MODELS_LOADED, MODELS_LOADING, SECONDS, Stages,
-                                         begin_run, mark, run_seconds)
+from tokencredit.pipeline.timing import (ENGINE_STARTED, FIRST_SAMPLE, MODELS_LOADED, MODELS_LOADING, SAMPLED, SECONDS,
+                                         Stages, begin_run, mark, run_seconds)
 
 
 @functools.lru_cache(maxsize=1)
@@ -292,6 +292,7 @@ def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateCo
     mark(FIRST_SAMPLE)
     with stages("sample"):
         samples = models.sampler.sample(records, config.sampling)
+    mark(SAMPLED)
     with stages("verify"):
         verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
                                   config.verifier_memory_bytes)

@@ -6,7 +6,8 @@ shards that run at once (threads, or requests that share one engine) each count 
 can exceed the run's wall time. The run's wall times are the manifest's `run_seconds`, measured from the run's
 start (a command's process start, else the call that prepared the run): `startup` (to the first sampling request),
 `engine_start` (starting the vllm engine, its import included; for the transformers backend, loading the policy),
-`total` (to the manifest), and `marks`,
+`sampling` (from the first shard's sampling to the last one's end: the engine's span, idle gaps included), `total`
+(to the manifest), and `marks`,
 the moment of each event this process marked (`mark`) since that start. Under a Dask runner the models load and
 sample in the workers: their marks are not this process's, and those figures are null.
 """
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 SECONDS = "seconds"  # the stats key of a shard's stage times
 STAGES = ("sample", "verify", "credit_gdpo", "credit_mrtpo", "credit_mc", "credit_p2t", "credit_rows", "write")
 MODELS_LOADING, ENGINE_STARTED, MODELS_LOADED = "models_loading", "engine_started", "models_loaded"
-FIRST_SAMPLE = "sample"
+FIRST_SAMPLE, SAMPLED = "sample", "sampled"  # a shard's sampling starts, ends
 
 _LOCK = threading.Lock()
 _MARKS: dict[str, list[float]] = {}  # event -> epoch seconds it happened, in this process
@@ -84,21 +85,23 @@ def run_seconds(out: str) -> dict:
         start = _RUNS.pop(out, None)
         if start is None:
             return {}
-        marks = {event: min(t for t in moments if t >= start) - start
-                 for event, moments in _MARKS.items() if any(t >= start for t in moments)}
+        seen = {event: [t - start for t in moments if t >= start] for event, moments in _MARKS.items()}
+    first = {event: min(moments) for event, moments in seen.items() if moments}
 
-    def between(first: str | None, last: str) -> float | None:
-        begin = 0.0 if first is None else marks.get(first)
-        return None if begin is None or last not in marks else round(marks[last] - begin, 3)
-    engine = ENGINE_STARTED if ENGINE_STARTED in marks else MODELS_LOADED
-    return {"startup": between(None, FIRST_SAMPLE), "engine_start": between(MODELS_LOADING, engine),
-            "total": round(now - start, 3), "marks": {event: round(t, 3) for event, t in sorted(marks.items(),
-                                                                                               key=lambda m: m[1])}}
+    def span(begin: str | None, end: str, last: bool = False) -> float | None:
+        """From `begin`'s first moment (None: the start) to `end`'s first moment, or its last."""
+        a = 0.0 if begin is None else first.get(begin)
+        b = max(seen[end]) if last and seen.get(end) else first.get(end)
+        return None if a is None or b is None else round(b - a, 3)
+    engine = ENGINE_STARTED if ENGINE_STARTED in first else MODELS_LOADED
+    return {"startup": span(None, FIRST_SAMPLE), "engine_start": span(MODELS_LOADING, engine),
+            "sampling": span(FIRST_SAMPLE, SAMPLED, last=True), "total": round(now - start, 3),
+            "marks": {event: round(t, 3) for event, t in sorted(first.items(), key=lambda m: m[1])}}
 
 
 def describe(run: dict, stages: dict[str, float]) -> str:
     """One line of a run's times: its wall times, then each stage's seconds summed over its shards."""
-    wall = [f"{name.replace('_', ' ')} {run[name]:.1f} s" for name in ("startup", "engine_start", "total")
+    wall = [f"{name.replace('_', ' ')} {run[name]:.1f} s" for name in ("startup", "engine_start", "sampling", "total")
             if run.get(name) is not None]
     order = sorted(stages, key=lambda name: (STAGES.index(name) if name in STAGES else len(STAGES), name))
     summed = [f"{name} {stages[name]:.1f} s" for name in order]

@@ -97,8 +97,9 @@ def test_runs_shows_each_runs_wall_times_and_stage_seconds(tmp_path, capsys):
     assert {"sample", "verify", "credit_gdpo", "credit_mrtpo", "credit_rows", "write"} <= set(run["seconds"])
     assert 0 < run["run_seconds"]["startup"] < run["run_seconds"]["total"]
     assert main(["runs", str(out)]) == 0
-    assert re.fullmatch(r"a: startup \d+\.\d s, (engine start \d+\.\d s, )?total \d+\.\d s; shards: sample \d+\.\d s, "
-                        r"verify .*, write \d+\.\d s", capsys.readouterr().out.splitlines()[-1])
+    printed = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(r"a: startup \d+\.\d s, (engine start \d+\.\d s, )?sampling \d+\.\d s, total \d+\.\d s; "
+                        r"shards: sample \d+\.\d s, verify .*, write \d+\.\d s", printed), printed
     shards = [json.loads(p.read_text())["stats"]["seconds"] for p in (out / "a" / "_shards").glob("*.json")]
     assert len(shards) == 3  # one prompt of each demo task, one shard each
     (out / "a" / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))  # as a killed run's
