@@ -489,7 +489,7 @@ def test_status_shows_where_each_pools_annotate_run_spent_its_time(tmp_path):
     lines = status(design, tmp_path / "out")
     [line] = [line for line in lines if line.startswith("pool flat: ")]
     assert re.fullmatch(r"pool flat: startup \d+\.\d s, (engine start \d+\.\d s, )?sampling \d+\.\d s, "
-                        r"total \d+\.\d s; shards: sample \d+\.\d s, verify \d+\.\d s, credit_gdpo \d+\.\d s, credit_mrtpo \d+\.\d s, "
-                        r"credit_rows \d+\.\d s, write \d+\.\d s", line), line
+                        r"total \d+\.\d s; shards: sample \d+\.\d s, verify \d+\.\d s, credit_gdpo \d+\.\d s, "
+                        r"credit_mrtpo \d+\.\d s, credit_rows \d+\.\d s, write \d+\.\d s", line), line
     assert f"credit_mrtpo {manifest['stats']['seconds']['credit_mrtpo']:.1f} s" in line
     assert not any("reward" in line for line in lines)
