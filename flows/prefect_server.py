@@ -7,18 +7,31 @@ created from it. `prefect server start` runs every service, the scheduler includ
 starts one on a free loopback port, with its database under its own PREFECT_HOME, and stops it
 when it stops; a `serve` killed outright takes it along (`tokencredit.pipeline.lifeline`).
 
-A command that runs a flow with no `PREFECT_API_URL` (annotate, compare, repair, values) calls
+Prefect's temporary server for a command: `annotate` (with a Prefect runner) starts it itself, first thing
+(`temporary_server`): the same app that Prefect's client would start on the flow's first call (`uvicorn` on
+`prefect.server.api.server:create_app`, ephemeral mode, its database in PREFECT_HOME), but in a child process that
+starts while the command loads torch and the engine, and without the ~3 s of Prefect's server modules that its
+client imports to start one. PREFECT_API_URL then names it for the command and the processes it starts. Its output
+is kept (the last lines), so that a server that fails says how: its exit status, its last log line, the seconds
+it took (`TemporaryServer.wait`).
+
+A flow run with no `PREFECT_API_URL` (compare, repair, values, a flow called from Python) calls
 `tie_temporary_server` first, as does each worker process of a local Dask cluster (`flows.cluster`): Prefect
 stops its temporary server at exit, which a process killed with SIGKILL never reaches; tied, the server ends
 with the process that started it all the same.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +43,7 @@ from tokencredit.pipeline import lifeline
 # `prefect server start` imports its whole server, runs its migrations and builds its UI's settings
 # before it answers: ~20 s on an idle 2-core machine, several times that on a busy one.
 START_TIMEOUT_S = 300
+_EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(Error|Exception)\b.*: ")  # a traceback's last line: "pkg.SomeError: why"
 STOP_TIMEOUT_S = 10
 
 
@@ -106,6 +120,94 @@ def stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+class TemporaryServer:
+    """Prefect's temporary API server in a child process that ends with this one (`lifeline.tie`, as Prefect's own
+    in `tie_temporary_server`); `wait` until it answers, `stop` it. Its output is read on a thread: the last lines
+    are kept, and echoed to stderr when `echo` (a --verbose command)."""
+
+    KEPT_LINES = 20
+
+    def __init__(self, echo: bool = False):
+        self.started = time.monotonic()
+        self.port = free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        spec = importlib.util.find_spec("prefect")  # where Prefect is, without importing it
+        app_dir = os.path.dirname(os.path.dirname(spec.origin))
+        # Prefect's own temporary server: its UI off, the ephemeral server's services (SubprocessASGIServer)
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory", "prefect.server.api.server:create_app",
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"], env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        lifeline.tie(self.process.pid)
+        self.lines: collections.deque[str] = collections.deque(maxlen=self.KEPT_LINES)
+        self._reader = threading.Thread(target=self._read, args=(echo,), name="prefect-server-output", daemon=True)
+        self._reader.start()
+
+    def _read(self, echo: bool) -> None:
+        for line in self.process.stdout:
+            if line.strip():
+                self.lines.append(line.rstrip())
+            if echo:
+                sys.stderr.write(line)
+
+    def wait(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Return once the server answers; RuntimeError saying what happened if it exits first (its status and last
+        log line) or does not answer within `timeout_s`, with the seconds it took either way."""
+        deadline = self.started + timeout_s
+        while not healthy(self.api_url):
+            if self.process.poll() is not None:
+                self._reader.join(5)  # its last lines
+                raise RuntimeError(f"Prefect's temporary API server exited with status {self.process.returncode} "
+                                   f"after {time.monotonic() - self.started:.0f} s, before it answered: "
+                                   f"{self.what_it_said()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Prefect's temporary API server did not answer at {self.api_url} within "
+                                   f"{timeout_s:.0f} s (a busy machine?); {self.what_it_said()}")
+            time.sleep(0.1)
+
+    def what_it_said(self) -> str:
+        """Its last exception line (a traceback's last line names the cause; uvicorn's own last line after a
+        failed start says only that it failed) and its last line."""
+        last = self.lines[-1] if self.lines else "(no output)"
+        errors = [line for line in self.lines if _EXCEPTION.match(line)]
+        return f"{errors[-1]} (its last line: {last})" if errors and errors[-1] != last else f"its last line: {last}"
+
+    def stop(self) -> None:
+        stop(self.process)
+
+
+@contextlib.contextmanager
+def temporary_server(echo: bool = False) -> Iterator[TemporaryServer | None]:
+    """Prefect's temporary server for the block, unless PREFECT_API_URL names a server (or Prefect may not start
+    one): started now, named by PREFECT_API_URL for this process and its children until the block ends, then
+    stopped. Yields it (None when none was started); a flow's first call waits for it with `wait`."""
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        yield None
+        return
+    server = TemporaryServer(echo)
+    os.environ["PREFECT_API_URL"] = server.api_url
+    refresh_global_settings_context()  # Prefect read its settings when it was imported
+    try:
+        yield server
+    finally:
+        _drain_prefect()
+        del os.environ["PREFECT_API_URL"]
+        refresh_global_settings_context()
+        server.stop()
+
+
+def _drain_prefect(timeout_s: float = 5) -> None:
+    """Send what Prefect's log and event workers still hold to the server before it stops (at exit they would find
+    it gone: an 'Error logging to API' line each); nothing where no flow ran (their modules are not imported)."""
+    for module, worker in (("prefect.logging.handlers", "APILogWorker"), ("prefect.events.worker", "EventsWorker")):
+        if module in sys.modules:
+            getattr(sys.modules[module], worker).drain_all(timeout=timeout_s)
 
 
 def tie_temporary_server() -> None:

@@ -20,9 +20,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from tokencredit.pipeline.dataset.writer import filesystem, read_manifest
+from tokencredit.pipeline.dataset.writer import filesystem, read_manifest, stage_seconds
 from tokencredit.pipeline.names import inside
 from tokencredit.pipeline.progress import Phase
+from tokencredit.pipeline.timing import describe
 
 RECORD = "schedule.json"
 SKIPPED = "_skipped"
@@ -98,8 +99,9 @@ def _responses(fs: pafs.FileSystem, root: str, manifest: dict[str, Any] | None) 
 
 
 def list_runs(out: str) -> list[dict[str, Any]]:
-    """The runs under `out`, oldest first: folder, start, end, state, responses, error (one line), and
-    for an incomplete one `resume`, the command that finishes it. A folder with a dataset but no
+    """The runs under `out`, oldest first: folder, start, end, state, responses, error (one line), the run's wall
+    seconds and each stage's seconds (`writer.stage_seconds`), and for an incomplete one `resume`, the command that
+    finishes it. A folder with a dataset but no
     schedule record (an `annotate` into OUT) is listed by its manifest."""
     fs, root = filesystem(out)
     if fs.get_file_info(root).type != pafs.FileType.Directory:
@@ -120,7 +122,8 @@ def list_runs(out: str) -> list[dict[str, Any]]:
             state = "incomplete"
         if state == "complete" and not (manifest and manifest.get("complete")):
             state, row["error"] = "incomplete", "its manifest is not complete"
-        row.update(state=state, responses=_responses(fs, info.path, manifest))
+        run_seconds, seconds = stage_seconds(f"{out.rstrip('/')}/{info.base_name}")
+        row.update(state=state, responses=_responses(fs, info.path, manifest), run_seconds=run_seconds, seconds=seconds)
         if state == "incomplete":
             row["resume"] = f"tokencredit runs {out} --resume {info.base_name}"
         rows.append(row)
@@ -128,16 +131,20 @@ def list_runs(out: str) -> list[dict[str, Any]]:
         record = read_json(fs, info.path) if info.base_name.endswith(".json") else None
         if record:
             rows.append({**record, "state": "skipped", "responses": 0})
-    keep = ("folder", "start", "end", "state", "responses", "error", "resume", "flow_run_name")
+    keep = ("folder", "start", "end", "state", "responses", "error", "resume", "flow_run_name", "run_seconds",
+            "seconds")
     return sorted(({k: r.get(k) for k in keep} for r in rows), key=lambda r: (r["start"] or "", r["folder"]))
 
 
 def format_runs(rows: list[dict[str, Any]]) -> str:
-    """A table of `list_runs`' rows, then one line per incomplete run saying how to resume it."""
+    """A table of `list_runs`' rows, a line of each run's times (`timing.describe`), then one line per incomplete
+    run saying how to resume it."""
     header = ("folder", "start", "end", "state", "responses", "error")
     table = [header] + [tuple("" if r[k] is None else str(r[k]) for k in header) for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
     lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(line, widths)), line[-1]]).rstrip() for line in table]
+    lines += [f"{r['folder']}: {describe(r['run_seconds'] or {}, r['seconds'] or {})}" for r in rows
+              if r.get("run_seconds") or r.get("seconds")]
     lines += [f"{r['folder']}: incomplete; resume it with: {r['resume']}" for r in rows if r.get("resume")]
     return "\n".join(lines)
 

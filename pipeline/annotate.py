@@ -13,6 +13,7 @@ import hashlib
 import json
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_
 from tokencredit.pipeline.devices import worker_identity
 from tokencredit.pipeline.identity import record_hashes, run_inputs
 from tokencredit.pipeline.progress import Phase
+from tokencredit.pipeline.timing import (ENGINE_STARTED, FIRST_SAMPLE, MODELS_LOADED, MODELS_LOADING, SAMPLED, SECONDS,
+                                         Stages, begin_run, mark, run_seconds)
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,19 +131,43 @@ class Models:
 
 
 _LOAD_LOCK = threading.Lock()
+_PRELOAD_ERRORS: dict[tuple, BaseException] = {}  # what `preload_models` raised, by `_load_models`' arguments
+
+
+def _models_key(config: AnnotateConfig) -> tuple:
+    """`_load_models`' arguments for `config`."""
+    p2t = "p2t" in config.credit.kinds
+    return (config.backend, config.model, config.reward_model if p2t else None, config.device, p2t, config.dtype,
+            config.cpu_threads)
 
 
 def load_models(config: AnnotateConfig) -> Models:
     # One loader at a time: transformers builds models under a process-wide meta-device context,
     # so two threads loading at once get each other's empty (meta) weights.
-    key = (config.backend, config.model, config.reward_model if "p2t" in config.credit.kinds else None,
-           config.device, "p2t" in config.credit.kinds, config.dtype, config.cpu_threads)
+    key = _models_key(config)
     with _LOAD_LOCK:
+        if key in _PRELOAD_ERRORS:  # a second try would fail the same way, after as long
+            raise _PRELOAD_ERRORS[key]
         models = _load_models(*key)
         if getattr(models.sampler, "llm", True) is None:  # its engine was stopped since (another engine started)
             _load_models.cache_clear()
             models = _load_models(*key)
         return models
+
+
+def preload_models(config: AnnotateConfig) -> threading.Thread:
+    """Start `load_models(config)` on a thread and return it, so that the run's models (the vllm engine first) load
+    while Prefect's server and flow start; the flow's `load_models` waits for them, or raises what they raised. The
+    thread is not a daemon: a process that fails meanwhile exits once the engine is up, never from under it."""
+    def load() -> None:
+        try:
+            load_models(config)
+        except BaseException as error:  # noqa: BLE001 - raised again where the run asks for its models
+            with _LOAD_LOCK:
+                _PRELOAD_ERRORS[_models_key(config)] = error
+    thread = threading.Thread(target=load, name="preload-models")
+    thread.start()
+    return thread
 
 
 @functools.lru_cache(maxsize=2)
@@ -150,8 +177,12 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
     from tokencredit.pipeline.credit.p2t import shares_vocab
     from tokencredit.pipeline.models.loading import load_policy, load_reward_model, model_name
 
+    mark(MODELS_LOADING)
     # the vllm engine first: what it refuses (device, memory, model) is said before the replay's copy loads
-    engine = make_sampler(backend, model, device=device, dtype=dtype, threads=threads) if backend == "vllm" else None
+    engine = None
+    if backend == "vllm":
+        engine = make_sampler(backend, model, device=device, dtype=dtype, threads=threads)
+        mark(ENGINE_STARTED)
     with Phase(f"loading the policy {model_name(model)}" + (" and the reward model" if p2t else "")):
         policy, tokenizer = load_policy(model, device=device)
         # one copy of the weights for the transformers backend; the vllm engine loads its own, one per process
@@ -163,6 +194,7 @@ def _load_models(backend: str, model: str | None, reward_model: str | None, devi
         raise ValueError(f"reward model {reward_model}: its tokenizer is not the policy's and not a fast tokenizer; "
                          "P2T carries its attribution to the policy's tokens by character offsets, which only a "
                          "fast tokenizer gives")
+    mark(MODELS_LOADED)
     return Models(sampler, policy, tokenizer, rm, rm_tokenizer)
 
 
@@ -278,27 +310,42 @@ def annotate_window(shards: Sequence[Sequence[TaskRecord]], window: Sequence[int
     if todo:
         use_cpu_threads(config)
         samples: dict[str, list] = {}
+        mark(FIRST_SAMPLE)
+        begin = time.perf_counter()
         for sample in models.sampler.sample([r for s in window for r in shards[s]], config.sampling):
             samples.setdefault(sample.group_id, []).append(sample)
+        share = (time.perf_counter() - begin) / len(todo)  # the window's call, counted once over its new shards
+        mark(SAMPLED)
         for s in todo:
-            tables, stats = annotate_shard(shards[s], s, config, models,
+            tables, stats = annotate_shard(shards[s], s, config, models, sample_seconds=share,
                                            samples=[x for r in shards[s] for x in samples.get(r.id, [])])
             writer.write_shard(s, tables, stats, code_version=code_version(), worker=worker_identity(engine_starts()))
     return [writer.shard_entry(s) for s in window]
 
 
 def annotate_shard(records: Sequence[TaskRecord], shard: int, config: AnnotateConfig,
-                   models: Models, samples: Sequence | None = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-    """sample -> verify -> credit for one shard; returns its tables and stats. `samples`: the shard's responses,
-    already sampled (`annotate_window`)."""
+                   models: Models, samples: Sequence | None = None,
+                   sample_seconds: float | None = None) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    """sample -> verify -> credit for one shard; returns its tables and stats (`seconds`: each stage's wall
+    time, `pipeline.timing`). `samples`: the shard's responses, already sampled (`annotate_window`), which took
+    `sample_seconds` of its sampling call."""
     use_cpu_threads(config)
     by_id = {r.id: r for r in records}
-    samples = models.sampler.sample(records, config.sampling) if samples is None else list(samples)
-    verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
-                              config.verifier_memory_bytes)
+    stages = Stages()
+    if samples is None:
+        mark(FIRST_SAMPLE)
+        with stages("sample"):
+            samples = models.sampler.sample(records, config.sampling)
+        mark(SAMPLED)
+    else:
+        samples, stages.seconds["sample"] = list(samples), round(sample_seconds or 0.0, 3)
+    with stages("verify"):
+        verified = verify_samples(samples, by_id, config.verifiers, config.verifier_timeout_s,
+                                  config.verifier_memory_bytes)
     annotated, stats = assign_credit(verified, by_id, config.credit, models.policy, models.tokenizer,
                                      models.reward_model, reward_tokenizer=models.reward_tokenizer,
                                      replay_engine=replay_engine(models))
+    stats[SECONDS] = {**stages.seconds, **stats.get(SECONDS, {})}
     return shard_tables(annotated, by_id, shard, models.tokenizer), stats
 
 
@@ -394,6 +441,7 @@ def open_run(config: AnnotateConfig, out: str, records: Sequence[TaskRecord], n_
     The writer holds the lock on `out` until `writer.unlock()`."""
     if restart:
         check_restartable(out)
+    begin_run(out)
     writer = RunWriter(out)
     writer.lock()
     try:
@@ -422,8 +470,8 @@ def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Re
     entries = writer.checked_shards(n_shards)
     scale, shift = connect(writer.out, allow_incomplete=True).execute(
         "SELECT any_value(gdpo_scale), any_value(gdpo_shift) FROM responses").fetchone()
-    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift}},
-                         entries)
+    return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift},
+                                    "run_seconds": run_seconds(writer.out)}, entries)
 
 
 def read_responses(writer: RunWriter, entry: dict[str, Any]) -> pa.Table:

@@ -138,11 +138,17 @@ class Phase:
         self.beat.heard()
 
     def _say(self) -> None:
-        print(f"{self.what}: {time.monotonic() - self.start:.0f} s", file=self.stream, flush=True)
+        self._line(f"{self.what}: {time.monotonic() - self.start:.0f} s")
+
+    def _line(self, text: str) -> None:
+        # one write: `print` writes the newline apart, and a phase on another thread (the models loading beside
+        # Prefect's flow) would land between the two
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
     def __enter__(self) -> Phase:
         if self.enabled:
-            print(f"{self.what} ...", file=self.stream, flush=True)
+            self._line(f"{self.what} ...")
             self.start = time.monotonic()
             self.beat.start()
         return self

@@ -3,6 +3,8 @@ and Prefect settings that hold under load."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -110,16 +112,41 @@ def test_prefect_start_timeout_is_set_unless_the_user_set_one(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_temporary_server_that_does_not_start_says_what_to_do(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(ROOT), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0")
+def test_a_temporary_server_that_fails_to_start_says_what_happened_and_what_to_do(tmp_path):
+    """A real failure: Prefect's temporary server cannot open its database (in a folder that does not exist). The one
+    line says what happened: its exit status, the error it printed, the seconds it took (not a start timeout)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path / "prefect"),
+               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'missing' / 'prefect.db'}")
     done = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(tmp_path / "run"),
-                           "--limit", "1", "--n", "2", "--tasks", "tools"], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=600)
+                           "--limit", "1", "--n", "2", "--tasks", "tools", "--credit", "gdpo"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("tokencredit annotate: error:")]
-    assert len(errors) == 1 and "--runner none" in errors[0] and "PREFECT_API_URL" in errors[0]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert re.fullmatch(r"tokencredit annotate: error: Prefect's temporary API server exited with status \d+ after "
+                        r"(\d+) s, before it answered: \S*OperationalError: .*unable to open database file.*; rerun "
+                        r"with --runner none .* set PREFECT_API_URL to its API", errors[0]), errors[0]
     assert "Traceback" not in done.stderr
+    assert not list((tmp_path / "run" / "_shards").glob("*.json"))
+
+
+@pytest.mark.slow
+def test_a_temporary_server_that_does_not_answer_in_time_is_named_with_its_wait():
+    """A server frozen before it answers (SIGSTOP: as a machine too busy to run it): `wait` gives up after its
+    timeout, saying so, instead of waiting for ever."""
+    from tokencredit.flows.prefect_server import TemporaryServer
+
+    server = TemporaryServer()
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(RuntimeError, match=r"temporary API server did not answer at http://127\.0\.0\.1:\d+/api "
+                                               r"within 3 s \(a busy machine\?\); its last line: "):
+            server.wait(3)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+    assert server.process.poll() is not None
 
 
 @pytest.mark.slow

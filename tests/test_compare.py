@@ -475,3 +475,21 @@ def test_compare_trains_every_kind_of_arm_and_an_arm_with_nothing_to_train_on_is
     for marker in markers:  # nothing to train on: the base policy
         assert "no response has tokens to train on" in json.loads(marker.read_text())["reason"]
         assert scores[marker.parent.name] == scores["start"]
+
+
+def test_status_shows_where_each_pools_annotate_run_spent_its_time(tmp_path):
+    """`compare --status` prints each pool's wall times and stage seconds from its manifest (the pool annotated here
+    by the product's annotate stage, as `compare` does), without reading a reward."""
+    from tokencredit.flows.compare import annotate_pool
+
+    design = load_design(write(tmp_path / "design.toml", TINY.replace("train_limit = 8", "train_limit = 2")))
+    register(design, tmp_path / "out", design_inputs(design))
+    annotate_pool(design, "flat", tmp_path / "out", runner="none")
+    manifest = json.loads((tmp_path / "out" / "pools" / "flat" / "manifest.json").read_text())
+    lines = status(design, tmp_path / "out")
+    [line] = [line for line in lines if line.startswith("pool flat: ")]
+    assert re.fullmatch(r"pool flat: startup \d+\.\d s, (engine start \d+\.\d s, )?sampling \d+\.\d s, "
+                        r"total \d+\.\d s; shards: sample \d+\.\d s, verify \d+\.\d s, credit_gdpo \d+\.\d s, "
+                        r"credit_mrtpo \d+\.\d s, credit_rows \d+\.\d s, write \d+\.\d s", line), line
+    assert f"credit_mrtpo {manifest['stats']['seconds']['credit_mrtpo']:.1f} s" in line
+    assert not any("reward" in line for line in lines)

@@ -83,6 +83,30 @@ def test_a_run_whose_process_died_mid_way_lists_as_incomplete_with_how_to_resume
         f"2026-12-05T03-00-00: incomplete; resume it with: tokencredit runs {out} --resume 2026-12-05T03-00-00")
 
 
+def test_runs_shows_each_runs_wall_times_and_stage_seconds(tmp_path, capsys):
+    """A complete run's from its manifest; a run whose manifest is not complete, summed over the shards it wrote."""
+    from tokencredit.pipeline.annotate import run_annotation
+    from tokencredit.pipeline.config import AnnotateConfig, CreditConfig, SamplingConfig
+
+    out = tmp_path / "runs"
+    config = AnnotateConfig(limit=1, shard_size=1, credit=CreditConfig(kinds=("gdpo", "mrtpo")),
+                            sampling=SamplingConfig(n=2, max_new_tokens=8))
+    manifest = run_annotation(config, str(out / "a"), progress=False)
+    [run] = list_runs(str(out))
+    assert run["seconds"] == manifest["stats"]["seconds"] and run["run_seconds"] == manifest["run_seconds"]
+    assert {"sample", "verify", "credit_gdpo", "credit_mrtpo", "credit_rows", "write"} <= set(run["seconds"])
+    assert 0 < run["run_seconds"]["startup"] < run["run_seconds"]["total"]
+    assert main(["runs", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(r"a: startup \d+\.\d s, (engine start \d+\.\d s, )?sampling \d+\.\d s, total \d+\.\d s; "
+                        r"shards: sample \d+\.\d s, verify .*, write \d+\.\d s", printed), printed
+    shards = [json.loads(p.read_text())["stats"]["seconds"] for p in (out / "a" / "_shards").glob("*.json")]
+    assert len(shards) == 3  # one prompt of each demo task, one shard each
+    (out / "a" / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))  # as a killed run's
+    [run] = list_runs(str(out))
+    assert run["run_seconds"] == {} and run["seconds"]["sample"] == pytest.approx(sum(s["sample"] for s in shards))
+
+
 # --- on a real Prefect server -------------------------------------------------------------------
 
 def sorted_rows(path: Path, table: str) -> list[dict]:

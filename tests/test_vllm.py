@@ -319,3 +319,35 @@ def test_bfloat16_stored_logprobs_move_within_their_bound_and_an_engine_is_relea
     assert sampler.llm is None and not _ENGINES
     with pytest.raises(RuntimeError, match="was stopped .* make_sampler starts it again"):
         sampler.sample(records[:1], SamplingConfig(n=1, max_new_tokens=4))
+
+
+# What vLLM prints of its own: its log format ("(MainProcess pid=1) INFO 12-07 14:42:01 [hf.py:646] ..."), a vllm
+# logger's record through Prefect's console handler ("| WARNING | vllm.triton_utils..."), its CPU extension's C++
+# warnings ("[W1207 14:40:27.637848859 utils.cpp:68] Warning: NUMA binding ..."), its progress bars
+ENGINE_LINES = (r"\b(INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[", r"\| (INFO|WARNING) +\| vllm\b", r"^\[W\d{4} ",
+                r"Processed prompts|Adding requests|Loading safetensors|Rendering prompts")
+
+
+def engine_lines(text: str) -> list[str]:
+    import re
+
+    return [line for line in text.splitlines() if any(re.search(p, line) for p in ENGINE_LINES)]
+
+
+@pytest.mark.slow
+def test_a_default_engine_run_prints_no_engine_log_and_verbose_shows_it(tmp_path):
+    """The acceptance's check: a default `annotate --backend vllm` (the Prefect flow, the engine in this process)
+    prints tokencredit's lines alone; `--verbose` shows the engine's."""
+    args = ["annotate", "--limit", "1", "--tasks", "sql", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo",
+            "--backend", "vllm"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_LOGGING", "TOKENCREDIT_VERBOSE"))}
+    runs = {}
+    for name, extra in (("default", []), ("verbose", ["--verbose"])):
+        runs[name] = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", *args, "--out",
+                                     str(tmp_path / name), *extra], env=env, capture_output=True, text=True,
+                                    timeout=900)
+        assert runs[name].returncode == 0, runs[name].stderr[-3000:]
+    default = runs["default"].stdout + runs["default"].stderr
+    assert engine_lines(default) == [], default[-3000:]
+    assert "sampling: 2/2 responses" in default  # tokencredit's own progress stays
+    assert engine_lines(runs["verbose"].stderr)

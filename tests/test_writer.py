@@ -51,12 +51,16 @@ def test_shards_are_marked_complete_and_the_manifest_adds_up(tmp_path):
     writer.start("run", {"seed": 3}, "hash-a", "code")
     assert not writer.is_complete(0)
     for shard in range(3):
-        writer.write_shard(shard, shard_tables(shard), {"replays_done": 2})
+        writer.write_shard(shard, shard_tables(shard), {"replays_done": 2, "seconds": {"sample": 1.25}})
     assert all(writer.is_complete(s) for s in range(3))
     manifest = writer.finish(3, {"rejected": 0})
     on_disk = json.loads((tmp_path / "manifest.json").read_text())
     assert on_disk["totals"] == manifest["totals"] == {"responses": 9, "credits": 36, "nodes": 0}
-    assert on_disk["stats"] == {"replays_done": 6} and on_disk["seeds"] == {"sampling": 3}
+    # counts and each stage's seconds are summed over the shards; the writer adds the seconds its tables took
+    writes = [writer.shard_entry(s)["stats"]["seconds"]["write"] for s in range(3)]
+    assert all(w > 0 for w in writes)
+    assert on_disk["stats"] == {"replays_done": 6, "seconds": {"sample": 3.75, "write": pytest.approx(sum(writes))}}
+    assert on_disk["seeds"] == {"sampling": 3}
     assert len(on_disk["dataset_checksum"]) == 64
     assert not list(tmp_path.rglob("*.tmp")), "temporary files must be renamed into place"
 

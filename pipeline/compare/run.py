@@ -179,6 +179,13 @@ def status(design: Design, out: Path) -> list[str]:
     lines.append("pools: " + ", ".join(
         f"{name} {'complete' if pool_complete(pool_folder(out, design.pools[name])) else 'not complete'}"
         for name in used))
+    from tokencredit.pipeline.dataset.writer import stage_seconds
+    from tokencredit.pipeline.timing import describe
+
+    for name in used:  # where each pool's annotate run spent its time (the manifest's, or its shards' so far)
+        times = stage_seconds(str(pool_folder(out, design.pools[name])))
+        if any(times):
+            lines.append(f"pool {name}: {describe(*times)}")
     labels = ["start"] + [f"{arm.name}-{seed}" for seed in design.seeds for arm in design.arms.values()]
     done = [label for label in labels if scores_path(out, label).is_file()]
     left = len(labels) - len(done)

@@ -11,7 +11,6 @@ Responses whose verifier failed keep their row but get no credit.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +24,7 @@ from tokencredit.pipeline.credit.mrtpo import mrtpo_advantages
 from tokencredit.pipeline.credit.p2t import (P2TStats, attribute, attribute_across_tokenizers, shares_vocab,
                                              token_rewards)
 from tokencredit.pipeline.progress import Progress
+from tokencredit.pipeline.timing import SECONDS, Stages
 from tokencredit.pipeline.sample.prompts import feedback_sections
 from tokencredit.pipeline.credit.located import verifier_relevance
 from tokencredit.pipeline.credit.relevance import apply_floor, relevance, signs
@@ -78,34 +78,38 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
     The values stop before GDPO's batch step: `gdpo_sum` S[i], `credit.mrtpo_sum` and `credit.mc_sum`; a
     consumer applies c * (x - m) with c, m over the run (the views) or over its own batch (`batch_statistics`).
     `mc` needs every response to be a leaf of a tree-sampled group (`Sample.segments`): ValueError otherwise,
-    before any replay.
+    before any replay. The stats' `seconds` hold each method's wall time (`credit_gdpo`, `credit_mrtpo`, `credit_mc`,
+    `credit_p2t`) and the rows' (`credit_rows`).
     """
     ok = [v for v in verified if v.status == "ok"]
+    stages = Stages()
     if "mc" in config.kinds:  # a failed leaf is still part of its tree: check every path
-        node, bounds = tree_tensors([v.sample for v in verified])
-        keep = torch.tensor([v.status == "ok" for v in verified])
-        node, bounds = node[keep], bounds[keep]
+        with stages("credit_mc"):
+            node, bounds = tree_tensors([v.sample for v in verified])
+            keep = torch.tensor([v.status == "ok" for v in verified])
+            node, bounds = node[keep], bounds[keep]
     annotated = {id(v): AnnotatedResponse(verified=v, adv_grpo=None, gdpo_sum=None) for v in verified}
-    stats = {"responses": len(verified), "verifier_failures": len(verified) - len(ok)}
+    stats = {"responses": len(verified), "verifier_failures": len(verified) - len(ok), SECONDS: stages.seconds}
     if not ok:
         return [annotated[id(v)] for v in verified], stats
-    rewards, mask, group = reward_tensors(ok)
-    response_adv = grpo(rewards, mask, group)
-    conditioned, reward_weight = reward_options(ok, rewards, mask, config)
-    lengths = [len(v.sample.token_ids) for v in ok]
-    result = gdpo(conditioned, mask, group, config.gdpo, weights=reward_weight, lengths=torch.tensor(lengths))
-    T = max(max(lengths), 1)
-    token_mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
-    ungated = result.varied
+    with stages("credit_gdpo"):
+        rewards, mask, group = reward_tensors(ok)
+        response_adv = grpo(rewards, mask, group)
+        conditioned, reward_weight = reward_options(ok, rewards, mask, config)
+        lengths = [len(v.sample.token_ids) for v in ok]
+        result = gdpo(conditioned, mask, group, config.gdpo, weights=reward_weight, lengths=torch.tensor(lengths))
+        T = max(max(lengths), 1)
+        token_mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+        ungated = result.varied
 
     beta = config.beta if "mrtpo" in config.kinds else 0.0
     if "mrtpo" in config.kinds:
-        replay_stats, started = ReplayStats(), time.perf_counter()
-        distance, js, floored, source = _relevance(ok, records, mask, ungated, result.reward_adv, T, config, policy,
-                                                   tokenizer, progress, replay_engine, replay_stats)
+        replay_stats = ReplayStats()
+        with stages("credit_mrtpo"):
+            distance, js, floored, source = _relevance(ok, records, mask, ungated, result.reward_adv, T, config,
+                                                       policy, tokenizer, progress, replay_engine, replay_stats)
         replayed = source == SOURCES.index("replay")
-        stats.update(replay_s=round(time.perf_counter() - started, 3),
-                     replay_positions_computed=replay_stats.tokens_forwarded,
+        stats.update(replay_positions_computed=replay_stats.tokens_forwarded,
                      replay_positions_min=replay_stats.positions_min,
                      replay_positions_from_cache=replay_stats.tokens_from_cache,
                      replay_response_positions=replay_stats.response_positions)
@@ -117,40 +121,44 @@ def assign_credit(verified: Sequence[VerifiedSample], records: dict[str, TaskRec
         distance = torch.full((len(ok), rewards.shape[1], T), float("nan"))
         js, floored, source = None, torch.zeros(len(ok), rewards.shape[1], dtype=torch.bool), None
     # floored pairs get uniform weights (their relevance is zeroed); the stored relevance stays raw
-    weighted = torch.where(floored[:, :, None], 0.0, distance)
-    one, zero = torch.tensor(1.0), torch.tensor(0.0)
-    weights, token_adv, _ = mrtpo_advantages(result.reward_adv, weighted, token_mask, mask, beta, one, zero,
-                                             config.max_second_moment)
-    mrtpo_sum = sum_rewards(reward_weight[:, :, None] * token_adv, dim=1)  # [N, T], S[i] on every token at beta 0
+    with stages("credit_mrtpo" if beta else "credit_gdpo"):  # at beta 0 the token advantages are GDPO's
+        weighted = torch.where(floored[:, :, None], 0.0, distance)
+        one, zero = torch.tensor(1.0), torch.tensor(0.0)
+        weights, token_adv, _ = mrtpo_advantages(result.reward_adv, weighted, token_mask, mask, beta, one, zero,
+                                                 config.max_second_moment)
+        # [N, T], S[i] on every token at beta 0
+        mrtpo_sum = sum_rewards(reward_weight[:, :, None] * token_adv, dim=1)
 
-    mc = (mc_advantages(conditioned, mask, group, node, bounds, config.gdpo, weights=reward_weight)
-          if "mc" in config.kinds else None)
-    p2t = (_p2t(ok, records, config, reward_model, tokenizer, reward_tokenizer, progress)
-           if "p2t" in config.kinds else None)
-    if p2t is not None:
+    mc = p2t = None
+    if "mc" in config.kinds:
+        with stages("credit_mc"):
+            mc = mc_advantages(conditioned, mask, group, node, bounds, config.gdpo, weights=reward_weight)
+    if "p2t" in config.kinds:
+        with stages("credit_p2t"):
+            p2t = _p2t(ok, records, config, reward_model, tokenizer, reward_tokenizer, progress)
         stats.update(p2t_responses=p2t[1].responses, p2t_near_flat=p2t[1].near_flat)
-
-    for i, v in enumerate(ok):
-        K, n = len(v.rewards), lengths[i]
-        sources = [SOURCES[source[i, k]] for k in range(K)] if source is not None else [None] * K
-        relevant = [s in ("verifier", "replay") for s in sources]
-        item = annotated[id(v)]
-        item.adv_grpo, item.gdpo_sum = float(response_adv[i]), float(result.summed[i])
-        item.credit = TokenCredit(
-            reward_names=[r.name for r in v.rewards],
-            reward_adv=result.reward_adv[i, :K].tolist(),
-            distance=[distance[i, k, :n].tolist() if relevant[k] else None for k in range(K)],
-            js=[js[i, k, :n].tolist() if sources[k] == "replay" and js is not None else None for k in range(K)],
-            floored=[bool(floored[i, k]) for k in range(K)],
-            relevance_source=sources if source is not None else ["rollout"] * K if mc is not None else None,
-            weight=weights[i, :K, :n].tolist(),
-            advantage=token_adv[i, :K, :n].tolist(),
-            beta=beta,
-            mrtpo_sum=mrtpo_sum[i, :n].tolist() if "mrtpo" in config.kinds else None,
-            mc=mc.token_adv[i, :K, :n].tolist() if mc is not None else None,
-            mc_sum=mc.summed[i, :n].tolist() if mc is not None else None,
-            **(p2t[0][i] if p2t is not None else {}),
-        )
+    with stages("credit_rows"):  # the credit columns as lists: per token, per reward
+        for i, v in enumerate(ok):
+            K, n = len(v.rewards), lengths[i]
+            sources = [SOURCES[source[i, k]] for k in range(K)] if source is not None else [None] * K
+            relevant = [s in ("verifier", "replay") for s in sources]
+            item = annotated[id(v)]
+            item.adv_grpo, item.gdpo_sum = float(response_adv[i]), float(result.summed[i])
+            item.credit = TokenCredit(
+                reward_names=[r.name for r in v.rewards],
+                reward_adv=result.reward_adv[i, :K].tolist(),
+                distance=[distance[i, k, :n].tolist() if relevant[k] else None for k in range(K)],
+                js=[js[i, k, :n].tolist() if sources[k] == "replay" and js is not None else None for k in range(K)],
+                floored=[bool(floored[i, k]) for k in range(K)],
+                relevance_source=sources if source is not None else ["rollout"] * K if mc is not None else None,
+                weight=weights[i, :K, :n].tolist(),
+                advantage=token_adv[i, :K, :n].tolist(),
+                beta=beta,
+                mrtpo_sum=mrtpo_sum[i, :n].tolist() if "mrtpo" in config.kinds else None,
+                mc=mc.token_adv[i, :K, :n].tolist() if mc is not None else None,
+                mc_sum=mc.summed[i, :n].tolist() if mc is not None else None,
+                **(p2t[0][i] if p2t is not None else {}),
+            )
     return [annotated[id(v)] for v in verified], stats
 
 

@@ -3,7 +3,8 @@
     OUT/responses/part-00003.parquet   one file per shard and table
     OUT/credits/part-00003.parquet
     OUT/nodes/part-00003.parquet       the nodes of its tree-sampled groups (empty for flat sampling)
-    OUT/_shards/shard-00003.json       completion marker: rows, checksums and code version of that shard
+    OUT/_shards/shard-00003.json       completion marker: rows, checksums, stats (each stage's seconds among
+                                       them, `pipeline.timing`) and code version of that shard
     OUT/manifest.json                  config, input files' checksums, code version, seeds, per-shard
                                        rows and checksums; `complete` is true once every shard is written
     OUT/record_hashes.json             a hash of each annotated task record's content
@@ -27,6 +28,7 @@ import json
 import os
 import re
 import socket
+import time
 import uuid
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ from tokencredit.schemas import SCHEMA_VERSION, TABLES, with_version
 
 from tokencredit.pipeline import interrupts
 from tokencredit.pipeline.dataset.stamps import STAMPS, PartStamps
+from tokencredit.pipeline.timing import SECONDS
 
 MANIFEST = "manifest.json"
 RECORD_HASHES = "record_hashes.json"  # task record id -> hash of its content (`tokencredit.pipeline.identity`)
@@ -135,6 +138,20 @@ def _read_json(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
 def read_manifest(out: str) -> dict[str, Any] | None:
     """The manifest of the run directory `out` (None when it has none), checked as `run_files` checks it."""
     return _read_manifest(*filesystem(out))
+
+
+def stage_seconds(out: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """(the run's wall seconds, each stage's seconds summed over its shards: `pipeline.timing`) of the run in `out`:
+    the manifest's once it is complete, else the shards' markers written so far (and no wall seconds)."""
+    fs, root = filesystem(out)
+    manifest = _read_manifest(fs, root) or {}
+    if manifest.get("complete"):
+        return manifest.get("run_seconds") or {}, manifest.get("stats", {}).get(SECONDS, {})
+    seconds: dict[str, float] = {}
+    for info in fs.get_file_info(pafs.FileSelector(f"{root}/{SHARDS}", allow_not_found=True)):
+        entry = _read_marker(fs, info.path) if _MARKER.fullmatch(info.base_name) else None
+        add_stats(seconds, entry["stats"].get(SECONDS, {}) if entry else {})
+    return {}, seconds
 
 
 def _read_manifest(fs: pafs.FileSystem, root: str) -> dict[str, Any] | None:
@@ -551,11 +568,13 @@ class RunWriter:
 
     def write_shard(self, shard: int, tables: dict[str, pa.Table], stats: dict[str, Any],
                     code_version: str | None = None, worker: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Write every table of one shard atomically, then its completion marker.
+        """Write every table of one shard atomically, then its completion marker (its stats get the seconds the
+        tables took, `seconds.write`).
 
         `code_version`: of the code that computed the shard (a Dask worker may run other code
         than the process that started the run). `worker`: the process that computed it
         (`devices.worker_identity`), kept in the marker only."""
+        began = time.perf_counter()
         entry: dict[str, Any] = {"shard": shard, "stats": stats, "code_version": code_version}
         if worker is not None:
             entry["worker"] = worker
@@ -566,6 +585,7 @@ class RunWriter:
             entry[name] = {"path": f"{name}/part-{shard:05d}.parquet", "rows": table.num_rows,
                            "sha256": _sha256(self.fs, path), "bytes": self.fs.get_file_info(path).size,
                            "footer_sha256": _footer_sha256(self.fs, path)}
+        entry["stats"] = {**stats, SECONDS: {**stats.get(SECONDS, {}), "write": round(time.perf_counter() - began, 3)}}
         self._write_json(self._marker(shard), entry)
         return entry
 
@@ -595,15 +615,23 @@ class RunWriter:
         totals = {name: sum(e[name]["rows"] for e in entries if name in e) for name in TABLES}
         checksum = hashlib.sha256("".join(e[name]["sha256"] for e in entries for name in TABLES if name in e)
                                   .encode()).hexdigest()
-        stats: dict[str, float] = {}
+        stats: dict[str, Any] = {}
         for entry in entries:
-            for key, value in entry["stats"].items():
-                stats[key] = stats.get(key, 0) + value
+            add_stats(stats, entry["stats"])
         self.manifest.update(shards={str(e["shard"]): e for e in entries}, totals=totals, stats=stats,
                              dataset_checksum=checksum, n_shards=n_shards, complete=True, **extra)
         self._write_json(MANIFEST, self.manifest)
         self._delete_temporaries()
         return self.manifest
+
+
+def add_stats(total: dict[str, Any], stats: dict[str, Any]) -> None:
+    """Add one shard's stats into `total`: counts, and the seconds of each stage (a dict of them)."""
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            add_stats(total.setdefault(key, {}), value)
+        else:  # seconds to the millisecond, as a shard's are
+            total[key] = round(total.get(key, 0) + value, 3) if isinstance(value, float) else total.get(key, 0) + value
 
 
 def _changed_input(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:

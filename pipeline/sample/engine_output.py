@@ -1,8 +1,9 @@
 """What the vLLM engine prints: nothing of its own unless the run is verbose (`--verbose`, which sets
 TOKENCREDIT_VERBOSE=1 for the process and the workers it starts), so that a run's log is tokencredit's lines.
 
-Quiet, the engine's INFO and WARNING lines are dropped (VLLM_LOGGING_LEVEL=ERROR unless the user set it), and
-so are the Python warnings its import and start raise; its progress bars are replaced by tokencredit's own
+Quiet, the engine's INFO and WARNING lines are dropped (VLLM_LOGGING_LEVEL=ERROR unless the user set it, from before
+its import), and so are the Python warnings its import and start raise and, in a command, the C++ warnings of its
+CPU extension (TORCH_CPP_LOG_LEVEL=ERROR, `quiet_cpp_log`); its progress bars are replaced by tokencredit's own
 `sampling:` progress (the transformers backend's line) or left off (loading its weights), and an error the engine
 logs while it starts is held and printed after tokencredit's one-line message (EngineError's details). Verbose,
 the engine logs as it likes (on stderr), and the warning it prints about chunked prefill, which tokencredit turns
@@ -35,6 +36,13 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+def quiet_cpp_log() -> None:
+    """In a quiet command, before torch loads (it reads the level once): torch's C++ log at ERROR, where the engine's
+    CPU extension writes its warnings ("[W1207 ...] Warning: NUMA binding: ..."), unless the user set it."""
+    if not verbose():
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
 @contextmanager
 def quiet_import():
     """Around `import vllm` (its logging is configured at import): its INFO and WARNING lines and the Python
@@ -46,10 +54,12 @@ def quiet_import():
         yield
         return
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # vLLM configures its loggers only once an engine starts: what its import logs ("Triton is installed, but ...")
+    # would reach the root logger's handlers (Prefect's console) unless its level is set first
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
-    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])  # an engine imported before, too
 
 
 def load_options() -> dict:
