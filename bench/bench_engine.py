@@ -408,12 +408,12 @@ def lora_policy_folder(args) -> str:
     return str(folder)
 
 
-def commit_of_code() -> dict:
-    """The commit the measured code is, and whether any file of the package or this script differs from it."""
+def commit_of_code(scripts: tuple[str, ...] = ("bench/bench_engine.py",)) -> dict:
+    """The commit the measured code is, and whether any file of the package or of `scripts` differs from it."""
     git = ["git", "-C", str(ROOT)]
     commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     changed = subprocess.run([*git, "status", "--porcelain", "--", "pipeline", "flows", "verifiers", "schemas",
-                              "bench/bench_engine.py"], capture_output=True, text=True).stdout.split("\n")
+                              *scripts], capture_output=True, text=True).stdout.split("\n")
     return {"commit": commit, "uncommitted_changes": [line[3:] for line in changed if line.strip()]}
 
 

@@ -37,8 +37,8 @@ from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_
 from tokencredit.pipeline.devices import worker_identity
 from tokencredit.pipeline.identity import record_hashes, run_inputs
 from tokencredit.pipeline.progress import Phase
-from tokencredit.pipeline.timing import (ENGINE_STARTED, FIRST_SAMPLE, MODELS_LOADED, MODELS_LOADING, SAMPLED, SECONDS,
-                                         Stages, begin_run, mark, run_seconds)
+from tokencredit.pipeline.timing import (ENGINE_STARTED, FIRST_SAMPLE, MODELS_LOADED, MODELS_LOADING, RUN_OPENED,
+                                         SAMPLED, SECONDS, Stages, begin_run, mark, run_seconds)
 
 
 @functools.lru_cache(maxsize=1)
@@ -442,6 +442,7 @@ def open_run(config: AnnotateConfig, out: str, records: Sequence[TaskRecord], n_
     if restart:
         check_restartable(out)
     begin_run(out)
+    mark(RUN_OPENED)
     writer = RunWriter(out)
     writer.lock()
     try:

@@ -23,6 +23,7 @@ SECONDS = "seconds"  # the stats key of a shard's stage times
 STAGES = ("sample", "verify", "credit_gdpo", "credit_mrtpo", "credit_mc", "credit_p2t", "credit_rows", "write")
 MODELS_LOADING, ENGINE_STARTED, MODELS_LOADED = "models_loading", "engine_started", "models_loaded"
 FIRST_SAMPLE, SAMPLED = "sample", "sampled"  # a shard's sampling starts, ends
+RUN_OPENED = "run_opened"  # the run's folder is locked and its manifest started (in a flow: the flow has started)
 
 _LOCK = threading.Lock()
 _MARKS: dict[str, list[float]] = {}  # event -> epoch seconds it happened, in this process
