@@ -14,8 +14,8 @@ Sizes: full, 64 prompts (bench_engine.py's instruction prompts, split train) x 4
 object and writes no file. A run's wall is measured from its spawn to its exit; the 1-minute load average before
 and after it. An annotate run's start-up, engine start, sampling span and per-stage seconds are read from its
 manifest (`run_seconds`, `stats.seconds`: pipeline/timing.py), and so are the replay's counters
-(`stats.replay_positions_computed`, `replay_positions_min`, `replay_s`, `replay_head_positions`), null where the
-manifest has none.
+(`stats.replay_positions_computed`, `replay_positions_min`, `replay_response_positions`; the replay's seconds are
+MRTPO's credit stage's, `stats.seconds.credit_mrtpo`), null where the manifest has none.
 
 Keys (medians over the repeats) and the issue's targets (`targets`: [name, comparison, value, met]):
 - `annotate_gdpo_over_peer`: gdpo's wall over the peer's, start included. <= 1.05
@@ -24,8 +24,8 @@ Keys (medians over the repeats) and the issue's targets (`targets`: [name, compa
   plus engine start. <= 1.2
 - `replay_tokens_over_min`: positions the replay computed over the distinct prefix positions it needed. <= 1.25
 - `replay_flops_over_gemm_peak`: the replay's useful FLOPs (the decoder's over the distinct positions, the LM head's
-  over the response positions: `replay_head_positions`, else `tokens_replayed`, the P_\\k ones alone, a lower
-  bound) per second of replay, over a float32 GEMM's FLOP/s measured in this run at the same thread count. >= 0.6
+  over the response positions, `replay_response_positions`) per second of MRTPO's credit stage (the replay and
+  the little around it), over a float32 GEMM's FLOP/s measured in this run at the same thread count. >= 0.6
 - `decode_flops_over_gemm_peak` (gdpo's) and `decode_flops_over_gemm_peak_peer`: the generated tokens times the
   decoder's and LM head's matmul FLOPs per token, over the seconds the engine sampled (the peer's `generate`;
   annotate's the shards' summed sampling seconds or the sampling span, the smaller: shards in turn leave the
@@ -145,8 +145,9 @@ def run_annotate(arm: str, s: dict, args, log: Path) -> dict:
     return {"wall_s": round(wall, 2), "load_avg": loads, "run_seconds": run, "seconds": stats.get("seconds", {}),
             "sampling_s": min(busy) if busy else None, "tokens": tokens, "responses": manifest["totals"]["responses"],
             "after_manifest_s": round(wall - run["total"], 2) if run.get("total") else None,
-            **{key: stats.get(key) for key in ("replay_positions_computed", "replay_positions_min", "replay_s",
-                                               "replay_head_positions", "tokens_replayed", "replays_done")}}
+            "replay_s": stats.get("seconds", {}).get("credit_mrtpo"),
+            **{key: stats.get(key) for key in ("replay_positions_computed", "replay_positions_min",
+                                               "replay_response_positions", "tokens_replayed", "replays_done")}}
 
 
 def median(values) -> float | None:
@@ -181,7 +182,7 @@ def summarize(runs: dict, gemm: list[float], args, mode: str) -> dict:
     def replay(key: str, r: dict) -> float | None:
         if key == "tokens":
             return ratio(r["replay_positions_computed"], r["replay_positions_min"])
-        positions = r["replay_head_positions"] if r["replay_head_positions"] is not None else r["tokens_replayed"]
+        positions = r["replay_response_positions"]
         if None in (r["replay_positions_min"], r["replay_s"], positions) or not r["replay_s"]:
             return None
         return (r["replay_positions_min"] * decoder + positions * head) / r["replay_s"] / peak
@@ -257,6 +258,9 @@ def main() -> None:
                   flush=True)
             log = args.work / f"{arm}-{i}.log"
             runs[arm].append(run_peer(s, args, log) if arm == "peer" else run_annotate(arm, s, args, log))
+        if not args.quick and i + 1 < repeats:  # what the turns so far give, in case the run is cut short
+            partial = {**summarize(runs, gemm, args, mode), "partial": f"{i + 1} of {repeats} turns"}
+            Path(args.results).write_text(json.dumps(partial, indent=1) + "\n")
     gemm.append(gemm_flops())
     result = summarize(runs, gemm, args, mode)
     print(json.dumps(result))
