@@ -53,16 +53,20 @@ def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> 
     return statistics.median(times), times
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 5,
-                      warmup: int = 1) -> dict[str, float]:
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1,
+                      setup: dict[str, Callable[[], object]] | None = None) -> dict[str, float]:
     """Median seconds of each function, timed in turns (a, b, a, b, ...) so that load from other
-    processes on the shared CPU falls on both sides of a ratio alike."""
+    processes on the shared CPU falls on both sides of a ratio alike. `setup`: per name, what to run
+    untimed before each call of that function (a state it must start from)."""
+    setup = setup or {}
     for _ in range(warmup):
-        for fn in fns.values():
+        for name, fn in fns.items():
+            setup.get(name, lambda: None)()
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            setup.get(name, lambda: None)()
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)

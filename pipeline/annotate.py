@@ -468,7 +468,7 @@ def finish_run(writer: RunWriter, n_shards: int, rejected: Sequence[verifiers.Re
     its files changed since they were written (before DuckDB reads them)."""
     from tokencredit.pipeline.dataset.query import connect
 
-    entries = writer.checked_shards(n_shards)
+    entries = writer.checked_shards(n_shards, stamp=True)
     scale, shift = connect(writer.out, allow_incomplete=True).execute(
         "SELECT any_value(gdpo_scale), any_value(gdpo_shift) FROM responses").fetchone()
     return writer.finish(n_shards, {"rejected": len(rejected), "gdpo_batch": {"scale": scale, "shift": shift},

@@ -202,6 +202,33 @@ def test_a_part_changed_after_a_verified_read_is_refused_by_the_next(tmp_path, c
     assert f"responses/part-00001.parquet {problem.format(part.stat().st_size, size)}" in err, err
 
 
+@pytest.mark.parametrize("damage,problem", [
+    (copy_over_keeping_its_mtime, "is not the file the run wrote: its Parquet footer differs"),
+    (cut_short, "holds {} bytes where the run wrote {}"),
+])
+def test_the_writer_stamps_the_settled_parts_it_checked_and_a_change_after_is_refused(tmp_path, capsys, damage,
+                                                                                       problem):
+    """`finish` hashes every part in full before it writes the manifest: it stamps those whose ctime is old enough
+    (`stamps.SETTLED_NS`), so the first read after a write reads no footer but the newest parts'; a part it stamped
+    and that changed after is refused by that read all the same, and a part written just before it is not stamped."""
+    run = tmp_path / "run"
+    writer = RunWriter(str(run))
+    writer.start("run", {"seed": 0}, "h", "c")
+    for shard in range(2):
+        writer.write_shard(shard, shard_tables(shard), {})
+    settled(run)
+    writer.write_shard(2, shard_tables(2), {})
+    writer.finish(3, {"rejected": 0})
+    stamped = json.loads((run / STAMPS).read_text())["parts"]
+    assert sorted(stamped) == sorted(f"{name}/part-{s:05d}.parquet" for s in range(2)
+                                     for name in ("responses", "credits", "nodes"))
+    part = run / "responses" / "part-00001.parquet"
+    size = part.stat().st_size
+    damage(part, run / "responses" / "part-00000.parquet")
+    err = refused(capsys, READERS["query"](run, None))
+    assert f"responses/part-00001.parquet {problem.format(part.stat().st_size, size)}" in err, err
+
+
 @pytest.mark.parametrize("change,problem", [
     (lambda run: edit_manifest(run, drop_shard), "manifest.json lists no shard 1 of its 3 shards"),
     (lambda run: shutil.copyfile(run / "credits" / "part-00002.parquet", run / "credits" / "part-00003.parquet"),

@@ -9,7 +9,7 @@
                                        rows and checksums; `complete` is true once every shard is written
     OUT/record_hashes.json             a hash of each annotated task record's content
     OUT/.lock                          held by the one process that writes the run
-    OUT/.read_stamps.json              parts that readers verified, by their stat (`stamps`)
+    OUT/.read_stamps.json              parts that readers or the writer verified, by their stat (`stamps`)
 
 A shard is written table by table to a temporary name and renamed into place; it counts as
 complete only once its marker exists, and the marker is written (atomically) last. A crash
@@ -542,12 +542,20 @@ class RunWriter:
                 if info.type == pafs.FileType.File and _TEMPORARY.fullmatch(info.base_name):
                     self.fs.delete_file(info.path)
 
-    def _files_match(self, entry: dict[str, Any]) -> bool:
+    def _files_match(self, entry: dict[str, Any], stamps: PartStamps | None = None) -> bool:
+        """Whether every part of a shard's `entry` is there with the sha256 it records; with `stamps`, each part
+        found so is stamped (`stamps.PartStamps.add`: by its stat taken before the hash)."""
         for name in TABLES:
             if name in entry:
                 path = f"{self.root}/{entry[name]['path']}"
-                if not _exists(self.fs, path) or _sha256(self.fs, path) != entry[name]["sha256"]:
+                if not _exists(self.fs, path):
                     return False
+                taken_ns = time.time_ns()
+                stat = os.stat(path) if stamps is not None else None
+                if _sha256(self.fs, path) != entry[name]["sha256"]:
+                    return False
+                if stat is not None:
+                    stamps.add(entry[name], stat, taken_ns)
         return True
 
     def _marker(self, shard: int) -> str:
@@ -589,28 +597,33 @@ class RunWriter:
         self._write_json(self._marker(shard), entry)
         return entry
 
-    def checked_shards(self, n_shards: int) -> list[dict[str, Any]]:
+    def checked_shards(self, n_shards: int, stamp: bool = False) -> list[dict[str, Any]]:
         """The markers of shards 0..n_shards-1, once every one exists and its files still match its
-        checksums; else RuntimeError naming the shards to write again by resuming (which redoes them)."""
+        checksums; else RuntimeError naming the shards to write again by resuming (which redoes them).
+        `stamp` (a local run that is finishing): the part files found so are stamped for its readers
+        (`stamps`), so that the first read after the run reads the footers of its newest parts alone."""
         entries = [self._read_marker(s) for s in range(n_shards)]
         missing = [s for s, entry in enumerate(entries) if entry is None]
         if missing:
             raise RuntimeError(f"{self.out}: shards {missing} are not written; resume the run")
-        changed = [s for s, entry in enumerate(entries) if not self._files_match(entry)]
+        stamps = PartStamps(self.root) if stamp and isinstance(self.fs, pafs.LocalFileSystem) else None
+        changed = [s for s, entry in enumerate(entries) if not self._files_match(entry, stamps)]
         if changed:
             raise RuntimeError(f"{self.out}: the files of shards {changed} differ from their checksums (changed "
                                f"after they were written); resume the run to write them again")
+        if stamps is not None:
+            stamps.save()
         return entries
 
     def finish(self, n_shards: int, extra: dict[str, Any],
                entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Collect the shard markers into the manifest: totals, summed stats, dataset checksum,
-        `complete: true`. `entries`: what `checked_shards` returned just before (else it is called).
+        `complete: true`. `entries`: what `checked_shards` returned just before (else it is called, stamping).
 
         Raises if a shard in range(n_shards) is missing or changed: the run is not complete. Deletes what
         writers that died mid-file left (a killed Dask worker's shard was written again elsewhere).
         """
-        entries = entries if entries is not None else self.checked_shards(n_shards)
+        entries = entries if entries is not None else self.checked_shards(n_shards, stamp=True)
         # a shard of a table it does not write (a run of an older schema has no nodes) counts 0 rows
         totals = {name: sum(e[name]["rows"] for e in entries if name in e) for name in TABLES}
         checksum = hashlib.sha256("".join(e[name]["sha256"] for e in entries for name in TABLES if name in e)
