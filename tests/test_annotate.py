@@ -26,7 +26,8 @@ def test_a_crashing_verifier_keeps_the_row_with_a_failed_status():
     assert "'reference_sql'" in verified[2].status and "broken" in verified[2].status
 
     annotated, stats = assign_credit(verified, {good.id: good, broken.id: broken}, CreditConfig(kinds=("gdpo",)))
-    assert stats == {"responses": 4, "verifier_failures": 1}
+    seconds = stats.pop("seconds")  # each credit method's wall time (pipeline.timing)
+    assert stats == {"responses": 4, "verifier_failures": 1} and set(seconds) == {"credit_gdpo", "credit_rows"}
     table = responses_table(annotated, shard=0).to_pylist()
     assert [row["response_id"] for row in table] == [s.response_id for s in samples]
     failed = table[2]

@@ -136,3 +136,19 @@ def test_nightly_deployment_runs_the_scheduled_annotate_flow_on_its_cron_one_at_
     assert deployment.parameters["folder"] == "{date}"
     assert deployment.concurrency_limit == 1
     assert deployment.parameters["config"] == SMALL
+
+
+def test_the_models_load_while_prefect_starts_and_the_manifest_times_the_run(tmp_path):
+    """A default `annotate` (the Prefect flow on threads) starts loading its models once its inputs are checked,
+    before the flow has started, and the manifest says when each thing happened (run_seconds)."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    done = subprocess.run([sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(out), "--limit", "1",
+                           "--tasks", "sql", "--n", "2", "--max-new-tokens", "4", "--credit", "gdpo", "--backend",
+                           "transformers"], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads((out / "manifest.json").read_text())["run_seconds"]
+    marks = run["marks"]
+    assert 0 < marks["inputs_checked"] <= marks["models_loading"] < marks["run_opened"] < marks["sample"]
+    assert marks["models_loaded"] <= marks["sample"] == run["startup"] < run["total"]
+    assert run["engine_start"] == pytest.approx(marks["models_loaded"] - marks["models_loading"], abs=0.002)
