@@ -182,6 +182,19 @@ def cut_short(part: Path, other: Path) -> None:
     os.truncate(part, part.stat().st_size - 100)
 
 
+def assert_stamped_then_refused(run, shards: int, damage, problem: str, capsys) -> None:
+    """The stamps name every part of the first `shards` shards; shard 1's responses part, damaged after, is refused
+    by the next query with `problem` (formatted with its size now and the size the run wrote)."""
+    stamped = json.loads((run / STAMPS).read_text())["parts"]
+    assert sorted(stamped) == sorted(f"{name}/part-{s:05d}.parquet" for s in range(shards)
+                                     for name in ("responses", "credits", "nodes"))
+    part = run / "responses" / "part-00001.parquet"
+    size = part.stat().st_size
+    damage(part, run / "responses" / "part-00000.parquet")
+    err = refused(capsys, READERS["query"](run, None))
+    assert f"responses/part-00001.parquet {problem.format(part.stat().st_size, size)}" in err, err
+
+
 @pytest.mark.parametrize("damage,problem", [
     (copy_over_keeping_its_mtime, "is not the file the run wrote: its Parquet footer differs"),
     (moved_over, "is not the file the run wrote: its Parquet footer differs"),
@@ -192,14 +205,7 @@ def test_a_part_changed_after_a_verified_read_is_refused_by_the_next(tmp_path, c
     that missed a change would let the copied part through."""
     run = settled(three_shards(tmp_path / "run"))
     assert run_query(run, "SELECT count(*) FROM responses").fetchall() == [(9,)]
-    stamped = json.loads((run / STAMPS).read_text())["parts"]
-    assert sorted(stamped) == sorted(f"{name}/part-{s:05d}.parquet" for s in range(3)
-                                     for name in ("responses", "credits", "nodes"))
-    part = run / "responses" / "part-00001.parquet"
-    size = part.stat().st_size
-    damage(part, run / "responses" / "part-00000.parquet")
-    err = refused(capsys, READERS["query"](run, None))
-    assert f"responses/part-00001.parquet {problem.format(part.stat().st_size, size)}" in err, err
+    assert_stamped_then_refused(run, 3, damage, problem, capsys)
 
 
 @pytest.mark.parametrize("damage,problem", [
@@ -219,14 +225,7 @@ def test_the_writer_stamps_the_settled_parts_it_checked_and_a_change_after_is_re
     settled(run)
     writer.write_shard(2, shard_tables(2), {})
     writer.finish(3, {"rejected": 0})
-    stamped = json.loads((run / STAMPS).read_text())["parts"]
-    assert sorted(stamped) == sorted(f"{name}/part-{s:05d}.parquet" for s in range(2)
-                                     for name in ("responses", "credits", "nodes"))
-    part = run / "responses" / "part-00001.parquet"
-    size = part.stat().st_size
-    damage(part, run / "responses" / "part-00000.parquet")
-    err = refused(capsys, READERS["query"](run, None))
-    assert f"responses/part-00001.parquet {problem.format(part.stat().st_size, size)}" in err, err
+    assert_stamped_then_refused(run, 2, damage, problem, capsys)
 
 
 @pytest.mark.parametrize("change,problem", [

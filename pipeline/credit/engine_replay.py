@@ -23,8 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from tokencredit.pipeline.credit.replay import (ReplayItem, ReplayOutput, ReplayStats, check_items, count_positions,
-                                                replayed_sequences)
+from tokencredit.pipeline.credit.replay import ReplayItem, ReplayOutput, ReplayStats, check_items, count_positions
 
 REQUESTS_PER_CALL = 256  # sequences per engine call: the progress bar moves between calls
 
@@ -39,8 +38,7 @@ def engine_replay(engine, items: Sequence[ReplayItem], *, stats: ReplayStats | N
     """
     stats = stats if stats is not None else ReplayStats()
     out = check_items(items, stats, js=False)
-    sequences, uses = replayed_sequences(items)
-    count_positions(stats, items)
+    sequences, uses = count_positions(stats, items)
     lengths = {s: len(items[n].response_ids) for n, _, s in uses}
     scored = PositionLogprobs()
     for start in range(0, len(sequences), REQUESTS_PER_CALL):

@@ -71,11 +71,13 @@ def replayed_sequences(items: Sequence[ReplayItem]) -> tuple[list[list[int]], li
     return [list(key) for key in index], uses
 
 
-def count_positions(stats: ReplayStats, items: Sequence[ReplayItem]) -> None:
-    """Adds the fewest positions a replay of `items` can compute, and the response positions it scores."""
+def count_positions(stats: ReplayStats, items: Sequence[ReplayItem]) -> tuple[list[list[int]], list]:
+    """Adds the fewest positions a replay of `items` can compute, and the response positions it scores; returns
+    `replayed_sequences(items)`."""
     sequences, uses = replayed_sequences(items)
     stats.positions_min += distinct_positions(sequences)
     stats.response_positions += sum({s: len(items[n].response_ids) for n, _, s in uses}.values())
+    return sequences, uses
 
 
 def distinct_positions(sequences: Sequence[Sequence[int]]) -> int:
