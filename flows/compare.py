@@ -7,6 +7,7 @@ import math
 import time
 from pathlib import Path
 
+from tokencredit.flows.stages import annotate_into
 from tokencredit.pipeline.annotate import load_prompt_set
 
 from tokencredit.pipeline.compare.design import Design
@@ -25,14 +26,7 @@ def annotate_pool(design: Design, name: str, out: Path, runner: str) -> Path:
     config = annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
     planned = len(load_prompt_set(config)[0]) * (pool.n or math.prod(pool.tree)) * pool.max_new_tokens
     config = dataclasses.replace(config, backend=stage_backend(design, planned))
-    if runner == "none":
-        from tokencredit.pipeline.annotate import run_annotation
-
-        run_annotation(config, str(folder), progress=False)
-    else:
-        from tokencredit.flows.annotate import run_annotate_flow
-
-        run_annotate_flow(config, str(folder), runner=runner)
+    annotate_into(config, str(folder), runner)
     return folder
 
 
