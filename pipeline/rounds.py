@@ -13,7 +13,9 @@ iteration, iterated offline RL), every round's folders kept and its policy score
 
 Round r samples with seed `sampling.seed + r` and trains with seed `train.seed + r` on the same prompt set. Every
 file is written atomically and each stage skips what is there, so a run killed at any point (kill -9 included)
-resumes at the stage it was in with the rows an uninterrupted run writes.
+resumes at the stage it was in with the rows an uninterrupted run writes. `compare`'s arms with [training] rounds
+run the same rounds without dev prompts (a round is finished once its policy is written), round 0 training on the
+comparison's shared pool (`first_run`) rather than on a run of its own.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from pathlib import Path
 
 from tokencredit.pipeline.config import AnnotateConfig, SamplingConfig
 from tokencredit.pipeline.names import inside
-from tokencredit.pipeline.scoring import decode_rewards, load_merged, mean_reward, save_policy, train_or_base
+from tokencredit.pipeline.scoring import (UNTRAINED, decode_rewards, load_merged, mean_reward, save_policy,
+                                          train_or_base)
 
 SETTINGS = "rounds.json"
 
@@ -38,13 +41,15 @@ def log(message: str) -> None:
 class RoundsConfig:
     """`annotate`: the start policy's annotate config (its model, sampling and credit); `train`: a TrainConfig whose
     data, out, model and seed each round sets; `rounds`: R; dev prompts: `dev_split` of the prompt file, `dev_limit`
-    per task (None: all)."""
+    per task (None: all); `first_run`: round 0's run where it is shared (compare's pool, which every arm starts
+    from)."""
 
     annotate: AnnotateConfig
     train: object  # TrainConfig (its module loads torch: imported when a round trains)
     rounds: int
-    dev_split: str = "test"
+    dev_split: str | None = "test"  # None: no dev prompts, no dev.json (compare scores the last round's policy)
     dev_limit: int | None = 32
+    first_run: str | None = None  # an annotate run of `annotate` that round 0 trains on instead of its own
 
     def __post_init__(self) -> None:
         if not isinstance(self.rounds, int) or isinstance(self.rounds, bool) or self.rounds < 1:
@@ -56,7 +61,8 @@ class RoundsConfig:
         """What a rerun must share with the first run (JSON types), --rounds apart."""
         train = {k: v for k, v in dataclasses.asdict(self.train).items() if k not in ("data", "out", "model")}
         return json.loads(json.dumps({"annotate": self.annotate.to_dict(), "train": train,
-                                      "dev": {"split": self.dev_split, "limit": self.dev_limit}}))
+                                      "dev": {"split": self.dev_split, "limit": self.dev_limit,
+                                              **({"first_run": self.first_run} if self.first_run else {})}}))
 
 
 def check_settings(config: RoundsConfig, out: Path) -> None:
@@ -84,6 +90,20 @@ def round_folder(out: Path, r: int) -> Path:
     return inside(out, out / f"round-{r:03d}")
 
 
+def run_of(config: RoundsConfig, out: Path, r: int) -> Path:
+    """Round r's annotate run: OUT/round-r/run, or round 0's shared `first_run`."""
+    return Path(config.first_run) if r == 0 and config.first_run else round_folder(out, r) / "run"
+
+
+def finished(config: RoundsConfig, out: Path, r: int) -> bool:
+    """Whether round r is finished: its dev.json written, or without dev prompts its policy (or its checkpoint's
+    untrained.json)."""
+    folder = round_folder(out, r)
+    if config.dev_split is not None:
+        return (folder / "dev.json").is_file()
+    return (folder / "policy").is_dir() or (folder / "checkpoint" / UNTRAINED).is_file()
+
+
 def policy_after(config: RoundsConfig, out: Path, r: int) -> str | None:
     """The policy round r leaves (r = -1: the start policy): its merged policy folder, or, where it trained nothing,
     the policy it started from."""
@@ -105,7 +125,7 @@ def train_round(config: RoundsConfig, out: Path, r: int):
     the checkpoint train wrote, or (None, None) where the run had nothing to train on."""
     folder = round_folder(out, r)
     start = policy_after(config, out, r - 1)
-    train = dataclasses.replace(config.train, data=str(folder / "run"), out=str(folder / "checkpoint"), model=start,
+    train = dataclasses.replace(config.train, data=str(run_of(config, out, r)), out=str(folder / "checkpoint"), model=start,
                                 seed=config.train.seed + r)
     final = train_or_base(train, f"round {r}", log)
     if final is None:

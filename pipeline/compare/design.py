@@ -5,7 +5,7 @@
                 heldout_limit, verifier (plugin verifiers, as annotate's --verifier)
     [pools.NAME]  n or tree (R,L), temperature, top_p, max_new_tokens, seed, credit (kinds), locate, branch
     [arms.NAME]   pool, advantage (anything `train --advantage` takes, a mix too), objective (pg | sft | rs)
-    [training]  seeds, steps, batch_size, lr, lora
+    [training]  seeds, steps, batch_size, lr, lora, rounds (each arm's rounds of annotate -> train; default 1)
     [scoring]   greedy (bool), sampled (decodes per prompt), temperature, seed, max_new_tokens, batch_size
     [analysis]  comparisons ([[arm, baseline], ...]; default every arm against the first), primary
     [targets]   mde (the detectable difference the design is sized for), engine_tokens_per_s (optional)
@@ -28,7 +28,7 @@ BACKENDS = ("auto", "transformers", "vllm")
 SECTIONS = {
     "policy": {"model", "device", "backend"},
     "prompts": {"file", "format", "train_split", "heldout_split", "train_limit", "heldout_limit", "verifier"},
-    "training": {"seeds", "steps", "batch_size", "lr", "lora"},
+    "training": {"seeds", "steps", "batch_size", "lr", "lora", "rounds"},
     "scoring": {"greedy", "sampled", "temperature", "seed", "max_new_tokens", "batch_size"},
     "analysis": {"comparisons", "primary"},
     "targets": {"mde", "engine_tokens_per_s"},
@@ -92,6 +92,10 @@ class Design:
     @property
     def seeds(self) -> list[int]:
         return list(self.training["seeds"])
+
+    @property
+    def rounds(self) -> int:
+        return self.training.get("rounds", 1)
 
     @property
     def decodes(self) -> list[str]:
@@ -195,7 +199,7 @@ def load_design(path: str | Path) -> Design:
     for section, allowed in SECTIONS.items():
         _check_keys(section, raw.get(section, {}), allowed)
     _check_types("training", raw.get("training", {}), {"seeds": "seeds", "steps": int, "batch_size": int,
-                                                       "lr": float, "lora": bool})
+                                                       "lr": float, "lora": bool, "rounds": int})
     _check_types("scoring", raw.get("scoring", {}), {"greedy": bool, "sampled": int, "temperature": float,
                                                      "seed": int, "max_new_tokens": int, "batch_size": int})
     _check_types("targets", raw.get("targets", {}), {"mde": float, "engine_tokens_per_s": float})
@@ -231,6 +235,8 @@ def load_design(path: str | Path) -> Design:
         raise ValueError("design: at least two [arms.NAME] tables are needed to compare")
     training = {"seeds": [0, 1], "steps": 16, "batch_size": 8, "lr": 3e-4, "lora": True, **raw.get("training", {})}
     check_lr(training["lr"], "design [training] lr")  # `lr = inf` trained NaN policies that were then reported
+    if training.get("rounds", 1) < 1:  # absent: 1, and the design's content stays what it was before rounds
+        raise ValueError(f"design [training] rounds: {training['rounds']!r}; expected an integer >= 1")
     if len(training["seeds"]) < 2 or len(set(training["seeds"])) != len(training["seeds"]):
         raise ValueError(f"design [training] seeds: {training['seeds']!r}; at least two distinct seeds (the "
                          "seed component needs them)")

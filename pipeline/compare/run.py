@@ -4,6 +4,8 @@ training of each (arm, seed), the scoring of every policy.
     DIR/registration.json      the design's hash and commit (registry), written before anything else
     DIR/pools/NAME/            an annotate run (the product's, resumable shard by shard)
     DIR/train/ARM-SEED/final   a train checkpoint (LoRA adapter)
+    DIR/train/ARM-SEED/round-NNN/{run,checkpoint,policy}   with [training] rounds > 1: the arm's rounds
+                               (tokencredit.pipeline.rounds; round 0 trains on the pool, round-000/ has no run)
     DIR/scores/LABEL.json      one policy's rewards per held-out prompt and decode (LABEL: start or ARM-SEED)
 
 Each stage's output is written atomically as it finishes and a re-run skips what is there, so a run killed at any
@@ -13,7 +15,9 @@ is scored whole or not at all.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import shutil
 import statistics
 import time
@@ -99,12 +103,39 @@ def train_arm(design: Design, arm: Arm, seed: int, pool: Path, out: Path) -> Pat
     if not ((folder / "final").is_dir() or (folder / UNTRAINED).is_file()):
         shutil.rmtree(folder, ignore_errors=True)  # a training cut short starts again: the same seed, the same arm
         log(f"train {arm.name} seed {seed}")
+    return train_or_base(arm_train_config(design, arm, seed, pool, folder), f"{arm.name}-{seed}", log)
+
+
+def arm_train_config(design: Design, arm: Arm, seed: int, data: Path, folder: Path):
+    """The TrainConfig of (arm, seed) on the run `data` into `folder`, from the base policy (a round sets its own)."""
+    from tokencredit.pipeline.train.trainer import TrainConfig
+
     steps = design.training["steps"]
-    config = TrainConfig(data=str(pool), out=str(folder), advantage=arm.advantage, objective=arm.objective,
-                         model=design.policy["model"], steps=steps, batch_size=design.training["batch_size"],
-                         lr=design.training["lr"], seed=seed, device=design.policy["device"],
-                         lora=design.training["lora"], save_every=steps)
-    return train_or_base(config, f"{arm.name}-{seed}", log)
+    return TrainConfig(data=str(data), out=str(folder), advantage=arm.advantage, objective=arm.objective,
+                       model=design.policy["model"], steps=steps, batch_size=design.training["batch_size"],
+                       lr=design.training["lr"], seed=seed, device=design.policy["device"],
+                       lora=design.training["lora"], save_every=steps)
+
+
+def rounds_config(design: Design, arm: Arm, seed: int, pool: Path, out: Path):
+    """(arm, seed)'s rounds (`[training] rounds`, tokencredit.pipeline.rounds) in DIR/train/ARM-SEED: round 0 trains
+    on the shared pool, each later round annotates the arm's pool settings from the arm's policy and trains on it;
+    no dev prompts (the last round's policy is scored on the held-out ones)."""
+    from tokencredit.pipeline.rounds import RoundsConfig
+
+    folder = within(out, "train", f"{arm.name}-{seed}")
+    return RoundsConfig(annotate=pool_config(design, design.pools[arm.pool]), rounds=design.rounds,
+                        train=arm_train_config(design, arm, seed, pool, folder), dev_split=None,
+                        first_run=str(pool)), folder
+
+
+def pool_config(design: Design, pool: Pool):
+    """The annotate config of a pool on the train prompts, with the backend `stage_backend` picks for its size."""
+    from tokencredit.pipeline.annotate import load_prompt_set
+
+    config = annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
+    planned = len(load_prompt_set(config)[0]) * (pool.n or math.prod(pool.tree)) * pool.max_new_tokens
+    return dataclasses.replace(config, backend=stage_backend(design, planned))
 
 
 def heldout_records(design: Design):
@@ -131,6 +162,11 @@ def refuse_non_finite_weights(model, label: str, adapter: Path | None) -> None:
         raise ValueError(f"policy {label} ({adapter or 'the base policy'}): {len(bad)} of "
                          f"{len(weights)} weight tensors hold NaN or inf (first {bad[0]}); it failed and "
                          f"is not scored; {remedy}")
+
+
+def training_seconds(train: Path) -> list[Path]:
+    """DIR/train's seconds.json of each training: of each (arm, seed), or of each round of one."""
+    return sorted([*train.glob("*/seconds.json"), *train.glob("*/round-*/checkpoint/seconds.json")])
 
 
 def scores_path(out: Path, label: str) -> Path:
@@ -163,9 +199,10 @@ def status(design: Design, out: Path) -> list[str]:
     lines.append(f"policies scored: {len(done)} of {len(labels)}"
                  + (f"; next: {next(x for x in labels if x not in done)}" if left else "; complete"))
     scoring = [json.loads(scores_path(out, label).read_text())["seconds"] for label in done]
-    training = [json.loads(p.read_text())["seconds"] for p in (out / "train").glob("*/seconds.json")]
-    if left and scoring:
-        score_s, train_s = statistics.median(scoring), statistics.median(training) if training else 0.0
+    training = [json.loads(p.read_text())["seconds"] for p in training_seconds(out / "train")]
+    if left and scoring:  # a policy of R rounds trains R times
+        score_s = statistics.median(scoring)
+        train_s = design.rounds * statistics.median(training) if training else 0.0
         policies = "policy" if left == 1 else "policies"
         lines.append(f"about {left * (score_s + train_s) / 3600:.1f} h left: {left} {policies} x ({score_s:.0f} s "
                      f"scoring + {train_s:.0f} s training, this folder's medians)")
