@@ -507,7 +507,8 @@ def cmd_values(args: argparse.Namespace) -> int:
 
 def add_training_args(p: argparse.ArgumentParser) -> None:
     """How a policy trains on a run (train and rounds)."""
-    p.add_argument("--advantage", type=_advantage, default="mrtpo", help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
+    p.add_argument("--advantage", type=_advantage, default="mrtpo",
+                   help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
     p.add_argument("--objective", choices=["pg", "sft", "rs"], default="pg",
                    help="policy gradient, weighted SFT, or rejection sampling (SFT on responses passing every reward)")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps")

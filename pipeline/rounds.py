@@ -61,8 +61,8 @@ class RoundsConfig:
         """What a rerun must share with the first run (JSON types), --rounds apart."""
         train = {k: v for k, v in dataclasses.asdict(self.train).items() if k not in ("data", "out", "model")}
         return json.loads(json.dumps({"annotate": self.annotate.to_dict(), "train": train,
-                                      "dev": {"split": self.dev_split, "limit": self.dev_limit,
-                                              **({"first_run": self.first_run} if self.first_run else {})}}))
+                                      "dev": {"split": self.dev_split, "limit": self.dev_limit},
+                                      "round 0": {"run": self.first_run}}))
 
 
 def check_settings(config: RoundsConfig, out: Path) -> None:
@@ -77,11 +77,11 @@ def check_settings(config: RoundsConfig, out: Path) -> None:
         write_json(path, now)
         return
     saved = json.loads(path.read_text())
-    for part in ("annotate", "train", "dev"):
-        for key in sorted(set(saved[part]) | set(now[part])):
-            if saved[part].get(key) != now[part].get(key):
+    for part in now:
+        for key in sorted(set(saved.get(part, {})) | set(now[part])):
+            if saved.get(part, {}).get(key) != now[part].get(key):
                 raise ValueError(f"{out} holds rounds run with other settings ({part} {key}: "
-                                 f"{saved[part].get(key)!r}, now {now[part].get(key)!r}); rerun with those "
+                                 f"{saved.get(part, {}).get(key)!r}, now {now[part].get(key)!r}); rerun with those "
                                  "settings, or use a new --out")
 
 
@@ -125,8 +125,8 @@ def train_round(config: RoundsConfig, out: Path, r: int):
     the checkpoint train wrote, or (None, None) where the run had nothing to train on."""
     folder = round_folder(out, r)
     start = policy_after(config, out, r - 1)
-    train = dataclasses.replace(config.train, data=str(run_of(config, out, r)), out=str(folder / "checkpoint"), model=start,
-                                seed=config.train.seed + r)
+    train = dataclasses.replace(config.train, data=str(run_of(config, out, r)), out=str(folder / "checkpoint"),
+                                model=start, seed=config.train.seed + r)
     final = train_or_base(train, f"round {r}", log)
     if final is None:
         return None

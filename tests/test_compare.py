@@ -495,15 +495,12 @@ def test_status_shows_where_each_pools_annotate_run_spent_its_time(tmp_path):
     assert not any("reward" in line for line in lines)
 
 
-@pytest.mark.parametrize("value, expected", [("0", "0; expected an integer >= 1"),
-                                             ('"2"', "'2'; expected an integer >= 0"),
-                                             ("true", "True; expected an integer >= 0"),
-                                             ("1.5", "1.5; expected an integer >= 0")])
+@pytest.mark.parametrize("value, expected", [("0", "0"), ('"2"', "'2'"), ("true", "True"), ("1.5", "1.5")])
 def test_a_bad_number_of_rounds_is_refused_before_any_work(tmp_path, capsys, value, expected):
     design = write(tmp_path / "d.toml", TINY.replace("lora = true", f"lora = true\nrounds = {value}"))
     assert main(["compare", str(design), "--out", str(tmp_path / "out"), "--runner", "none"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"tokencredit compare: error: design [training] rounds: {expected}"]
+    assert err == [f"tokencredit compare: error: design [training] rounds: {expected}; expected an integer >= 1"]
     assert not (tmp_path / "out").exists()
 
 

@@ -95,6 +95,7 @@ class Design:
 
     @property
     def rounds(self) -> int:
+        """[training] rounds; absent: 1, and the design's content stays what it was before rounds existed."""
         return self.training.get("rounds", 1)
 
     @property
@@ -127,13 +128,13 @@ def _check_types(where: str, table: dict, types: dict) -> None:
                                                    for v in value)
         elif kind is bool:
             good = isinstance(value, bool)
-        elif kind is int:
-            good = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        elif kind in (int, "positive"):
+            good = isinstance(value, int) and not isinstance(value, bool) and value >= (1 if kind == "positive" else 0)
         else:  # TOML has inf and nan
             good = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
         if not good:
             expected = {"seeds": "a list of integers >= 0", bool: "true or false", int: "an integer >= 0",
-                        float: "a finite number > 0"}[kind]
+                        "positive": "an integer >= 1", float: "a finite number > 0"}[kind]
             raise ValueError(f"design [{where}] {key}: {value!r}; expected {expected}")
 
 
@@ -199,7 +200,7 @@ def load_design(path: str | Path) -> Design:
     for section, allowed in SECTIONS.items():
         _check_keys(section, raw.get(section, {}), allowed)
     _check_types("training", raw.get("training", {}), {"seeds": "seeds", "steps": int, "batch_size": int,
-                                                       "lr": float, "lora": bool, "rounds": int})
+                                                       "lr": float, "lora": bool, "rounds": "positive"})
     _check_types("scoring", raw.get("scoring", {}), {"greedy": bool, "sampled": int, "temperature": float,
                                                      "seed": int, "max_new_tokens": int, "batch_size": int})
     _check_types("targets", raw.get("targets", {}), {"mde": float, "engine_tokens_per_s": float})
@@ -235,8 +236,6 @@ def load_design(path: str | Path) -> Design:
         raise ValueError("design: at least two [arms.NAME] tables are needed to compare")
     training = {"seeds": [0, 1], "steps": 16, "batch_size": 8, "lr": 3e-4, "lora": True, **raw.get("training", {})}
     check_lr(training["lr"], "design [training] lr")  # `lr = inf` trained NaN policies that were then reported
-    if training.get("rounds", 1) < 1:  # absent: 1, and the design's content stays what it was before rounds
-        raise ValueError(f"design [training] rounds: {training['rounds']!r}; expected an integer >= 1")
     if len(training["seeds"]) < 2 or len(set(training["seeds"])) != len(training["seeds"]):
         raise ValueError(f"design [training] seeds: {training['seeds']!r}; at least two distinct seeds (the "
                          "seed component needs them)")
