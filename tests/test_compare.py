@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.dataset as ds
 import pytest
 import torch
 
@@ -537,10 +538,20 @@ ROUNDS = TINY.replace("train_limit = 8", "train_limit = 4").replace("heldout_lim
 
 @pytest.mark.slow
 def test_each_arm_trains_its_rounds_on_pools_of_its_own_policy_and_its_last_policy_is_scored(tmp_path):
+    """With [training] rounds = 2, killed (kill -9) in gdpo-0's second round and resumed."""
     design = write(tmp_path / "design.toml", ROUNDS)
+    killed = run_cli(str(design), "--out", str(tmp_path / "run"), "--runner", "none")
+    shards, deadline = tmp_path / "run" / "train" / "gdpo-0" / "round-001" / "run" / "_shards", time.monotonic() + 600
+    while not list(shards.glob("shard-*.json")) and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert killed.poll() is None, "the run ended before the kill"
+    os.kill(killed.pid, signal.SIGKILL)  # in gdpo-0's second annotate run: one shard of its 2 written
+    killed.communicate()
+    assert not (tmp_path / "run" / "scores" / "gdpo-0.json").exists()
     run = run_cli(str(design), "--out", str(tmp_path / "run"), "--runner", "none")
     printed, err = run.communicate(timeout=900)
     assert run.returncode == 0, err[-2000:]
+    assert "annotate pool flat" not in printed and "round 1 of 2" not in printed.split("rounds mrtpo seed 0")[0]
     pool = json.loads((tmp_path / "run" / "pools" / "flat" / "manifest.json").read_text())
     for label in ("gdpo-0", "mrtpo-0", "gdpo-1", "mrtpo-1"):
         folder = tmp_path / "run" / "train" / label
@@ -549,6 +560,9 @@ def test_each_arm_trains_its_rounds_on_pools_of_its_own_policy_and_its_last_poli
         assert first["data"] == str(tmp_path / "run" / "pools" / "flat") and first["model"] is None
         manifest = json.loads((folder / "round-001" / "run" / "manifest.json").read_text())
         assert manifest["complete"] and manifest["config"]["model"] == str(folder / "round-000" / "policy")
+        ids = ds.dataset(folder / "round-001" / "run" / "responses").to_table(columns=["response_id"]).column(0)
+        ids = ids.to_pylist()
+        assert len(ids) == len(set(ids)) == 4 * 4  # no duplicate, no gap
         assert manifest["config"]["sampling"]["seed"] == pool["config"]["sampling"]["seed"] + 1
         assert manifest["config"]["credit"] == pool["config"]["credit"]
         second = json.loads((folder / "round-001" / "checkpoint" / "final" / "train_config.json").read_text())
