@@ -8,6 +8,8 @@
     tokencredit values OUT --out DIR          value curves of failed responses (K continuations per cut) and
                                               each failed reward's decisive segment
     tokencredit train --data OUT --out CKPT   token-credited training from a run
+    tokencredit rounds --rounds R --out DIR   R rounds of annotate -> train from the current policy, each
+                                              round's policy scored on dev prompts
     tokencredit compare DESIGN.toml --out DIR train arms from one policy, score them on held-out prompts,
                                               compare them (pre-registered; --plan sizes the design)
     tokencredit rm train OUT --out DIR        a reward model from a run's verifier labels (for P2T)
@@ -48,7 +50,7 @@ USER_ERRORS = (ValueError, OSError, RuntimeError, ImportError)
 QUERY_TIMEOUT_S = 600.0  # `query`'s default time limit: a query over a large run takes seconds to minutes
 # The commands that write a run or a folder derived from one: an interrupt ends them at once, and rerunning
 # resumes (`tokencredit.pipeline.interrupts`)
-INTERRUPTIBLE = ("annotate", "values", "repair", "train", "rm", "export", "compare")
+INTERRUPTIBLE = ("annotate", "values", "repair", "train", "rm", "export", "compare", "rounds")
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -172,10 +174,11 @@ def _verifier_memory(text: str) -> int:
     return size
 
 
-def add_dataset_args(p: argparse.ArgumentParser) -> None:
-    """The options that determine the dataset (annotate and serve)."""
+def add_dataset_args(p: argparse.ArgumentParser,
+                     out_help: str = "run directory (local path or pyarrow URI such as s3://bucket/run)") -> None:
+    """The options that determine the dataset (annotate, serve and rounds)."""
     d, s, c = AnnotateConfig(), SamplingConfig(), CreditConfig()
-    p.add_argument("--out", required=True, help="run directory (local path or pyarrow URI such as s3://bucket/run)")
+    p.add_argument("--out", required=True, help=out_help)
     p.add_argument("--prompts", default=d.prompts, help="prompt file or folder (see --format), or 'demo'")
     p.add_argument("--format", default=d.format, type=_format,
                    help="layout of the prompt file: native JSONL, ifeval, ifbench, spider, bird, bfcl, hf")
@@ -502,20 +505,75 @@ def cmd_values(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """How a policy trains on a run (train and rounds)."""
+    p.add_argument("--advantage", type=_advantage, default="mrtpo",
+                   help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
+    p.add_argument("--objective", choices=["pg", "sft", "rs"], default="pg",
+                   help="policy gradient, weighted SFT, or rejection sampling (SFT on responses passing every reward)")
+    p.add_argument("--steps", type=int, default=50, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=16, help="responses per step")
+    p.add_argument("--lr", type=_lr, default=1e-4, help="AdamW learning rate")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
+    p.add_argument("--kl-coef", type=_finite, default=0.0, help="weight of KL to the initial policy (0: none)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)")
+    p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')")
+    p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
+    p.add_argument("--save-total-limit", type=int, default=None, help="keep only the newest N checkpoints")
+    p.add_argument("--save-optimizer", action="store_true", help="also save AdamW's moments in each checkpoint "
+                   "(twice the weights' size), so that a resume continues exactly")
+    p.add_argument("--report-to", default="none", help="Trainer's logging integrations: tensorboard, wandb, all, "
+                   "... (default none)")
+
+
+def train_config(args: argparse.Namespace, **fields):
+    """The TrainConfig of `add_training_args`' options, and `fields` (data, out, ...)."""
+    from tokencredit.pipeline.train.trainer import TrainConfig
+
+    advantage = None if args.objective == "rs" else args.advantage  # rs weighs passing responses 1
+    return TrainConfig(advantage=advantage, objective=args.objective, steps=args.steps, batch_size=args.batch_size,
+                       lr=args.lr, lora=args.lora, grad_accum=args.grad_accum, kl_coef=args.kl_coef, bf16=args.bf16,
+                       save_every=args.save_every, save_total_limit=args.save_total_limit,
+                       save_optimizer=args.save_optimizer, report_to=args.report_to, **fields)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from tokencredit.pipeline.progress import Phase
 
     with Phase("train: loading torch and transformers"):
-        from tokencredit.pipeline.train.trainer import TrainConfig, train
+        from tokencredit.pipeline.train.trainer import train
 
-    advantage = None if args.objective == "rs" else args.advantage  # rs weighs passing responses 1
-    config = TrainConfig(data=args.data, advantage=advantage, objective=args.objective, model=args.model,
-                         out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                         seed=args.seed, device=args.device, lora=args.lora, grad_accum=args.grad_accum,
-                         kl_coef=args.kl_coef, bf16=args.bf16, save_every=args.save_every,
-                         save_total_limit=args.save_total_limit, save_optimizer=args.save_optimizer,
-                         report_to=args.report_to, allow_incomplete=args.allow_incomplete)
+    config = train_config(args, data=args.data, model=args.model, out=args.out, seed=args.seed, device=args.device,
+                          allow_incomplete=args.allow_incomplete)
     print(f"final checkpoint: {train(config)}")
+    return 0
+
+
+def cmd_rounds(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tokencredit.pipeline.progress import Phase
+
+    if "://" in args.out:
+        raise ValueError(f"--out {args.out}: rounds trains in a local folder; give a local path")
+    if args.split == args.dev_split:
+        raise ValueError(f"--split {args.split} --dev-split {args.dev_split}: the dev prompts would be trained on; "
+                         "give the rounds and the dev prompts different splits")
+    notes: list[str] = []
+    with Phase(f"rounds: loading torch, reading the prompt set, checking {args.out}"):
+        from tokencredit.flows.rounds import run_rounds
+        from tokencredit.pipeline.rounds import RoundsConfig
+
+        config = RoundsConfig(annotate=annotate_config(args, notes), rounds=args.rounds,
+                              train=train_config(args, data="", out="", seed=args.train_seed, device=args.device),
+                              dev_split=args.dev_split, dev_limit=args.dev_limit or None)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    results = run_rounds(config, Path(args.out), runner=args.runner)
+    print(f"dev reward per round ({results[0]['prompts']} {args.dev_split} prompts, greedy):")
+    for result in results:
+        print(f"  {result['round']}: {result['reward']:.4f} ({result['reward'] - results[0]['reward']:+.4f})")
+    print(f"policy after {config.rounds} rounds: {results[-1]['policy']}")
     return 0
 
 
@@ -765,29 +823,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("train", "train a policy from a run's training view")
     p.add_argument("--data", required=True, help="run directory written by annotate")
-    p.add_argument("--advantage", type=_advantage, default="mrtpo", help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
-    p.add_argument("--objective", choices=["pg", "sft", "rs"], default="pg",
-                   help="policy gradient, weighted SFT, or rejection sampling (SFT on responses passing every reward)")
     p.add_argument("--model", default=None, help="registry name or local policy folder (default: the model the "
                                                   "run was sampled with, from its manifest)")
     p.add_argument("--out", required=True, help="checkpoint folder")
-    p.add_argument("--steps", type=int, default=50, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, default=16, help="responses per step")
-    p.add_argument("--lr", type=_lr, default=1e-4, help="AdamW learning rate")
+    add_training_args(p)
     p.add_argument("--seed", type=_seed, default=0, help="batch order and initialization seed")
     p.add_argument("--device", default="cpu", help="torch device")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
-    p.add_argument("--kl-coef", type=_finite, default=0.0, help="weight of KL to the initial policy (0: none)")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)")
-    p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')")
-    p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
-    p.add_argument("--save-total-limit", type=int, default=None, help="keep only the newest N checkpoints")
-    p.add_argument("--save-optimizer", action="store_true", help="also save AdamW's moments in each checkpoint "
-                   "(twice the weights' size), so that a resume continues exactly")
-    p.add_argument("--report-to", default="none", help="Trainer's logging integrations: tensorboard, wandb, all, "
-                   "... (default none)")
     _allow_incomplete(p)
     p.set_defaults(func=cmd_train)
+
+    p = command("rounds", "R rounds of annotate -> train, each round sampling from the policy the round before "
+                "trained (expert iteration); every round's run, checkpoint and policy kept in OUT/round-NNN, each "
+                "policy's reward on dev prompts")
+    add_dataset_args(p, out_help="folder of the rounds (rounds.json, start/, round-000/run, checkpoint, policy, "
+                     "dev.json, ...); a rerun resumes it")
+    p.add_argument("--rounds", type=_integer(1), default=2, help="rounds to run (a rerun with more continues)")
+    add_training_args(p)
+    p.add_argument("--train-seed", type=_seed, default=0, help="round r trains with seed --train-seed + r (and "
+                   "samples with --seed + r)")
+    p.add_argument("--dev-split", choices=["train", "test"], default="test", help="split of the prompt file whose "
+                   "records score each round's policy (greedy, mean reward)")
+    p.add_argument("--dev-limit", type=_integer(0), default=32, help="dev prompts per task (0 = all)")
+    p.add_argument("--runner", choices=["threads", "none"], default="threads",
+                   help="the annotate stage's Prefect task runner; 'none' runs it in this process without Prefect")
+    p.set_defaults(func=cmd_rounds, split="train")  # the rounds train on one split and are scored on another
 
     p = command("rm", "reward models for P2T: rm train")
     rm = p.add_subparsers(dest="rm_command", required=True)

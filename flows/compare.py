@@ -1,18 +1,18 @@
 """`tokencredit compare`'s wiring: register the design, annotate each pool (the annotate flow, or in this process
-with runner 'none'), then seed by seed train and score every arm (tokencredit.pipeline.compare.run)."""
+with runner 'none'), then seed by seed train (with [training] rounds > 1, in rounds: tokencredit.flows.rounds) and
+score every arm (tokencredit.pipeline.compare.run)."""
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
 from pathlib import Path
 
-from tokencredit.pipeline.annotate import load_prompt_set
-
-from tokencredit.pipeline.compare.design import Design
+from tokencredit.flows.rounds import run_rounds
+from tokencredit.flows.stages import annotate_into
+from tokencredit.pipeline.compare.design import Arm, Design
 from tokencredit.pipeline.compare.registry import register
-from tokencredit.pipeline.compare.run import (annotate_config, design_inputs, heldout_records, log, pool_complete,
-                                              pool_folder, score_policy, scores_path, stage_backend, train_arm)
+from tokencredit.pipeline.compare.run import (design_inputs, heldout_records, log, pool_complete, pool_config,
+                                              pool_folder, rounds_config, score_policy, scores_path, train_arm)
+from tokencredit.pipeline.rounds import policy_after
 
 
 def annotate_pool(design: Design, name: str, out: Path, runner: str) -> Path:
@@ -22,18 +22,18 @@ def annotate_pool(design: Design, name: str, out: Path, runner: str) -> Path:
     if pool_complete(folder):
         return folder
     log(f"annotate pool {name}")
-    config = annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
-    planned = len(load_prompt_set(config)[0]) * (pool.n or math.prod(pool.tree)) * pool.max_new_tokens
-    config = dataclasses.replace(config, backend=stage_backend(design, planned))
-    if runner == "none":
-        from tokencredit.pipeline.annotate import run_annotation
-
-        run_annotation(config, str(folder), progress=False)
-    else:
-        from tokencredit.flows.annotate import run_annotate_flow
-
-        run_annotate_flow(config, str(folder), runner=runner)
+    annotate_into(pool_config(design, pool), str(folder), runner)
     return folder
+
+
+def train_rounds(design: Design, arm: Arm, seed: int, pool: Path, out: Path, runner: str) -> Path | None:
+    """(arm, seed)'s policy after [training] rounds rounds (`rounds_config`): its last merged policy folder, or None
+    where no round trained anything (the base policy)."""
+    config, folder = rounds_config(design, arm, seed, pool, out)
+    log(f"rounds {arm.name} seed {seed}")
+    run_rounds(config, folder, runner)
+    policy = policy_after(config, folder, design.rounds - 1)
+    return None if policy == config.annotate.model else Path(policy)
 
 
 def run_compare(design: Design, out: Path, runner: str = "threads") -> dict:
@@ -54,7 +54,8 @@ def run_compare(design: Design, out: Path, runner: str = "threads") -> dict:
         pace = (time.monotonic() - started) / done_here if done_here else None
         log(f"policy {i} of {len(policies)}: {label}"
             + (f" (about {pace * left / 3600:.1f} h left at this run's pace)" if pace else ""))
-        adapter = train_arm(design, arm, seed, pools[arm.pool], out)
+        adapter = (train_arm(design, arm, seed, pools[arm.pool], out) if design.rounds == 1
+                   else train_rounds(design, arm, seed, pools[arm.pool], out, runner))
         score_policy(design, label, adapter, records, out, arm=arm.name, seed=seed)
         done_here += 1
     return registration

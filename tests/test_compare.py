@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.dataset as ds
 import pytest
 import torch
 
@@ -493,3 +494,81 @@ def test_status_shows_where_each_pools_annotate_run_spent_its_time(tmp_path):
                         r"credit_mrtpo \d+\.\d s, credit_rows \d+\.\d s, write \d+\.\d s", line), line
     assert f"credit_mrtpo {manifest['stats']['seconds']['credit_mrtpo']:.1f} s" in line
     assert not any("reward" in line for line in lines)
+
+
+@pytest.mark.parametrize("value, expected", [("0", "0"), ('"2"', "'2'"), ("true", "True"), ("1.5", "1.5")])
+def test_a_bad_number_of_rounds_is_refused_before_any_work(tmp_path, capsys, value, expected):
+    design = write(tmp_path / "d.toml", TINY.replace("lora = true", f"lora = true\nrounds = {value}"))
+    assert main(["compare", str(design), "--out", str(tmp_path / "out"), "--runner", "none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"tokencredit compare: error: design [training] rounds: {expected}; expected an integer >= 1"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_round_is_the_design_as_before_rounds_and_more_are_a_changed_design(tmp_path):
+    """Without the key a design is one round and registers the content it did before rounds existed; a rerun that
+    adds rounds changes more than arms and is refused."""
+    before = load_design(write(tmp_path / "d.toml", TINY))
+    assert before.rounds == 1 and "rounds" not in before.training
+    registered(tmp_path / "d.toml", tmp_path / "out")
+    assert load_design(write(tmp_path / "one.toml", TINY.replace("lora = true", "lora = true\nrounds = 1"))).rounds == 1
+    write(tmp_path / "d.toml", TINY.replace("lora = true", "lora = true\nrounds = 3"))
+    assert load_design(tmp_path / "d.toml").rounds == 3
+    with pytest.raises(ValueError, match="changes more than adding arms"):
+        registered(tmp_path / "d.toml", tmp_path / "out")
+
+
+def test_plan_prices_each_round_s_training_and_sampling():
+    pilot = [{"method": "mrtpo", "baseline": "gdpo", "var_seed": 1e-4, "var_prompt": 0.01, "var_cell": 0.05,
+              "decodes": 1}]
+    costs = Costs(tokens_per_response=50, tokens_per_s=100, train_seconds=600, source="test")
+    fixed = {"seeds": 4, "prompts": 512, "decodes": 2}
+    one = plan(pilot, 1.0, arms=3, costs=costs, fixed=fixed)["cheapest"]
+    three = plan(pilot, 1.0, arms=3, costs=costs, fixed=fixed, rounds=3, round_responses=256)["cheapest"]
+    assert one["hours"] == pytest.approx(((3 * 4 + 1) * 512 * 2 * 50 / 100 + 3 * 4 * 600) / 3600)
+    extra_tokens = 3 * 4 * 2 * 256 * 50  # 2 later rounds of 256 responses per (arm, seed)
+    assert three["tokens"] == one["tokens"] + extra_tokens
+    assert three["hours"] == pytest.approx(one["hours"] + (extra_tokens / 100 + 3 * 4 * 2 * 600) / 3600)
+    assert three["mde"] == one["mde"]  # rounds change what the policies are, not how they are measured
+
+
+ROUNDS = TINY.replace("train_limit = 8", "train_limit = 4").replace("heldout_limit = 6", "heldout_limit = 4").replace(
+    "sampled = 1", "sampled = 0").replace("lora = true", "lora = true\nrounds = 2")
+
+
+@pytest.mark.slow
+def test_each_arm_trains_its_rounds_on_pools_of_its_own_policy_and_its_last_policy_is_scored(tmp_path):
+    """With [training] rounds = 2, killed (kill -9) in gdpo-0's second round and resumed."""
+    design = write(tmp_path / "design.toml", ROUNDS)
+    killed = run_cli(str(design), "--out", str(tmp_path / "run"), "--runner", "none")
+    shards, deadline = tmp_path / "run" / "train" / "gdpo-0" / "round-001" / "run" / "_shards", time.monotonic() + 600
+    while not list(shards.glob("shard-*.json")) and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert killed.poll() is None, "the run ended before the kill"
+    os.kill(killed.pid, signal.SIGKILL)  # in gdpo-0's second annotate run: one shard of its 2 written
+    killed.communicate()
+    assert not (tmp_path / "run" / "scores" / "gdpo-0.json").exists()
+    run = run_cli(str(design), "--out", str(tmp_path / "run"), "--runner", "none")
+    printed, err = run.communicate(timeout=900)
+    assert run.returncode == 0, err[-2000:]
+    assert "annotate pool flat" not in printed and "round 1 of 2" not in printed.split("rounds mrtpo seed 0")[0]
+    pool = json.loads((tmp_path / "run" / "pools" / "flat" / "manifest.json").read_text())
+    for label in ("gdpo-0", "mrtpo-0", "gdpo-1", "mrtpo-1"):
+        folder = tmp_path / "run" / "train" / label
+        assert not (folder / "round-000" / "run").exists()  # round 0 trains on the shared pool
+        first = json.loads((folder / "round-000" / "checkpoint" / "final" / "train_config.json").read_text())
+        assert first["data"] == str(tmp_path / "run" / "pools" / "flat") and first["model"] is None
+        manifest = json.loads((folder / "round-001" / "run" / "manifest.json").read_text())
+        assert manifest["complete"] and manifest["config"]["model"] == str(folder / "round-000" / "policy")
+        ids = ds.dataset(folder / "round-001" / "run" / "responses").to_table(columns=["response_id"]).column(0)
+        ids = ids.to_pylist()
+        assert len(ids) == len(set(ids)) == 4 * 4  # no duplicate, no gap
+        assert manifest["config"]["sampling"]["seed"] == pool["config"]["sampling"]["seed"] + 1
+        assert manifest["config"]["credit"] == pool["config"]["credit"]
+        second = json.loads((folder / "round-001" / "checkpoint" / "final" / "train_config.json").read_text())
+        assert second["model"] == str(folder / "round-000" / "policy") and second["seed"] == first["seed"] + 1
+        assert (folder / "round-001" / "policy" / "model.safetensors").is_file()
+    scores = {p.stem: json.loads(p.read_text())["decodes"] for p in (tmp_path / "run" / "scores").glob("*.json")}
+    assert sorted(scores) == ["gdpo-0", "gdpo-1", "mrtpo-0", "mrtpo-1", "start"]
+    assert "mrtpo - gdpo" in printed
+    assert "rounds gdpo seed 0" in printed and "round 2 of 2: annotate" in printed

@@ -5,7 +5,7 @@
                 heldout_limit, verifier (plugin verifiers, as annotate's --verifier)
     [pools.NAME]  n or tree (R,L), temperature, top_p, max_new_tokens, seed, credit (kinds), locate, branch
     [arms.NAME]   pool, advantage (anything `train --advantage` takes, a mix too), objective (pg | sft | rs)
-    [training]  seeds, steps, batch_size, lr, lora
+    [training]  seeds, steps, batch_size, lr, lora, rounds (each arm's rounds of annotate -> train; default 1)
     [scoring]   greedy (bool), sampled (decodes per prompt), temperature, seed, max_new_tokens, batch_size
     [analysis]  comparisons ([[arm, baseline], ...]; default every arm against the first), primary
     [targets]   mde (the detectable difference the design is sized for), engine_tokens_per_s (optional)
@@ -28,7 +28,7 @@ BACKENDS = ("auto", "transformers", "vllm")
 SECTIONS = {
     "policy": {"model", "device", "backend"},
     "prompts": {"file", "format", "train_split", "heldout_split", "train_limit", "heldout_limit", "verifier"},
-    "training": {"seeds", "steps", "batch_size", "lr", "lora"},
+    "training": {"seeds", "steps", "batch_size", "lr", "lora", "rounds"},
     "scoring": {"greedy", "sampled", "temperature", "seed", "max_new_tokens", "batch_size"},
     "analysis": {"comparisons", "primary"},
     "targets": {"mde", "engine_tokens_per_s"},
@@ -94,6 +94,11 @@ class Design:
         return list(self.training["seeds"])
 
     @property
+    def rounds(self) -> int:
+        """[training] rounds; absent: 1, and the design's content stays what it was before rounds existed."""
+        return self.training.get("rounds", 1)
+
+    @property
     def decodes(self) -> list[str]:
         """Decode names in scoring order: 'greedy' then 'sampled-1' ... ."""
         return (["greedy"] if self.scoring["greedy"] else []) + [f"sampled-{k + 1}"
@@ -123,13 +128,13 @@ def _check_types(where: str, table: dict, types: dict) -> None:
                                                    for v in value)
         elif kind is bool:
             good = isinstance(value, bool)
-        elif kind is int:
-            good = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        elif kind in (int, "positive"):
+            good = isinstance(value, int) and not isinstance(value, bool) and value >= (1 if kind == "positive" else 0)
         else:  # TOML has inf and nan
             good = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
         if not good:
             expected = {"seeds": "a list of integers >= 0", bool: "true or false", int: "an integer >= 0",
-                        float: "a finite number > 0"}[kind]
+                        "positive": "an integer >= 1", float: "a finite number > 0"}[kind]
             raise ValueError(f"design [{where}] {key}: {value!r}; expected {expected}")
 
 
@@ -195,7 +200,7 @@ def load_design(path: str | Path) -> Design:
     for section, allowed in SECTIONS.items():
         _check_keys(section, raw.get(section, {}), allowed)
     _check_types("training", raw.get("training", {}), {"seeds": "seeds", "steps": int, "batch_size": int,
-                                                       "lr": float, "lora": bool})
+                                                       "lr": float, "lora": bool, "rounds": "positive"})
     _check_types("scoring", raw.get("scoring", {}), {"greedy": bool, "sampled": int, "temperature": float,
                                                      "seed": int, "max_new_tokens": int, "batch_size": int})
     _check_types("targets", raw.get("targets", {}), {"mde": float, "engine_tokens_per_s": float})

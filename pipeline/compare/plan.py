@@ -5,7 +5,8 @@ and what that costs, from a pilot's variance components and measured speeds, or 
 Detectable difference of S seeds x P prompts x D decodes: analysis.mde_for with the pilot's components (the
 largest over the differences planned for). Cost: every policy (arms x seeds + the start) decodes P x D responses
 of the pilot's measured tokens per response at the engine's measured tokens/s, and every (arm, seed) trains for
-the pilot's measured seconds. Units: tokens, seconds, hours.
+the pilot's measured seconds; with [training] rounds R, R times, and it samples its pool's responses again in each
+round after the first (at the same tokens per response and tokens/s). Units: tokens, seconds, hours.
 """
 from __future__ import annotations
 
@@ -32,12 +33,14 @@ class Costs:
 
 def measured_costs(pilot: Path) -> Costs:
     """From a compare folder: its scores' tokens and seconds, and its trainings' seconds (train.json)."""
+    from tokencredit.pipeline.compare.run import training_seconds
+
     scores = [json.loads(p.read_text()) for p in sorted((pilot / "scores").glob("*.json"))]
     if not scores:
         raise ValueError(f"--pilot {pilot}: no scored policy (scores/*.json) to measure the engine's speed on")
     responses = sum(len(cells) for s in scores for cells in s["decodes"].values())
     tokens, seconds = sum(s["tokens"] for s in scores), sum(s["seconds"] for s in scores)
-    trained = [json.loads(p.read_text())["seconds"] for p in (pilot / "train").glob("*/seconds.json")]
+    trained = [json.loads(p.read_text())["seconds"] for p in training_seconds(pilot / "train")]
     return Costs(tokens_per_response=tokens / responses, tokens_per_s=tokens / max(seconds, 1e-9),
                  train_seconds=float(np.mean(trained)) if trained else 0.0,
                  source=f"{pilot}: {len(scores)} scored policies ({tokens} tokens in {seconds:.0f} s), "
@@ -117,10 +120,12 @@ def cautious(components: list[dict]) -> list[dict]:
 
 def plan(components: list[dict], target: float, arms: int, costs: Costs, *, seeds=range(2, 21),
          prompts=(256, 512, 1024, 1536, 2048, 3072, 4096), decodes=(1, 2, 3, 4, 6, 8), max_prompts: int | None = None,
-         fixed: dict | None = None) -> dict:
+         fixed: dict | None = None, rounds: int = 1, round_responses: float = 0.0) -> dict:
     """The cheapest (seeds, prompts, decodes) whose detectable difference is at most `target` for every
     difference of `components` (rows with var_seed, var_prompt, var_cell, var_decode, decodes), with its
-    cost, and the cheapest for each seed count; `fixed` pins any of seeds/prompts/decodes."""
+    cost, and the cheapest for each seed count; `fixed` pins any of seeds/prompts/decodes. Each (arm, seed) trains
+    `rounds` times (`[training] rounds`), and samples `round_responses` responses (its pool's) in each round after
+    the first."""
     fixed = fixed or {}
     grid = {"seeds": [fixed["seeds"]] if "seeds" in fixed else list(seeds),
             "prompts": [fixed["prompts"]] if "prompts" in fixed else [p for p in prompts
@@ -132,8 +137,8 @@ def plan(components: list[dict], target: float, arms: int, costs: Costs, *, seed
             c["var_seed"], c["var_prompt"], c["var_cell"], s, p, var_decode=c.get("var_decode"),
             pilot_decodes=len(c["decodes"]) if isinstance(c["decodes"], list) else c["decodes"], decodes=d))
             for c in components}
-        tokens = (arms * s + 1) * p * d * costs.tokens_per_response
-        seconds = tokens / costs.tokens_per_s + arms * s * costs.train_seconds
+        tokens = ((arms * s + 1) * p * d + arms * s * (rounds - 1) * round_responses) * costs.tokens_per_response
+        seconds = tokens / costs.tokens_per_s + arms * s * rounds * costs.train_seconds
         options.append({"seeds": s, "prompts": p, "decodes": d, "mde": mdes, "worst_mde": max(mdes.values()),
                         "tokens": round(tokens), "hours": seconds / 3600})
     feasible = sorted((o for o in options if o["worst_mde"] <= target), key=lambda o: o["hours"])
@@ -141,11 +146,21 @@ def plan(components: list[dict], target: float, arms: int, costs: Costs, *, seed
     for o in feasible:
         per_seeds.setdefault(o["seeds"], o)
     closest = min(options, key=lambda o: o["worst_mde"])
-    return {"target_mde": target, "arms": arms, "costs": vars(costs), "cheapest": feasible[0] if feasible else None,
+    return {"target_mde": target, "arms": arms, "rounds": rounds, "round_responses": round_responses,
+            "costs": vars(costs),
+            "cheapest": feasible[0] if feasible else None,
             "cheapest_per_seed_count": sorted(per_seeds.values(), key=lambda o: o["seeds"]),
             "smallest_mde_in_grid": closest,
             "assumption": "a pilot without a decode term (one decode per cell) is taken to gain nothing from more "
                           "decodes; a measured one splits the cell term (analysis.mde_for)"}
+
+
+def _rounds(result: dict) -> str:
+    """What the plan's cost adds for rounds: every training `rounds` times, and each later round's annotate run."""
+    if result["rounds"] == 1:
+        return ""
+    return (f" x {result['rounds']} rounds, and {result['round_responses']:.0f} responses sampled per (arm, seed) in "
+            f"each round after the first")
 
 
 def plan_lines(result: dict) -> list[str]:
@@ -153,7 +168,7 @@ def plan_lines(result: dict) -> list[str]:
     c = result["costs"]
     lines = [f"target detectable difference {result['target_mde']} (80% power, two-sided 5%), {result['arms']} arms; "
              f"costs: {c['tokens_per_response']:.1f} tokens per response at {c['tokens_per_s']:.1f} tokens/s, "
-             f"{c['train_seconds']:.0f} s per training ({c['source']})"]
+             f"{c['train_seconds']:.0f} s per training" + _rounds(result) + f" ({c['source']})"]
     if result["cheapest"] is None:
         o = result["smallest_mde_in_grid"]
         lines.append(f"no design in the grid reaches it; the smallest: {o['seeds']} seeds x {o['prompts']} prompts x "
@@ -176,6 +191,20 @@ def pilot_rows(pilot: Path, design_hash: str | None) -> list[dict]:
     data = json.loads(path.read_text())
     rows = data["rows"] if isinstance(data, dict) else data
     return [r for r in rows if design_hash is None or str(r.get("design_hash", "")).startswith(design_hash)]
+
+
+def round_responses(design) -> float:
+    """The responses one (arm, seed) samples in a round after the first, its pool's: train prompts x responses per
+    prompt, the mean over the arms."""
+    import math
+
+    from tokencredit.pipeline.annotate import load_prompt_set
+    from tokencredit.pipeline.compare.run import annotate_config
+
+    def responses(pool) -> int:
+        config = annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
+        return len(load_prompt_set(config)[0]) * (pool.n or math.prod(pool.tree))
+    return float(np.mean([responses(design.pools[arm.pool]) for arm in design.arms.values()]))
 
 
 def cli_plan(design, args) -> list[str]:
@@ -214,7 +243,8 @@ def cli_plan(design, args) -> list[str]:
     components = [rows[p] if args.var_decode is None or rows[p].get("var_decode") is not None
                   else {**rows[p], "var_decode": args.var_decode} for p in wanted]
     target = float(design.targets["mde"])
-    lines = plan_lines(plan(components, target, len(design.arms), costs, max_prompts=args.max_prompts))
+    rounds = {"rounds": design.rounds, "round_responses": round_responses(design) if design.rounds > 1 else 0.0}
+    lines = plan_lines(plan(components, target, len(design.arms), costs, max_prompts=args.max_prompts, **rounds))
     if args.from_shipped:  # which shipped experiment each component comes from
         lines[1:1] = ["components: " + ", ".join(
             f"{c['method']} - {c['baseline']} from {c.get('design', c['design_hash'][:8])} ({len(c['seeds'])} seeds "
@@ -222,15 +252,16 @@ def cli_plan(design, args) -> list[str]:
     fixed = {"prompts": design.prompts["heldout_limit"], "decodes": len(design.decodes)}
     if fixed["prompts"]:  # the seeds this design needs at its own prompts and decodes
         lines += [f"at this design's {fixed['prompts']} held-out prompts x {fixed['decodes']} decodes:"]
-        lines += plan_lines(plan(components, target, len(design.arms), costs, fixed=fixed))[1:2]
+        lines += plan_lines(plan(components, target, len(design.arms), costs, fixed=fixed, **rounds))[1:2]
     if all("seeds" in c and "prompts" in c for c in components):
         bounded = cautious(components)
         lines += [f"cautious, each seed component at its {SEED_BOUND:.0%} upper bound ("
                   + ", ".join(f"{c['method']} - {c['baseline']} {c['var_seed']:.2g}" for c in bounded) + "):"]
         lines += plan_lines(plan(bounded, target, len(design.arms), costs, max_prompts=args.max_prompts,
-                                 seeds=range(2, 61)))[1:2]
+                                 seeds=range(2, 61), **rounds))[1:2]
         if fixed["prompts"]:
-            lines += plan_lines(plan(bounded, target, len(design.arms), costs, fixed=fixed, seeds=range(2, 61)))[1:2]
+            lines += plan_lines(plan(bounded, target, len(design.arms), costs, fixed=fixed, seeds=range(2, 61),
+                                     **rounds))[1:2]
     else:
         lines += ["no cautious plan: the pilot's rows do not give their seeds and prompts"]
     return lines

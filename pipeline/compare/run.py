@@ -4,6 +4,8 @@ training of each (arm, seed), the scoring of every policy.
     DIR/registration.json      the design's hash and commit (registry), written before anything else
     DIR/pools/NAME/            an annotate run (the product's, resumable shard by shard)
     DIR/train/ARM-SEED/final   a train checkpoint (LoRA adapter)
+    DIR/train/ARM-SEED/round-NNN/{run,checkpoint,policy}   with [training] rounds > 1: the arm's rounds
+                               (tokencredit.pipeline.rounds; round 0 trains on the pool, round-000/ has no run)
     DIR/scores/LABEL.json      one policy's rewards per held-out prompt and decode (LABEL: start or ARM-SEED)
 
 Each stage's output is written atomically as it finishes and a re-run skips what is there, so a run killed at any
@@ -13,7 +15,9 @@ is scored whole or not at all.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import shutil
 import statistics
 import time
@@ -21,8 +25,8 @@ from pathlib import Path
 
 from tokencredit.pipeline.compare.design import Arm, Design, Pool
 from tokencredit.pipeline.compare.registry import now, write_json
-from tokencredit.pipeline.interrupts import hold
 from tokencredit.pipeline.names import inside
+from tokencredit.pipeline.scoring import UNTRAINED, decode_rewards, load_merged, save_policy, train_or_base
 
 
 def log(message: str) -> None:
@@ -92,33 +96,46 @@ def pool_complete(folder: Path) -> bool:
 def train_arm(design: Design, arm: Arm, seed: int, pool: Path, out: Path) -> Path | None:
     """DIR/train/ARM-SEED/final, trained from the base policy; None where the pool has nothing this arm trains
     on (rejection sampling with no response passing every reward, SFT with no positive weight): the policy stays
-    the base, as a round that accepts nothing, and DIR/train/ARM-SEED/untrained.json says why."""
-    from tokencredit.pipeline.train.trainer import TrainConfig, train
+    the base, as a round that accepts nothing, and DIR/train/ARM-SEED/untrained.json says why (`train_or_base`)."""
+    from tokencredit.pipeline.train.trainer import TrainConfig
 
     folder = within(out, "train", f"{arm.name}-{seed}")
-    if (folder / "final").is_dir():
-        return folder / "final"
-    if (folder / "untrained.json").is_file():
-        return None
-    shutil.rmtree(folder, ignore_errors=True)  # a training cut short starts again: the same seed, the same arm
+    if not ((folder / "final").is_dir() or (folder / UNTRAINED).is_file()):
+        shutil.rmtree(folder, ignore_errors=True)  # a training cut short starts again: the same seed, the same arm
+        log(f"train {arm.name} seed {seed}")
+    return train_or_base(arm_train_config(design, arm, seed, pool, folder), f"{arm.name}-{seed}", log)
+
+
+def arm_train_config(design: Design, arm: Arm, seed: int, data: Path, folder: Path):
+    """The TrainConfig of (arm, seed) on the run `data` into `folder`, from the base policy (a round sets its own)."""
+    from tokencredit.pipeline.train.trainer import TrainConfig
+
     steps = design.training["steps"]
-    log(f"train {arm.name} seed {seed}")
-    config = TrainConfig(data=str(pool), out=str(folder), advantage=arm.advantage, objective=arm.objective,
-                         model=design.policy["model"], steps=steps, batch_size=design.training["batch_size"],
-                         lr=design.training["lr"], seed=seed, device=design.policy["device"],
-                         lora=design.training["lora"], save_every=steps)
-    start = time.perf_counter()
-    try:
-        final = train(config)
-    except ValueError as error:
-        if "no response has tokens to train on" not in str(error):  # e.g. a loss that is not finite: failed
-            raise ValueError(f"train {arm.name}-{seed}: {error}") from error
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json(folder / "untrained.json", {"reason": str(error)})
-        log(f"{arm.name} seed {seed} stays the base policy: {error}")
-        return None
-    write_json(folder / "seconds.json", {"seconds": round(time.perf_counter() - start, 2)})  # --plan's cost
-    return final
+    return TrainConfig(data=str(data), out=str(folder), advantage=arm.advantage, objective=arm.objective,
+                       model=design.policy["model"], steps=steps, batch_size=design.training["batch_size"],
+                       lr=design.training["lr"], seed=seed, device=design.policy["device"],
+                       lora=design.training["lora"], save_every=steps)
+
+
+def rounds_config(design: Design, arm: Arm, seed: int, pool: Path, out: Path):
+    """(arm, seed)'s rounds (`[training] rounds`, tokencredit.pipeline.rounds) in DIR/train/ARM-SEED: round 0 trains
+    on the shared pool, each later round annotates the arm's pool settings from the arm's policy and trains on it;
+    no dev prompts (the last round's policy is scored on the held-out ones)."""
+    from tokencredit.pipeline.rounds import RoundsConfig
+
+    folder = within(out, "train", f"{arm.name}-{seed}")
+    return RoundsConfig(annotate=pool_config(design, design.pools[arm.pool]), rounds=design.rounds,
+                        train=arm_train_config(design, arm, seed, pool, folder), dev_split=None,
+                        first_run=str(pool)), folder
+
+
+def pool_config(design: Design, pool: Pool):
+    """The annotate config of a pool on the train prompts, with the backend `stage_backend` picks for its size."""
+    from tokencredit.pipeline.annotate import load_prompt_set
+
+    config = annotate_config(design, pool, design.prompts["train_split"], design.prompts["train_limit"])
+    planned = len(load_prompt_set(config)[0]) * (pool.n or math.prod(pool.tree)) * pool.max_new_tokens
+    return dataclasses.replace(config, backend=stage_backend(design, planned))
 
 
 def heldout_records(design: Design):
@@ -133,21 +150,6 @@ def heldout_records(design: Design):
     return records
 
 
-def load_scored_policy(design: Design, adapter: Path | None):
-    """(model, tokenizer) of the base policy, with a LoRA adapter (or a full checkpoint) merged in."""
-    from tokencredit.pipeline.models.loading import load_policy
-
-    device = design.policy["device"]
-    if adapter is None:
-        return load_policy(design.policy["model"], device=device)
-    if (adapter / "adapter_config.json").is_file():
-        from peft import PeftModel
-
-        model, tokenizer = load_policy(design.policy["model"], device=device)
-        return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval(), tokenizer
-    return load_policy(str(adapter), device=device)
-
-
 def refuse_non_finite_weights(model, label: str, adapter: Path | None) -> None:
     """ValueError (one line) when a weight of the policy to score is NaN or infinite: such a policy failed, and its
     rewards (a NaN model decodes something all the same) must not become a row of the comparison."""
@@ -160,6 +162,11 @@ def refuse_non_finite_weights(model, label: str, adapter: Path | None) -> None:
         raise ValueError(f"policy {label} ({adapter or 'the base policy'}): {len(bad)} of "
                          f"{len(weights)} weight tensors hold NaN or inf (first {bad[0]}); it failed and "
                          f"is not scored; {remedy}")
+
+
+def training_seconds(train: Path) -> list[Path]:
+    """DIR/train's seconds.json of each training: of each (arm, seed), or of each round of one."""
+    return sorted([*train.glob("*/seconds.json"), *train.glob("*/round-*/checkpoint/seconds.json")])
 
 
 def scores_path(out: Path, label: str) -> Path:
@@ -192,9 +199,10 @@ def status(design: Design, out: Path) -> list[str]:
     lines.append(f"policies scored: {len(done)} of {len(labels)}"
                  + (f"; next: {next(x for x in labels if x not in done)}" if left else "; complete"))
     scoring = [json.loads(scores_path(out, label).read_text())["seconds"] for label in done]
-    training = [json.loads(p.read_text())["seconds"] for p in (out / "train").glob("*/seconds.json")]
-    if left and scoring:
-        score_s, train_s = statistics.median(scoring), statistics.median(training) if training else 0.0
+    training = [json.loads(p.read_text())["seconds"] for p in training_seconds(out / "train")]
+    if left and scoring:  # a policy of R rounds trains R times
+        score_s = statistics.median(scoring)
+        train_s = design.rounds * statistics.median(training) if training else 0.0
         policies = "policy" if left == 1 else "policies"
         lines.append(f"about {left * (score_s + train_s) / 3600:.1f} h left: {left} {policies} x ({score_s:.0f} s "
                      f"scoring + {train_s:.0f} s training, this folder's medians)")
@@ -205,7 +213,6 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
                  arm: str | None = None, seed: int | None = None) -> dict:
     """DIR/scores/LABEL.json: per held-out prompt and decode, the mean of its rewards and each reward's score;
     the tokens and seconds the decodes took (the engine's measured speed, which `--plan` reads)."""
-    from tokencredit import verifiers
     from tokencredit.pipeline.config import SamplingConfig
     from tokencredit.pipeline.sample import make_sampler, release_sampler
     from tokencredit.verifiers.plugins import resolve
@@ -216,22 +223,16 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
     log(f"score {label}")
     model = design.policy["model"]
     backend = stage_backend(design, len(records) * len(design.decodes) * design.scoring["max_new_tokens"])
-    policy = load_scored_policy(design, adapter)
+    policy = load_merged(design.policy["model"], adapter, design.policy["device"])
     refuse_non_finite_weights(policy[0], label, adapter)
     if backend == "transformers":
         sampler = make_sampler(backend, model, device=design.policy["device"], policy=policy)
     else:  # an engine that loads its own weights: the merged policy in DIR/policies/LABEL until it is scored
         folder = within(out, "policies", label)
         if not folder.is_dir():
-            tmp = within(out, "policies", f"{label}.tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            policy[0].save_pretrained(tmp, safe_serialization=True)
-            policy[1].save_pretrained(tmp)
-            hold()
-            tmp.rename(folder)
+            save_policy(policy, folder)
         sampler = make_sampler(backend, str(folder), device=design.policy["device"])
     scoring, refs = design.scoring, resolve(design.prompts["verifier"])
-    by_id = {r.id: r for r in records}
     runs = ([("greedy", SamplingConfig(n=1, temperature=0.0, seed=scoring["seed"],
                                        max_new_tokens=scoring["max_new_tokens"], batch_size=scoring["batch_size"]))]
             if scoring["greedy"] else [])
@@ -239,20 +240,8 @@ def score_policy(design: Design, label: str, adapter: Path | None, records, out:
         runs.append(("sampled", SamplingConfig(n=scoring["sampled"], temperature=scoring["temperature"],
                                                seed=scoring["seed"], max_new_tokens=scoring["max_new_tokens"],
                                                batch_size=scoring["batch_size"])))
-    decodes: dict[str, dict[str, dict]] = {}
-    tokens, start = 0, time.perf_counter()
-    for name, config in runs:
-        seen: dict[str, int] = {}
-        for sample in sampler.sample(records, config):
-            j = seen.get(sample.group_id, 0)
-            seen[sample.group_id] = j + 1
-            decode = name if name == "greedy" else f"sampled-{j + 1}"
-            scores = verifiers.verify(by_id[sample.group_id], sample.response, refs)
-            names = verifiers.reward_names(by_id[sample.group_id], refs)
-            decodes.setdefault(decode, {})[sample.group_id] = {
-                "reward": statistics.fmean(s.score for s in scores) if scores else 0.0,
-                "scores": {n: s.score for n, s in zip(names, scores)}}
-            tokens += len(sample.token_ids)
+    start = time.perf_counter()
+    decodes, tokens = decode_rewards(sampler, records, runs, refs)
     release_sampler(sampler)  # an engine holds its policy's weights and KV cache: the next policy loads its own
     result = {"label": label, "arm": arm, "seed": seed, "scored_at": now(), "backend": backend,
               "seconds": round(time.perf_counter() - start, 2), "tokens": tokens, "decodes": decodes}
