@@ -317,11 +317,9 @@ def _shard_list_problem(manifest: dict[str, Any], listing: dict[str, set[str]]) 
     missing = [s for s in range(n_shards) if s not in listed or str(s) not in shards]
     if missing:
         return f"{MANIFEST} lists no shard {missing[0]} of its {n_shards} shards"
-    numbers = [f"{s:05d}" for s in listed]
-    markers, parts = {f"shard-{number}.json" for number in numbers}, {f"part-{number}.parquet" for number in numbers}
     for folder in listing:
-        pattern, names = (_MARKER, markers) if folder == SHARDS else (_PART, parts)
-        for base_name in sorted(listing[folder] - names):
+        pattern, name = (_MARKER, "shard-{:05d}.json") if folder == SHARDS else (_PART, "part-{:05d}.parquet")
+        for base_name in sorted(listing[folder] - {name.format(s) for s in listed}):
             found = pattern.fullmatch(base_name)
             if found and int(found[1]) not in listed:
                 return (f"{folder}/{base_name} is a shard that {MANIFEST} does not list (move it out of the "
