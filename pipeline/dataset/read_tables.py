@@ -22,6 +22,9 @@ from tokencredit.schemas import TABLES, views_sql
 
 # table references whose own reads are the tables named in them (an EMPTY is a FROM-less SELECT's)
 _KNOWN_REFERENCES = frozenset({"BASE_TABLE", "JOIN", "SUBQUERY", "EMPTY", "EXPRESSION_LIST", "PIVOT", "SHOW_REF"})
+# every kind of table reference DuckDB has (TableReferenceType): one without its alias or sample is one still
+_REFERENCES = _KNOWN_REFERENCES | {"INVALID", "TABLE_FUNCTION", "CTE", "EMPTY_FROM", "COLUMN_DATA", "DELIM_GET",
+                                   "BOUND_TABLE_REF"}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VIEW = re.compile(r"CREATE OR REPLACE VIEW (\w+) AS\s", re.IGNORECASE)
 _COMMENT = re.compile(r"--[^\n]*")
@@ -74,14 +77,14 @@ def _names(statements: list[Any], views: dict[str, frozenset[str]]) -> set[str] 
 
 def _walk(node: Any, names: set[str], ctes: set[str]) -> bool:
     """Add the names of the table references under `node` to `names` and its CTEs' to `ctes`; False at a
-    reference that does not resolve. A table reference is a node with an alias and a sample (an expression has a
-    class)."""
+    reference that does not resolve. A table reference is a node with an alias and a sample, or of a reference's
+    type (an expression has a class)."""
     if isinstance(node, list):
         return all(_walk(item, names, ctes) for item in node)
     if not isinstance(node, dict):
         return True
-    if "alias" in node and "sample" in node and "class" not in node:
-        kind = node.get("type")
+    kind = node.get("type")
+    if "class" not in node and (("alias" in node and "sample" in node) or kind in _REFERENCES):
         if kind not in _KNOWN_REFERENCES:
             return False
         if kind == "BASE_TABLE" or (kind == "SHOW_REF" and node.get("table_name")):
