@@ -12,6 +12,7 @@ serialize (a PIVOT without an IN list, a parse error), resolves to None: check e
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -42,6 +43,7 @@ def tables_read(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[str, ...] | N
     return tuple(name for name in TABLES if name in read)
 
 
+@functools.cache  # the package's own file: the same in every call
 def _views() -> dict[str, frozenset[str]]:
     """Each view of schemas/views.sql -> the tables it reads: the placeholders in its body and the tables of the
     earlier views it names. Its own SQL, so a word's match (comments left out) is enough, and can only add tables;
