@@ -4,12 +4,14 @@
 
 Every reader opens a run through `writer.run_files`, whose `_check_run` refuses a manifest whose shard list does
 not match the folders (one listing each) and a part file whose size or Parquet footer is not the one its shard
-wrote. A local run's parts are stat'ed, and only those whose stat stamp changed since a reader (or the writer, as it
-finished the run) verified them are read; the folders are listed only when they or the manifest changed (`stamps`).
-The first read after the run is written finds the writer's stamps: it lists the folders, reads the footers of the
-parts written in the last 2 s before the writer's check (`stamps.SETTLED_NS`) and writes the stamps; every later read
-stats the parts. The run is `analysis.synthetic_run` (RunWriter, about 192 credit rows a response: 96 tokens on
-average, 2 rewards) in two layouts: annotate's default shards (8 prompts x 4 responses, so thousands of parts) and
+wrote; a query checks the tables it reads alone (`read_tables`, from DuckDB's parse of it), so each query's check
+here is that parse and the check of its tables (each of the docs' queries reads one of the run's two). A local run's
+parts are stat'ed, and only those whose stat stamp changed since a reader (or the writer, as it finished the run)
+verified them are read; a folder is listed only when it or the manifest changed (`stamps`). The first read after
+the run is written finds the writer's stamps: it lists the markers' folder and its tables', reads the footers of its
+tables' parts written in the last 2 s before the writer's check (`stamps.SETTLED_NS`) and writes the stamps; every
+later read stats the parts. The run is `analysis.synthetic_run` (RunWriter, about 192 credit rows a response: 96
+tokens on average, 2 rewards) in two layouts: annotate's default shards (8 prompts x 4 responses, so thousands of parts) and
 large shards (4096 responses). Each query of the docs is timed through `run_query(...).fetchall()` with the check
 and with it switched off (`_check_run` and the stamps swapped for no-ops), and the check alone, in turns
 (`interleaved_times`), the page cache warm for all, and in the same turns the first read's check (the writer's
@@ -50,30 +52,41 @@ QUERIES = {  # README.md and docs/credits.md
 
 @contextlib.contextmanager
 def check_switched_off():
-    """run_files without its shard-list and part checks (what every reader did before them)."""
-    from tokencredit.pipeline.dataset import writer
+    """run_files without its shard-list and part checks, and connect without the parse that picks their tables
+    (what every reader did before them)."""
+    from tokencredit.pipeline.dataset import query, writer
 
-    saved = writer._check_run, writer.PartStamps
+    saved = writer._check_run, writer.PartStamps, query.tables_read
     writer._check_run, writer.PartStamps = (lambda *args: None), (lambda root: None)
+    query.tables_read = lambda con, sql: None
     try:
         yield
     finally:
-        writer._check_run, writer.PartStamps = saved
+        writer._check_run, writer.PartStamps, query.tables_read = saved
 
 
-def check_alone(run: str, files) -> Callable[[], None]:
-    """The check run_files makes, on `files` (run_files' result, its manifest read already)."""
+def check_alone(run: str, files, sql: str) -> Callable[[], None]:
+    """The check `run_query(run, sql)` makes, on `files` (run_files' result, its manifest read already): the tables
+    `sql` reads, told from its parse on a connection (connect's is open already), then their check."""
+    import duckdb
+
     from tokencredit.pipeline.dataset import writer
+    from tokencredit.pipeline.dataset.read_tables import tables_read
     from tokencredit.pipeline.dataset.stamps import PartStamps
 
+    con = duckdb.connect()
     entries = sorted(files.manifest["shards"].values(), key=lambda e: e["shard"])
-    return lambda: writer._check_run(files.fs, run, files.root, files.manifest, entries, PartStamps(files.root))
+
+    def check() -> None:
+        tables = tables_read(con, sql)
+        writer._check_run(files.fs, run, files.root, files.manifest, entries, PartStamps(files.root), tables)
+    return check
 
 
-def stamps_as_left(run: str) -> tuple[Callable[[], None], Callable[[], None], int]:
-    """(put back the stamps the run's writer left, remove every stamp, the parts the first read after the write
-    verifies). Call it right after the run is written: the first read then lists the folders, reads the footers of
-    the parts the writer left unstamped and writes the stamps; a read with none reads every footer."""
+def stamps_as_left(run: str) -> tuple[Callable[[], None], Callable[[], None], list[str]]:
+    """(put back the stamps the run's writer left, remove every stamp, the parts the writer left unstamped: their
+    paths). Call it right after the run is written: the first read then lists its folders, reads the footers of
+    its tables' parts the writer left unstamped and writes the stamps; a read with none reads every footer."""
     from tokencredit.pipeline.dataset.stamps import STAMPS, PartStamps
     from tokencredit.pipeline.dataset.writer import run_files
 
@@ -89,7 +102,8 @@ def stamps_as_left(run: str) -> tuple[Callable[[], None], Callable[[], None], in
         files = run_files(run)
     parts = [entry[name] for entry in files.manifest["shards"].values() for name in entry
              if isinstance(entry[name], dict) and "path" in entry[name]]
-    return as_written, lambda: stamps.unlink(missing_ok=True), len(PartStamps(files.root).unverified(parts))
+    unstamped = [part["path"] for part, _ in PartStamps(files.root).unverified(parts)]
+    return as_written, lambda: stamps.unlink(missing_ok=True), unstamped
 
 
 def settle(run: str) -> None:
@@ -103,7 +117,8 @@ def settle(run: str) -> None:
     parts = [entry[name] for entry in files.manifest["shards"].values() for name in entry
              if isinstance(entry[name], dict) and "path" in entry[name]]
     stamps = PartStamps(files.root)
-    assert stamps.unverified(parts) == [] and stamps.check_holds("shard_list", (MANIFEST, SHARDS, *TABLES))[0]
+    assert stamps.unverified(parts) == [] and all(stamps.check_holds(f"shard_list {folder}", (MANIFEST, folder))[0]
+                                                  for folder in (SHARDS, *TABLES))
 
 
 def build(folder: Path, responses: int, shard_responses: int) -> tuple[float, dict]:
@@ -116,7 +131,10 @@ def build(folder: Path, responses: int, shard_responses: int) -> tuple[float, di
 
 
 def measure(run: str, repeats: int) -> list[dict]:
+    import duckdb
+
     from tokencredit.pipeline.dataset.query import run_query
+    from tokencredit.pipeline.dataset.read_tables import tables_read
     from tokencredit.pipeline.dataset.writer import run_files
 
     def query(sql: str, checked: bool):
@@ -126,11 +144,13 @@ def measure(run: str, repeats: int) -> list[dict]:
         return go
 
     with check_switched_off():
-        check = check_alone(run, run_files(run))
-    as_written, unstamped, footers = stamps_as_left(run)
+        files = run_files(run)
+    as_written, unstamped, left = stamps_as_left(run)
     settle(run)
     rows = []
     for name, sql in QUERIES.items():
+        check = check_alone(run, files, sql)
+        footers = sum(path.split("/")[0] in tables_read(duckdb.connect(), sql) for path in left)
         before = os.getloadavg()[0]
         times = interleaved_times({"with": query(sql, True), "without": query(sql, False), "check": check,
                                    "first": check, "unstamped": check}, repeats=repeats,
@@ -187,7 +207,8 @@ def main() -> None:
     figures += f"; load average {min(min(r['load_avg']) for r in results):.1f}-" \
                f"{max(max(r['load_avg']) for r in results):.1f}"
     upsert_result("Read check (query)",
-                  "`run_files`' shard-list and part checks (size + stat stamp per part; footer sha256 of a part "
+                  "`run_files`' shard-list and part checks of the tables the query reads (`read_tables`: its "
+                  "parse included; size + stat stamp per part; footer sha256 of a part "
                   "whose stamp changed: on the first read after a write, the parts written in the last 2 s before "
                   "the writer's check; every part where no stamps are) against the query they precede, on a "
                   "synthetic run written through RunWriter (`python bench/bench_read_check.py`).",

@@ -698,7 +698,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise ValueError(f"--memory-limit: {error}") from None
         name = f"--memory-limit {args.memory_limit}"
-    con = connect(args.out, allow_incomplete=args.allow_incomplete, memory_limit=f"{int(DUCKDB_SHARE * limit)}B")
+    con = connect(args.out, allow_incomplete=args.allow_incomplete, memory_limit=f"{int(DUCKDB_SHARE * limit)}B",
+                  sql=args.sql)
     check_read_only(con, args.sql)
     with MemoryBound(con, limit, name) as bound, TimeBound(con, args.timeout, f"--timeout {args.timeout:g} s") as clock:
         try:

@@ -13,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from tokencredit.flows.cli import main
-from tokencredit.pipeline.dataset.query import run_query
+from tokencredit.pipeline.dataset.query import connect, run_query
+from tokencredit.pipeline.dataset.read_tables import tables_read
 from tokencredit.pipeline.dataset.stamps import SETTLED_NS, STAMPS
 from tokencredit.pipeline.dataset.writer import RunWriter
 
@@ -32,6 +34,9 @@ READERS = {
     "values": lambda run, out: ["values", str(run), "--out", str(out)],
     "repair": lambda run, out: ["repair", str(run), "--out", str(out)],
 }
+
+
+EVERY_TABLE = "SELECT (SELECT count(*) FROM responses), (SELECT count(*) FROM credits), (SELECT count(*) FROM nodes)"
 
 
 def three_shards(folder: Path) -> Path:
@@ -81,7 +86,7 @@ def test_a_part_cut_short_or_appended_to_is_refused_naming_its_sizes(tmp_path, c
     part = run / "credits" / "part-00002.parquet"
     size = part.stat().st_size
     part.write_bytes(damage(part.read_bytes()))
-    err = refused(capsys, READERS["query"](run, None))
+    err = refused(capsys, ["query", str(run), "SELECT count(*) FROM credits"])
     assert f"credits/part-00002.parquet {problem.format(part.stat().st_size, size)}" in err, err
 
 
@@ -201,10 +206,10 @@ def assert_stamped_then_refused(run, shards: int, damage, problem: str, capsys) 
     (cut_short, "holds {} bytes where the run wrote {}"),
 ])
 def test_a_part_changed_after_a_verified_read_is_refused_by_the_next(tmp_path, capsys, damage, problem):
-    """The first read verifies every part and stamps it; the next skips the footers whose stamps hold, so a stamp
-    that missed a change would let the copied part through."""
+    """The first read verifies every part it reads (here every table's) and stamps it; the next skips the footers
+    whose stamps hold, so a stamp that missed a change would let the copied part through."""
     run = settled(three_shards(tmp_path / "run"))
-    assert run_query(run, "SELECT count(*) FROM responses").fetchall() == [(9,)]
+    assert run_query(run, EVERY_TABLE).fetchall()[0][0] == 9
     assert_stamped_then_refused(run, 3, damage, problem, capsys)
 
 
@@ -236,20 +241,21 @@ def test_the_writer_stamps_the_settled_parts_it_checked_and_a_change_after_is_re
      "_shards/shard-00007.json is a shard that manifest.json does not list"),
 ])
 def test_a_shard_list_changed_after_a_verified_read_is_refused_by_the_next(tmp_path, capsys, change, problem):
-    """A read that found the shard list whole stamps the manifest and the folders; the next lists the folders
-    only when one of them moved."""
+    """A read that found the shard list whole stamps the manifest with each folder it listed (the markers' and
+    those of the tables it reads); the next lists a folder only when it or the manifest moved."""
     run = settled(three_shards(tmp_path / "run"))
-    assert run_query(run, "SELECT count(*) FROM responses").fetchall() == [(9,)]
-    assert [stamp[0] for stamp in json.loads((run / STAMPS).read_text())["checks"]["shard_list"]] == \
-        ["manifest.json", "_shards", "responses", "credits", "nodes"]
+    assert run_query(run, "SELECT count(*) FROM credits").fetchall()[0][0] > 0
+    checks = json.loads((run / STAMPS).read_text())["checks"]
+    assert {name: [stamp[0] for stamp in stamps] for name, stamps in checks.items()} == \
+        {"shard_list _shards": ["manifest.json", "_shards"], "shard_list credits": ["manifest.json", "credits"]}
     change(run)
-    err = refused(capsys, READERS["query"](run, None))
+    err = refused(capsys, ["query", str(run), "SELECT count(*) FROM credits"])
     assert f"{run}: {problem}" in err, err
 
 
 def test_a_read_of_a_verified_run_writes_nothing(tmp_path):
     run = settled(three_shards(tmp_path / "run"))
-    run_query(run, "SELECT count(*) FROM responses").fetchall()
+    run_query(run, EVERY_TABLE).fetchall()
     before = {p: (p.stat().st_ino, p.stat().st_ctime_ns) for p in run.rglob("*")}
     assert run / STAMPS in before
     assert run_query(run, "SELECT count(*) FROM credits").fetchall() == [(sum(len(shard_tables(s)["credits"])
@@ -284,3 +290,81 @@ def test_a_read_only_run_folder_is_read_and_checked_in_full_each_time(tmp_path):
     done = read_only(run, ["query", str(run), "SELECT count(*) FROM responses"])
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "responses/part-00001.parquet is not the file the run wrote" in done.stderr
+
+
+@pytest.mark.parametrize("damaged", ["credits/part-00000.parquet", "credits/part-00001.parquet",
+                                     "nodes/part-00000.parquet"])
+@pytest.mark.parametrize("sql", ["SELECT count(*) FROM responses", "SELECT count(*) FROM training",
+                                 "WITH r AS (SELECT * FROM responses) SELECT count(*) FROM r",
+                                 "SELECT count(*) FROM Responses WHERE response_id IN "
+                                 "(SELECT response_id FROM main.training)"])
+def test_a_query_neither_checks_nor_opens_the_parts_of_a_table_it_does_not_read(tmp_path, capsys, damaged, sql):
+    """A query of `responses` (or of the view over it) is checked on responses' parts alone: a part of `credits`
+    or `nodes` cut short does not stop it (a first part among them: the views of other tables do not open their
+    files either), and it stamps only what it verified: the markers, responses' folder and parts."""
+    run = settled(three_shards(tmp_path / "run"))
+    cut_short(run / damaged, None)
+    assert main(["query", str(run), sql]) == 0
+    assert "9" in capsys.readouterr().out
+    stamps = json.loads((run / STAMPS).read_text())
+    assert sorted(stamps["parts"]) == [f"responses/part-{s:05d}.parquet" for s in range(3)]
+    assert sorted(stamps["checks"]) == ["shard_list _shards", "shard_list responses"]
+
+
+@pytest.mark.parametrize("sql", ["SELECT count(*) FROM credits", "SELECT count(*) FROM responses JOIN credits USING "
+                                 "(response_id)", "WITH c AS (SELECT * FROM credits) SELECT count(*) FROM c",
+                                 "SELECT (SELECT max(advantage) FROM credits) FROM responses",
+                                 "SELECT count(*) FROM responses; SELECT count(*) FROM credits",
+                                 "SUMMARIZE credits",
+                                 "SELECT count(*) FROM credits PIVOT (count(*) FOR reward IN ('a'))"])
+def test_a_query_that_reads_a_table_refuses_its_damaged_part(tmp_path, capsys, sql):
+    """However the statement reaches `credits` (a join, a CTE, a subquery, a second statement, SUMMARIZE, PIVOT)."""
+    run = settled(three_shards(tmp_path / "run"))
+    run_query(run, EVERY_TABLE).fetchall()  # every part stamped: the damage must move its stamp
+    copy_over_keeping_its_mtime(run / "credits" / "part-00001.parquet", run / "credits" / "part-00000.parquet")
+    err = refused(capsys, ["query", str(run), sql])
+    assert "credits/part-00001.parquet is not the file the run wrote: its Parquet footer differs" in err, err
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*) FROM read_parquet('{run}/responses/part-00000.parquet')",  # a table function may name any part
+    "SELECT count(*) FROM '{run}/credits/part-00001.parquet'",  # a replacement scan reads the damaged part itself
+    "SELECT count(*) FROM (WITH \"{run}/credits/part-00001.parquet\" AS (SELECT 1) SELECT 1), "
+    "'{run}/credits/part-00001.parquet'",  # a CTE of that name out of scope does not excuse the file
+    "FROM query('SELECT count(*) FROM responses')",  # SQL in a string
+    "PIVOT responses ON task USING count(*)",  # DuckDB does not serialize it
+    "SELECT count(*) FROM responses_files",  # not a view of the run
+])
+def test_a_query_whose_tables_cannot_be_told_checks_every_table(tmp_path, capsys, sql):
+    run = three_shards(tmp_path / "run")
+    shutil.copyfile(run / "credits" / "part-00000.parquet", run / "credits" / "part-00001.parquet")
+    err = refused(capsys, ["query", str(run), sql.format(run=run)])
+    assert "credits/part-00001.parquet is not the file the run wrote: its Parquet footer differs" in err, err
+
+
+def test_the_views_of_the_tables_a_connection_was_not_checked_for_refuse_to_be_read(tmp_path):
+    """What keeps a table `read_tables` missed from being read unchecked (or read as empty); a second read of it
+    is refused too, by DuckDB (a RecordBatchReader is read once)."""
+    run = three_shards(tmp_path / "run")
+    for view, table in (("responses", "responses"), ("training", "responses"), ("nodes", "nodes")):
+        con = connect(run, sql="SELECT count(*) FROM credits")
+        assert con.sql("SELECT count(*) FROM credits").fetchall()[0][0] > 0
+        with pytest.raises(duckdb.Error, match=f"read the run's {table} table, whose parts were not checked"):
+            con.sql(f"SELECT count(*) FROM {view}").fetchall()
+        with pytest.raises(duckdb.Error, match="already been consumed"):
+            con.sql(f"SELECT count(*) FROM {view}").fetchall()
+
+
+@pytest.mark.parametrize("sql,tables", [
+    ("SELECT * FROM training", ("responses",)),  # the views' tables come from schemas/views.sql
+    ("SELECT * FROM leaf_segments", ("responses", "nodes")),
+    ("WITH credits AS (SELECT 1) SELECT * FROM credits", ("credits",)),  # a CTE named like a view counts as it
+    ("DESCRIBE nodes", ("nodes",)),
+    ("SELECT 1", ()),
+    ("SELECT * FROM memory.main.credits", ("credits",)),
+    ("SELECT * FROM system.main.credits", None),
+    ("SELECT * FROM \"credits\"\"\"", None),
+    ("SELEC 1", None),
+])
+def test_read_tables_tells_the_tables_a_statement_reads_or_none(sql, tables):
+    assert tables_read(duckdb.connect(), sql) == tables

@@ -6,7 +6,8 @@ before any user SQL runs. `connect`'s connection could still COPY into the run f
 (what `tokencredit query` runs) accepts only read statements (DuckDB's statement type SELECT: SELECT,
 WITH, FROM-first, DESCRIBE, SHOW, SUMMARIZE, PIVOT; and a PIVOT without an IN list, which DuckDB runs as
 two statements), so COPY, ATTACH, CREATE, INSTALL, SET, PRAGMA and the like never run, not even into the
-run folder. A run of an older schema version reads the columns added since as NULL.
+run folder. A run of an older schema version reads the columns added since as NULL. A query checks the parts of
+the tables it reads alone (`read_tables`); the views of the others are not over their files.
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ import threading
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.dataset as ds
 
 from tokencredit.schemas import SCHEMA_VERSION, TABLES, views_sql
 
+from tokencredit.pipeline.dataset.read_tables import tables_read
 from tokencredit.pipeline.dataset.writer import run_files
 
 SUMMARY_SQL = """
@@ -56,29 +59,42 @@ def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
-def connect(out: str | Path, *, allow_incomplete: bool = False,
-            memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+def connect(out: str | Path, *, allow_incomplete: bool = False, memory_limit: str | None = None,
+            sql: str | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the run's views, confined to the run folder (module docstring).
 
     DuckDB spills into a temporary folder of this connection's own (its default, `.tmp` in the
     current folder, would litter wherever the command ran), removed when the process ends or gets SIGTERM
     (`_private_temp_dir`: a killed process's is removed by the next connection);
     `memory_limit` ("4GB"; None: DuckDB's default, 80% of the machine) bounds what it keeps in memory.
+    `sql`: the statements the connection is for; only the tables they read (`read_tables`) are checked, and the
+    others' views refuse to be read (their parts are neither checked nor opened). None, or statements whose
+    tables cannot be told: every table.
     Raises IncompleteRunError (a ValueError) when the run's manifest is not complete, unless
     `allow_incomplete`: then the views read the shards written so far.
     """
     out = str(out)
-    run = run_files(out, allow_incomplete=allow_incomplete)
-    settings = {**_LOCKDOWN, "temp_directory": _private_temp_dir()}
+    settings = dict(_LOCKDOWN)
     if memory_limit is not None:
         settings["memory_limit"] = memory_limit
     try:
-        con = duckdb.connect(config=settings)
+        con = duckdb.connect(config=settings)  # first: the query's tables are told by its parse
     except duckdb.Error as error:
         raise ValueError(f"cannot open DuckDB with memory limit {memory_limit!r}: {error}") from None
+    try:
+        tables = tables_read(con, sql) if sql is not None else None
+        tables = tuple(TABLES) if tables is None else tables
+        run = run_files(out, allow_incomplete=allow_incomplete, tables=tables)
+    except BaseException:
+        con.close()
+        raise
+    con.execute("SET temp_directory = $dir", {"dir": _private_temp_dir()})
     sources = {}
     for name, paths in run.files.items():
-        if paths and run.local and not _lacks_columns(paths[0], name):
+        if name not in tables:
+            con.register(f"{name}_files", _unchecked(name))
+            sources[name] = f"{name}_files"
+        elif paths and run.local and not _lacks_columns(paths[0], name):
             sources[name] = f"read_parquet({_sql_list(paths)})"
         else:  # no files yet, a remote run (DuckDB reads it through pyarrow's filesystem), or an older
             # schema version's files: pyarrow reads their columns added since as NULL
@@ -96,6 +112,15 @@ def connect(out: str | Path, *, allow_incomplete: bool = False,
         raise ValueError(f"run dir {out}: cannot create the views ({str(err).splitlines()[0]}); was it written "
                          f"by another schema version than {SCHEMA_VERSION}? Re-annotate it") from err
     return con
+
+
+def _unchecked(table: str) -> pa.RecordBatchReader:
+    """A source of `table`'s columns that refuses to be read: the view of a table the query does not read."""
+    def refuse() -> pa.RecordBatch:  # called for the first batch: never while DuckDB only binds the views
+        raise ValueError(f"the query read the run's {table} table, whose parts were not checked for it "
+                         f"(`read_tables` missed it)")
+
+    return pa.RecordBatchReader.from_batches(TABLES[table], iter(refuse, None))
 
 
 def _lacks_columns(path: str, table: str) -> bool:
@@ -193,6 +218,6 @@ def _is_pivot(statement) -> bool:
 def run_query(out: str | Path, sql: str, *, allow_incomplete: bool = False,
               memory_limit: str | None = None) -> duckdb.DuckDBPyRelation:
     """The relation of the last statement of `sql` (reads only) over run directory `out`."""
-    con = connect(out, allow_incomplete=allow_incomplete, memory_limit=memory_limit)
+    con = connect(out, allow_incomplete=allow_incomplete, memory_limit=memory_limit, sql=sql)
     check_read_only(con, sql)
     return con.sql(sql)

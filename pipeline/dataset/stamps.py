@@ -2,15 +2,17 @@
 instead of on every read, and the folders are listed only when they changed (`writer.run_files`).
 
     OUT/.read_stamps.json   {"parts": {"credits/part-00003.parquet": "st_ino st_ctime_ns the sha256 it matched"},
-                             "checks": {"shard_list": [["manifest.json", st_ino, st_ctime_ns], ["_shards", ...], ...]}}
+                             "checks": {"shard_list credits": [["manifest.json", st_ino, st_ctime_ns],
+                                                               ["credits", st_ino, st_ctime_ns]], ...}}
 
 A reader that verified a part (its size and footer sha256 against what its shard recorded) adds the part's stamp;
 a later reader whose stat of the part gives the same stamp and the size its shard recorded, and whose manifest
 expects the same sha256, skips the footer read. The stamp moves whenever the file could have: the kernel sets a
 file's ctime on every write, truncation, `cp` over it, chmod, utime (so on every change of its mtime) or link, and
 no call lets a user set it; a file renamed into place (a resume rewriting a shard, `mv`) is another inode. The
-shard-list check is stamped by the manifest's stamp and its folders' (a folder's ctime moves when an entry is
-added, removed or renamed in it). One race stays: a change within one tick of the filesystem's clock after a stat
+shard-list check is stamped per folder (the markers', each table's: a query of one table lists only the folders it
+needs), by the manifest's stamp and the folder's (a folder's ctime moves when an entry is added, removed or renamed
+in it). One race stays: a change within one tick of the filesystem's clock after a stat
 may keep the ctime a stat saw (git's "racily clean" files). So a stamp is added only for what has a ctime
 SETTLED_NS older than the read's start, and a later change, which gets a later tick, always moves it.
 

@@ -217,8 +217,10 @@ class RunFiles:
     files: dict[str, list[str]]
 
 
-def run_files(out: str, allow_incomplete: bool = False, stamp: bool = True) -> RunFiles:
-    """The part files of a run: the manifest's list once the run is complete, each checked (`_check_run`).
+def run_files(out: str, allow_incomplete: bool = False, stamp: bool = True,
+              tables: tuple[str, ...] = tuple(TABLES)) -> RunFiles:
+    """The part files of a run: the manifest's list once the run is complete, each of `tables` checked
+    (`_check_run`; a reader that reads only some tables passes those).
 
     An incomplete run raises IncompleteRunError, unless `allow_incomplete`: then the files of the
     shards whose completion marker exists (never a half-written or unmarked file). `stamp=False` checks every
@@ -249,27 +251,31 @@ def run_files(out: str, allow_incomplete: bool = False, stamp: bool = True) -> R
                 f"written); resume it with the same annotate command, or pass --allow-incomplete to read "
                 f"the shards written so far")
     entries.sort(key=lambda e: e["shard"])
-    _check_run(fs, out, root, manifest, entries, stamps)
+    _check_run(fs, out, root, manifest, entries, stamps, tables)
     files = {name: [f"{root}/{e[name]['path']}" for e in entries if name in e] for name in TABLES}
     return RunFiles(fs, root, "://" not in out, manifest, files)
 
 
 def _check_run(fs: pafs.FileSystem, out: str, root: str, manifest: dict[str, Any], entries: list[dict[str, Any]],
-               stamps: PartStamps | None) -> None:
-    """ValueError naming what a reader must not read: a complete manifest's shard list that does not match the run
-    (`_shard_list_problem`), or a part of `entries` that is not the file its shard wrote (`_check_part`). With
-    `stamps` (a local run's, made before its manifest was read), only what changed since a reader verified it is
-    checked again: each part is stat'ed, and the folders are listed only when they or the manifest changed."""
-    parts = [entry[name] for entry in entries for name in TABLES if name in entry]
+               stamps: PartStamps | None, tables: tuple[str, ...] = tuple(TABLES)) -> None:
+    """ValueError naming what a reader of `tables` must not read: a complete manifest's shard list that does not
+    match the markers or the folders of `tables` (`_shard_list_problem`), or a part of `entries` in `tables` that
+    is not the file its shard wrote (`_check_part`). With `stamps` (a local run's, made before its manifest was
+    read), only what changed since a reader verified it is checked again: each part is stat'ed, and a folder is
+    listed only when it or the manifest changed."""
+    parts = [entry[name] for entry in entries for name in tables if name in entry]
     unverified = stamps.unverified(parts) if stamps is not None else [(part, None) for part in parts]
     if manifest.get("complete"):
-        holds, now = stamps.check_holds("shard_list", (MANIFEST, SHARDS, *TABLES)) if stamps else (False, [])
-        if not holds:
-            problem = _shard_list_problem(manifest, _listing(fs, root))
+        listed = {folder: stamps.check_holds(f"shard_list {folder}", (MANIFEST, folder)) if stamps else (False, [])
+                  for folder in (SHARDS, *tables)}
+        stale = [folder for folder, (holds, _) in listed.items() if not holds]
+        if stale:
+            problem = _shard_list_problem(manifest, _listing(fs, root, tuple(stale)))
             if problem:
                 raise ValueError(f"{out}: {problem}; {RESUME_RUN}")
             if stamps is not None:
-                stamps.add_check("shard_list", now)
+                for folder in stale:
+                    stamps.add_check(f"shard_list {folder}", listed[folder][1])
     for part, stat in unverified:
         _check_part(fs, out, root, part)
         if stamps is not None and stat is not None:
@@ -278,10 +284,11 @@ def _check_run(fs: pafs.FileSystem, out: str, root: str, manifest: dict[str, Any
         stamps.save()
 
 
-def _listing(fs: pafs.FileSystem, root: str) -> dict[str, set[str]]:
-    """The names of the files in OUT's marker and table folders, one listing each ({} for a folder not there)."""
+def _listing(fs: pafs.FileSystem, root: str, folders: tuple[str, ...] = (SHARDS, *TABLES)) -> dict[str, set[str]]:
+    """The names of the files in OUT's `folders` (its marker folder, table folders), one listing each ({} for a
+    folder not there)."""
     found: dict[str, set[str]] = {}
-    for folder in (SHARDS, *TABLES):
+    for folder in folders:
         if isinstance(fs, pafs.LocalFileSystem):  # names only: pyarrow stats every file it lists
             try:
                 found[folder] = set(os.listdir(f"{root}/{folder}"))
@@ -295,7 +302,7 @@ def _listing(fs: pafs.FileSystem, root: str) -> dict[str, set[str]]:
 
 def _shard_list_problem(manifest: dict[str, Any], listing: dict[str, set[str]]) -> str | None:
     """What is wrong with a complete manifest's list of shards, None when nothing: a shard of 0..n_shards-1 it does
-    not list, a marker or a part file on disk (`listing`, from `_listing`) of a shard it does not list, or totals
+    not list, a marker or a part file in a folder of `listing` (`_listing`) of a shard it does not list, or totals
     its shards' rows do not make (an entry deleted from the manifest read as a smaller run). One pass over its
     shards, then set differences: the pattern is matched only against names that are not a listed shard's."""
     shards = manifest["shards"]
@@ -310,10 +317,9 @@ def _shard_list_problem(manifest: dict[str, Any], listing: dict[str, set[str]]) 
     missing = [s for s in range(n_shards) if s not in listed or str(s) not in shards]
     if missing:
         return f"{MANIFEST} lists no shard {missing[0]} of its {n_shards} shards"
-    numbers = [f"{s:05d}" for s in listed]
-    for folder, pattern, prefix, suffix in ((SHARDS, _MARKER, "shard-", ".json"),
-                                            *((name, _PART, "part-", ".parquet") for name in TABLES)):
-        for base_name in sorted(listing[folder] - {prefix + number + suffix for number in numbers}):
+    for folder in listing:
+        pattern, name = (_MARKER, "shard-{:05d}.json") if folder == SHARDS else (_PART, "part-{:05d}.parquet")
+        for base_name in sorted(listing[folder] - {name.format(s) for s in listed}):
             found = pattern.fullmatch(base_name)
             if found and int(found[1]) not in listed:
                 return (f"{folder}/{base_name} is a shard that {MANIFEST} does not list (move it out of the "
