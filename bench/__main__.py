@@ -2,7 +2,7 @@
 
     python -m bench --list                          every benchmark: what it measures, targets, results, citing pages
     python -m bench NAME [--quick] [-- OPTIONS]     run one; its row goes to bench/results/runs.jsonl
-    python -m bench --results-md                    render bench/RESULTS.md from the rows
+    python -m bench --results-md [--check]          render bench/RESULTS.md from the rows (--check: only compare)
 
 A quick run (tiny sizes, no verdict) writes into a temporary folder (or --results-dir), never into bench/results.
 OPTIONS after `--` go to the benchmark's own parser (`python -m bench NAME -- --help` lists them).
@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts import their helpers as `common`
 
+from common import RESULTS_DIR, RUNS, Harness, write_row  # noqa: E402
 from registry import Benchmark, Unavailable, load_all  # noqa: E402
 
 
@@ -37,8 +38,6 @@ def missing(bench: Benchmark) -> list[str]:
 
 def run(bench: Benchmark, quick: bool, results_dir: Path, argv: list[str]) -> dict:
     """Run `bench` and append its row to results_dir/runs.jsonl; returns the row."""
-    from common import RUNS, Harness, write_row
-
     h = Harness(quick=quick, results_dir=results_dir, argv=argv)
     before = os.getloadavg()
     figures = bench.run(h)
@@ -57,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", type=Path, default=None, help="where rows and figures go (default: "
                         "bench/results; --quick: a new temporary folder)")
     parser.add_argument("--results-md", action="store_true", help="render bench/RESULTS.md from the rows")
+    parser.add_argument("--check", action="store_true", help="with --results-md: fail when RESULTS.md differs from "
+                        "its rendering, writing nothing")
     args = parser.parse_args(own)
     benchmarks = load_all()
     if args.list:
@@ -64,16 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.results_md:
         from report import write_results_md
-        print(f"wrote {write_results_md(benchmarks)}")
-        return 0
+
+        return write_results_md(benchmarks, args.results_dir or RESULTS_DIR, args.check)
     if args.name not in benchmarks:
         parser.error(f"no benchmark {args.name!r}; `python -m bench --list` names them")
     bench = benchmarks[args.name]
     if absent := missing(bench):
         print(f"{bench.name}: skipped: needs {', '.join(absent)}, which does not import here")
         return 0
-    from common import RESULTS_DIR
-
     results_dir = args.results_dir or (Path(tempfile.mkdtemp(prefix="bench-quick-")) if args.quick else RESULTS_DIR)
     try:
         row = run(bench, args.quick, results_dir, extra)
@@ -83,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     missed = [t["name"] for t in row["targets"] if not t["met"]]
     print(f"{bench.name} ({row['mode']}): {row['figures']}\ntargets missed: {', '.join(missed) or 'none'}; "
           f"row in {results_dir / 'runs.jsonl'}")
+    if results_dir.resolve() == RESULTS_DIR.resolve():
+        from report import write_results_md
+
+        write_results_md(benchmarks, results_dir)
     return 0
 
 

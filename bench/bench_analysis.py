@@ -1,6 +1,6 @@
 """The Figure 6 queries (`analysis.TOP_SHARE_SQL`, `analysis.PART_SHARE_SQL`) over a 20-million-row credits table.
 
-    python bench/bench_analysis.py [--quick]
+    python -m bench analysis [--quick]
 
 The table: one `analysis.synthetic_run` shard (realistic distances, parts, gating) replicated by
 DuckDB `COPY ... TO parquet` with a copy suffix on response_id until it holds >= 20M rows (2M with

@@ -1,6 +1,6 @@
 """Chunked JS divergence over the full vocabulary vs the naive full-tensor formula.
 
-    python bench/bench_divergence.py [--quick]
+    python -m bench divergence [--quick]
 
 Reports (1) the max abs difference of the two, (2) their median times at a size where the naive
 one fits (target: chunked within 1.1x of naive), (3) the peak extra RSS of the chunked version at

@@ -1,6 +1,6 @@
 """Agreement of tokencredit's verifiers with the reference checkers, on fresh cases.
 
-    python bench/bench_fidelity.py        # unpacks the references first (bench/references.py)
+    python -m bench fidelity        # unpacks the references first (bench/references.py)
 
 IFEval: (response, instruction) pairs drawn for every one of IFEval's 25 instruction ids, scored by
 lm-eval's IFEval checkers (strict and loose) and by tokencredit's `ifeval` / `ifeval-loose`

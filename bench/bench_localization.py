@@ -1,6 +1,6 @@
 """Does the blamed reward's relevance peak on the one edited token? The localization benchmark (issue 10).
 
-    python bench/bench_localization.py [--models tiny,smollm2-135m-instruct] [--locate replay,verifier,both] [--quick]
+    python -m bench localization [--quick] [-- [--models tiny,smollm2-135m-instruct] [--locate replay,verifier,both]]
 
 Cases are `bench/localization/cases.jsonl` (a task record, its reference response with exactly one edit,
 the edit's character span and the reward it breaks; see that folder's README). For each model, ablation

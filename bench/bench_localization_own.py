@@ -1,9 +1,9 @@
 """Localization on the model's own samples: does each credit's most penalized token lie where the value
 curve falls most?
 
-    python bench/bench_localization_own.py [--limit 64] [--pairs 200] [--k 16] [--cuts 8] [--quick]
-    python bench/bench_localization_own.py --pool tree [--tree-run RUN] [--pairs 200] [--k 16]
-    python bench/bench_localization_own.py --backend vllm ...   # sampled on the CPU engine
+    python -m bench localization_own [--quick] [-- [--limit 64] [--pairs 200] [--k 16] [--cuts 8]]
+    python -m bench localization_own -- --pool tree [--tree-run RUN] [--pairs 200] [--k 16]
+    python -m bench localization_own -- --backend vllm ...   # sampled on the CPU engine
 
 SmolLM2 samples the closed-loop train prompts once (temperature 0.5, max_new_tokens 96) and the same verified
 responses are credited gdpo,mrtpo under each `--locate` (bench/own_runs.py). `tokencredit values` measures the

@@ -1,13 +1,13 @@
 """What `--locate both` costs against `--locate replay` (issue 19): the pairs with verifier spans skip the replay.
 
-    python bench/bench_locate_cost.py [--model smollm2-135m-instruct] [--limit 4] [--repeats 3] [--quick]
+    python -m bench locate_cost [--quick] [-- [--model smollm2-135m-instruct] [--limit 4] [--repeats 3]]
 
 The demo prompt set (every task, `--limit` prompts each, n responses) is annotated with `gdpo,mrtpo` under each
 option, in turns (replay, both, replay, both, ...) so that load from other processes falls on both alike; each
 run samples the same responses (same seed). Reported: the median wall time of a whole annotation, the replays
 run and the response tokens replayed (from the run's manifest, exact), and their ratios both / replay.
 Target: both <= replay. Writes its row to bench/RESULTS.md and `locate_both_over_replay_seconds`,
-`locate_both_over_replay_tokens` to bench/results/speed.json (`--quick`: a smaller run, nothing written).
+`locate_both_over_replay_tokens` to bench/results/speed.json (`--quick`: a smaller run, into a temporary results folder).
 """
 from __future__ import annotations
 

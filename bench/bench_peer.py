@@ -10,8 +10,8 @@ load falls on all of them alike, `--repeats` times (>= 3 for a verdict):
 - `mrtpo`: the same with `--credit gdpo,mrtpo` (MRTPO's replay through the engine);
 - `tree`: the same as `gdpo` with `--tree N/2,2` (N/2 roots per prompt continued twice: N leaves, as N flat).
 Sizes: full, 64 prompts (bench_engine.py's instruction prompts, split train) x 4 responses of up to 96 new tokens;
-`--quick`, 4 x 2 of 16 tokens, one repeat: a check of this script (tests/test_bench_peer.py), which prints its
-object and writes no file. A run's wall is measured from its spawn to its exit; the 1-minute load average before
+`--quick`, 4 x 2 of 16 tokens, one repeat: a check of this script (tests/test_bench_peer.py), whose peer.json goes
+to a temporary results folder. A run's wall is measured from its spawn to its exit; the 1-minute load average before
 and after it. An annotate run's start-up, engine start, sampling span and per-stage seconds are read from its
 manifest (`run_seconds`, `stats.seconds`: pipeline/timing.py), and so are the replay's counters
 (`stats.replay_positions_computed`, `replay_positions_min`, `replay_response_positions`; the replay's seconds are

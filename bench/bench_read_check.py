@@ -1,6 +1,6 @@
 """What the read check costs `query` on a 20M-credit-row run (issue 49, item 3): target under 5% of the query.
 
-    python bench/bench_read_check.py [--quick] [--rows N]
+    python -m bench read_check [--quick] [-- [--rows N]]
 
 Every reader opens a run through `writer.run_files`, whose `_check_run` refuses a manifest whose shard list does
 not match the folders (one listing each) and a part file whose size or Parquet footer is not the one its shard

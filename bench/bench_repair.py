@@ -1,6 +1,6 @@
 """Localization on the model's own samples (issue 19): does cutting at a credit's top penalty repair more?
 
-    python bench/bench_repair.py [--model smollm2-135m-instruct] [--prompts FILE] [--tasks instructions] [--quick]
+    python -m bench repair [--quick] [-- [--model smollm2-135m-instruct] [--prompts FILE] [--tasks instructions]]
 
 One prompt set is annotated once per `--locate` option (replay, verifier, both; the replay run also computes
 P2T), with the same sampling seed, so every option credits the same responses. For each failed (response,
@@ -24,7 +24,7 @@ Per (locate, reward family): `pairs`, `repair_rate` (repairs per resample at the
 both, p2t), `decisive` (locate `decisive`), `random` (locate `uniform`) or `whole` (locate `whole`),
 `fixes_per_token` its repairs per resampled token, and `vs_random_ci`, `vs_whole_ci` 95% bootstrap intervals
 (over pairs) of its fixes per resampled token divided by the random cut's and the whole resample's.
-`--quick` runs the shipped tiny policy on a few demo prompts and writes nothing.
+`--quick` runs the shipped tiny policy on a few demo prompts, into a temporary results folder.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A reward model from verifier labels (issue 26): held-out pairwise accuracy of `rm train`.
 
-    python bench/bench_reward_model.py [--limit 256] [--n 8] [--base smollm2-135m-instruct] [--quick]
+    python -m bench reward_model [--quick] [-- [--limit 256] [--n 8] [--base smollm2-135m-instruct]]
 
 A run of the model's own samples on the closed-loop train prompts (instructions, temperature 0.5 as the
 closed-loop pilot chose, max_new_tokens 96) is annotated once into `--work` (default
@@ -12,7 +12,7 @@ constraint passed in one and failed in the other), with `base`, `pairs_train`, `
 `pairwise_accuracy` and a 95% bootstrap interval over held-out prompts (`ci_low`, `ci_high`).
 `--train-layers N` also trains the base's top N decoder layers with the head (`rm train --train-layers`): its
 rows carry `train_layers` and sit beside the frozen head's (`train_layers` 0), its folder is `rm-top{N}`.
-`--quick` uses the shipped tiny policy on a few demo prompts and writes nothing.
+`--quick` uses the shipped tiny policy on a few demo prompts, into a temporary results folder.
 """
 from __future__ import annotations
 

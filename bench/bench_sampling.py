@@ -1,6 +1,6 @@
 """tokencredit's sampler against Hugging Face `model.generate` on the same batch and settings.
 
-    python bench/bench_sampling.py [--quick] [--model PATH]
+    python -m bench sampling [--quick] [-- [--model PATH]]
 
 One batch: demo prompts spread over the tasks x n samples, rendered as the sampler renders them,
 temperature 1, full vocabulary (top_p 1, no top-k), max_new_tokens, eos ends a row. tokencredit:

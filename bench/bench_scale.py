@@ -1,6 +1,6 @@
 """Rows per second and peak memory of `run_annotation` at 1x, 4x and 16x a base prompt count.
 
-    python bench/bench_scale.py [--quick] [--base N]
+    python -m bench scale [--quick] [-- [--base N]]
 
 Each size runs in a fresh process (the models are loaded before the clock starts, so the time is
 the stage itself, and the peak RSS is that of the run): credit rows per second, seconds and peak

@@ -1,6 +1,6 @@
 """Per-step time of `train` (transformers.Trainer) over a bare loop of `train_step` on the same batches.
 
-    python bench/bench_train.py [--quick]
+    python -m bench train [--quick]
 
 The run: the demo records' prompts (sampling layout) and reference responses (at most 64 tokens), tokenized
 with the model's tokenizer, written through RunWriter with random per-token advantages; PG on them (`mrtpo`)
@@ -12,7 +12,7 @@ ratio is of medians. Checkpoints are written only after the last step (save_ever
 moments), outside the timed steps; their size is reported.
 
 Full mode: SmolLM2-135M-Instruct (`smollm2-135m-instruct`, pulled) and the shipped tiny policy; --quick:
-the tiny policy only, nothing written. Target: trainer_over_loop (SmolLM2) <= 1.1 and the LoRA
+the tiny policy only, into a temporary results folder. Target: trainer_over_loop (SmolLM2) <= 1.1 and the LoRA
 checkpoint folder under 50 MB. Figures go to bench/results/train.json and bench/RESULTS.md.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tree-sampled groups against flat sampling, the sampler's default batch, and where each branch rule lands.
 
-    python bench/bench_tree.py [--quick] [--model PATH]
+    python -m bench tree [--quick] [-- [--model PATH]]
 
 (a) A 4 x 4 tree (`SamplingConfig(tree=(4, 4))`, the default branch) against 16 flat samples of the same demo
     prompts: same model, batch, threads and max_new_tokens, turns alternated in one run, medians. Target:

@@ -1,6 +1,6 @@
 """Speed of `tokencredit values` against the sampler on the same batch (issue 26).
 
-    python bench/bench_values.py [--run bench/.own/both] [--pairs 64] [--k 16] [--cuts 8] [--quick]
+    python -m bench values [--quick] [-- [--run bench/.own/both] [--pairs 64] [--k 16] [--cuts 8]]
 
 Side by side, chunk by chunk of responses (values first in even chunks, the sampler first in odd ones, so load
 from other processes falls on both alike):

@@ -1,7 +1,7 @@
 """Built-in verifiers on hostile 2 MB responses: the worst time of `verify` (the bounded call) and of
 `response_parts` (which the credits table calls outside it) over responses of every shape, median of 3 each.
 
-    python bench/bench_verifier_inputs.py [--quick]
+    python -m bench verifier_inputs [--quick]
 
 Tool calls: unclosed, nested and stray tags (the old lazy regex took 87.6 s on 12,000 unclosed tags, 132 KB),
 one huge argument, deep nesting, a huge integer, 83,333 blocks. Instructions: 2 MB of "A. " under

@@ -1,7 +1,7 @@
 """The verify stage against the same calls on one thread of this process (the stage before plugin
 isolation), on the demo set, and the cost of isolation where it applies: a plugin-only task.
 
-    python bench/bench_verify.py [--quick]
+    python -m bench verify [--quick]
 
 The demo set's prompts (16 per task, `--quick`: 4), sampled once by the shipped tiny policy with
 annotate's default sampling, are verified shard by shard as annotate does (`verify_samples` per

@@ -97,3 +97,33 @@ def test_an_unknown_benchmark_is_one_line_naming_it():
     assert done.stderr.strip().splitlines()[-1] == ("python -m bench: error: no benchmark 'no_such_benchmark'; "
                                                     "`python -m bench --list` names them")
     assert "Traceback" not in done.stderr
+
+
+def test_results_md_is_the_rendering_of_the_rows():
+    done = bench("--results-md", "--check")
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+
+
+def test_a_new_row_makes_results_md_stale_until_it_is_rendered_again(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("runs.jsonl", "markdown_rows.jsonl"):
+        if (BENCH / "results" / name).is_file():
+            (results / name).write_text((BENCH / "results" / name).read_text())
+    assert bench("--results-md", "--results-dir", str(results)).returncode == 0
+    assert bench("--results-md", "--check", "--results-dir", str(results)).returncode == 0
+    row = {"benchmark": "writer", "commit": "0" * 40, "date": "2026-12-07T18:00:00+00:00",
+           "machine": {"cores": 3, "memory_gib": 7, "cpu": "Test CPU", "device": "cpu"}, "torch_threads": 1,
+           "load_avg": {"before": [0.5, 0.4, 0.3], "after": [0.7, 0.5, 0.3]}, "repeats": 5, "mode": "full",
+           "figures": {"writer_over_raw": 0.61234, "nested": {"left": "out"}},
+           "targets": [{"name": "writer_over_raw", "comparison": ">=", "value": 0.7, "met": False}]}
+    with open(results / "runs.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    stale = bench("--results-md", "--check", "--results-dir", str(results))
+    assert stale.returncode == 1 and "stale" in stale.stdout
+    assert bench("--results-md", "--results-dir", str(results)).returncode == 0
+    text = (tmp_path / "RESULTS.md").read_text()
+    writer = text[text.index("## writer"):text.index("### Rows before the runner", text.index("## writer"))]
+    assert ("| 3-core Test CPU, 7 GiB, 1 torch thread(s) | 2026-12-07 | full | 0000000000 | 0.5, 0.7 | 5 | "
+            "writer_over_raw 0.6123 | writer_over_raw >= 0.7: MISSED |") in writer
+    assert "nested" not in writer
