@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except Unavailable as why:
         print(f"{bench.name}: skipped: {why}")
         return 0
-    missed = [t["name"] for t in row["targets"] if not t["met"]]
+    missed = [t["name"] for t in row["targets"] if t["met"] is False]
     print(f"{bench.name} ({row['mode']}): {row['figures']}\ntargets missed: {', '.join(missed) or 'none'}; "
           f"row in {results_dir / 'runs.jsonl'}")
     if results_dir.resolve() == RESULTS_DIR.resolve():

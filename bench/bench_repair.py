@@ -278,6 +278,7 @@ def run(h: Harness) -> dict:
                         "place of annotating")
     parser.add_argument("--values", default=None, help="values folder of the both run: adds the decisive cut")
     args = parser.parse_args(h.argv)
+    args.quick = h.quick
     if h.quick:  # the tiny policy on a few demo prompts
         args.model, args.prompts, args.tasks, args.limit, args.n, args.max_new_tokens, args.resamples = \
             None, "demo", "instructions,tools", 1, 4, 16, 2

@@ -67,7 +67,7 @@ def run(h: Harness) -> dict:
     args = parser.parse_args(h.argv)
     if h.quick:  # the tiny policy on the demo prompts
         args.model = args.base = None
-        args.prompts, args.split, args.limit, args.n, args.max_new_tokens = "demo", None, 16, 8, 16
+        args.prompts, args.split, args.limit, args.n, args.max_new_tokens = "demo", None, 16, 8, 32
 
     from tokencredit.pipeline.models.loading import DEFAULT_POLICY
     from tokencredit.pipeline.train.reward_model import RewardModelConfig, train_reward_model

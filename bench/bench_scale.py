@@ -57,7 +57,7 @@ def run(h: Harness) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench scale --")
     parser.add_argument("--base", type=int, default=3 if h.quick else 6, help="prompts at 1x (a multiple of the task count)")
     base = parser.parse_args(h.argv).base
-    factors = FACTORS[:2] if h.quick else FACTORS
+    factors = (1, 2) if h.quick else FACTORS
     h.repeats = 1
     runs = {f: h.run_child(__file__, ["--child", str(base * f)], timeout=1800) for f in factors}
     figures = {"base_prompts": base}
