@@ -18,6 +18,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+MODULES = ("bench_*.py", "gpu_bench.py")  # the files that register a benchmark
 SHARED = ("speed.json",)  # results files several benchmarks set keys of
 COMPARISONS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
 
@@ -87,9 +88,9 @@ def benchmark(name: str, measures: str, results: tuple[str, ...] = (), targets: 
 
 
 def load_all() -> dict[str, Benchmark]:
-    """Import every bench/bench_*.py (each registers itself); name -> Benchmark, sorted by name."""
+    """Import every module of MODULES (each registers itself); name -> Benchmark, sorted by name."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))  # the scripts import their helpers as `common`
-    for path in sorted(BENCH.glob("bench_*.py")):
+    for path in sorted(p for pattern in MODULES for p in BENCH.glob(pattern)):
         importlib.import_module(path.stem)
     return dict(sorted(REGISTRY.items()))

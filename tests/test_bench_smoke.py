@@ -1,11 +1,11 @@
 """Every registered benchmark runs in its --quick mode (tiny sizes, a temporary results folder), so that no benchmark
 rots between its full runs, which stay manual. A benchmark that cannot run here (vllm missing, reference checkers not
-unpacked, SmolLM2 not pulled) is skipped with the runner's reason.
+unpacked, SmolLM2 not pulled, no CUDA device) is skipped with the runner's reason. The benchmarks that start vLLM
+engines are marked slow.
 
 Each runs as `python -m bench NAME --quick` in a child process: importing bench/common sets torch's thread count."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -16,21 +16,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-# the engine benchmarks start vLLM engines (minutes on the shared CPU), like tests/test_vllm.py and test_bench_peer.py
-ENGINE = {"engine", "engine_choice", "peer"}
+# they start vLLM engines (minutes on the shared CPU; gpu's CPU check too where vllm imports), like tests/test_vllm.py
+ENGINE = {"engine", "engine_choice", "peer", "gpu"}
 
 
 def registered() -> list[str]:
-    """The names of bench/bench_*.py's `@benchmark("NAME", ...)` (tests/test_bench.py holds them to `--list`)."""
-    return sorted(name for path in BENCH.glob("bench_*.py")
+    """The names of bench/bench_*.py's and gpu_bench.py's `@benchmark("NAME", ...)`."""
+    return sorted(name for path in [*BENCH.glob("bench_*.py"), BENCH / "gpu_bench.py"]
                   for name in re.findall(r'^@benchmark\("(\w+)"', path.read_text(), re.MULTILINE))
 
 
 def marks(name: str) -> list:
     if name not in ENGINE:
         return []
-    return [pytest.mark.vllm, pytest.mark.slow,
-            pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
+    return [pytest.mark.vllm, pytest.mark.slow]  # without vllm the runner skips them (gpu runs its torch part)
 
 
 def results_state() -> dict[str, int]:
