@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         from report import write_results_md
 
         return write_results_md(benchmarks, args.results_dir or RESULTS_DIR, args.check)
+    if args.name is None:
+        parser.error("name a benchmark to run; `python -m bench --list` names them")
     if args.name not in benchmarks:
         parser.error(f"no benchmark {args.name!r}; `python -m bench --list` names them")
     bench = benchmarks[args.name]

@@ -195,7 +195,7 @@ def write_row(path: Path, name: str, h: Harness, load_before: tuple[float, ...],
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        f.write(json.dumps(row, sort_keys=False) + "\n")
+        f.write(json.dumps(row) + "\n")
     return row
 
 
