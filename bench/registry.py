@@ -30,10 +30,11 @@ class Unavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Target:
-    """`figure comparison value`, e.g. Target("mrtpo_over_gdpo", "<=", 1.15)."""
+    """`figure comparison value`, e.g. Target("mrtpo_over_gdpo", "<=", 1.15); a str value names another figure
+    (Target("decode_flops_over_gemm_peak", ">=", "decode_flops_over_gemm_peak_peer"))."""
     figure: str
     comparison: str
-    value: float | bool
+    value: float | bool | str
 
     def __post_init__(self):
         if self.comparison not in COMPARISONS:
@@ -42,7 +43,8 @@ class Target:
     def met(self, figures: dict) -> bool | None:
         """None where the run has no such figure (a variant that does not measure it)."""
         found = figures.get(self.figure)
-        return None if found is None else bool(COMPARISONS[self.comparison](found, self.value))
+        bound = figures.get(self.value) if isinstance(self.value, str) else self.value
+        return None if found is None or bound is None else bool(COMPARISONS[self.comparison](found, bound))
 
     def __str__(self) -> str:
         return f"{self.figure} {self.comparison} {self.value}"

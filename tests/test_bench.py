@@ -51,7 +51,7 @@ def test_every_results_file_a_benchmark_names_exists():
 def test_a_run_appends_one_row_of_the_schema_with_its_targets_judged(tmp_path):
     done = in_child(
         "@benchmark('sums', measures='sum() over a list', targets=(Target('sum_s', '<', 60), Target('total', '==', 1),"
-        " Target('absent', '>=', 1)))\n"
+        " Target('absent', '>=', 1), Target('total', '>', 'sum_s')))\n"
         "def sums(h):\n"
         "    h.repeats = 3\n"
         "    seconds, _ = h.median_time(lambda: sum(range(1000)), repeats=h.repeats)\n"
@@ -71,7 +71,8 @@ def test_a_run_appends_one_row_of_the_schema_with_its_targets_judged(tmp_path):
     assert len(quick["load_avg"]["before"]) == len(quick["load_avg"]["after"]) == 3
     assert quick["targets"] == [{"name": "sum_s", "comparison": "<", "value": 60, "met": True},
                                 {"name": "total", "comparison": "==", "value": 1, "met": False},
-                                {"name": "absent", "comparison": ">=", "value": 1, "met": None}]
+                                {"name": "absent", "comparison": ">=", "value": 1, "met": None},
+                                {"name": "total", "comparison": ">", "value": "sum_s", "met": True}]
     assert json.loads((tmp_path / "sums.json").read_text()) == {"total": 499500}
 
 
