@@ -1,6 +1,6 @@
 """The Figure 6 queries (`analysis.TOP_SHARE_SQL`, `analysis.PART_SHARE_SQL`) over a 20-million-row credits table.
 
-    python bench/bench_analysis.py [--quick]
+    python -m bench analysis [--quick]
 
 The table: one `analysis.synthetic_run` shard (realistic distances, parts, gating) replicated by
 DuckDB `COPY ... TO parquet` with a copy suffix on response_id until it holds >= 20M rows (2M with
@@ -9,14 +9,13 @@ connection after a warm-up. Target: the top-3-share query under 10 s on 2 cores.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-from common import median_time, upsert_result, verdict
+from common import Harness
+from registry import Target, benchmark
 
 TARGET_S = 10.0
 BASE_RESPONSES, TOKENS, REWARDS = 4096, 64, 3
@@ -45,41 +44,22 @@ def build_run(out: Path, rows: int) -> int:
     return writer.finish(copies, {})["totals"]["credits"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2M rows instead of 20M, fewer repeats")
-    args = parser.parse_args()
-
+@benchmark("analysis", measures="`analysis.top_share` and `analysis.part_share` over a replicated `synthetic_run` "
+           "credits table of 20M rows (Parquet in /tmp); seconds per query, median after a warm-up.",
+           targets=(Target("top_share_s", "<", TARGET_S),))
+def run(h: Harness) -> dict:
     from tokencredit.pipeline.dataset import analysis
     from tokencredit.pipeline.dataset.query import connect
 
-    rows, repeats = (2_000_000, 2) if args.quick else (20_000_000, 3)
+    rows, h.repeats = (200_000, 1) if h.quick else (20_000_000, 3)
     tmp = Path(tempfile.mkdtemp(prefix="bench_analysis_", dir="/tmp"))
     try:
-        start = time.perf_counter()
         n = build_run(tmp, rows)
-        built = time.perf_counter() - start
         con = connect(tmp / "run")
         threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
-        sizes = f"{n:,} credit rows ({TOKENS} tokens x {REWARDS} rewards per response), DuckDB {threads} threads"
-        print(f"sizes: {sizes}; table written in {built:.1f} s")
-        seconds = {}
-        for name, fn in (("top_share", analysis.top_share), ("part_share", analysis.part_share)):
-            seconds[name], _ = median_time(lambda fn=fn: fn(con), repeats=repeats)
-            print(f"{name}: {seconds[name]:.2f} s per query (median of {repeats})")
+        seconds = {name: h.median_time(lambda fn=fn: fn(con), repeats=h.repeats)[0]
+                   for name, fn in (("top_share", analysis.top_share), ("part_share", analysis.part_share))}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ok = seconds["top_share"] < TARGET_S
-    print(f"top-3-share under {TARGET_S:.0f} s: {verdict(ok)}")
-    upsert_result(
-        "Figure 6 queries on 20M credit rows (bench_analysis.py)",
-        "`analysis.top_share` and `analysis.part_share` over a replicated `synthetic_run` credits table "
-        "(Parquet in /tmp); seconds per query, median after a warm-up.",
-        "quick" if args.quick else "full", f"{sizes}; {repeats} reps, median",
-        f"top-3 share {seconds['top_share']:.2f} s, part share {seconds['part_share']:.2f} s",
-        f"top-3 share < {TARGET_S:.0f} s: {verdict(ok)}",
-    )
-
-
-if __name__ == "__main__":
-    main()
+    return {"credit_rows": n, "duckdb_threads": threads, "top_share_s": round(seconds["top_share"], 3),
+            "part_share_s": round(seconds["part_share"], 3)}

@@ -1,18 +1,18 @@
 """`tokencredit --help` and `tokencredit annotate --help` wall time in a fresh process (median of 5), against
 the time to import torch and transformers, which the command line no longer does at start.
 
-    python bench/bench_cli_start.py [--quick]
+    python -m bench cli_start [--quick]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 import time
 
-from common import ROOT, upsert_result, verdict
+from common import ROOT, Harness
+from registry import Target, benchmark
 
 TARGET_S = 2.0
 
@@ -27,22 +27,13 @@ def wall(args: list[str], repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 repeats instead of 5")
-    repeats = 3 if parser.parse_args().quick else 5
-    help_s = wall(["-m", "tokencredit.flows.cli", "--help"], repeats)
-    annotate_s = wall(["-m", "tokencredit.flows.cli", "annotate", "--help"], repeats)
-    imports_s = wall(["-c", "import torch, transformers; transformers.DynamicCache"], repeats)
-    figures = (f"`--help` {help_s:.2f} s, `annotate --help` {annotate_s:.2f} s; importing torch + transformers "
-               f"alone {imports_s:.2f} s")
-    print(figures)
-    upsert_result("Command line start (bench_cli_start.py)",
-                  "Wall time of the help commands in a fresh Python process (median), next to the imports the "
-                  "command line leaves to the commands that need them.",
-                  "quick" if repeats == 3 else "full", f"{repeats} runs each, fresh process", figures,
-                  f"< {TARGET_S:g} s: {verdict(max(help_s, annotate_s) < TARGET_S)}")
-
-
-if __name__ == "__main__":
-    main()
+@benchmark("cli_start", measures="Wall time of `tokencredit --help` and `tokencredit annotate --help` in a fresh "
+           "Python process (median), next to importing torch + transformers, which the command line leaves to the "
+           "commands that need them.", targets=(Target("slowest_help_s", "<", TARGET_S),))
+def run(h: Harness) -> dict:
+    h.repeats = 1 if h.quick else 5
+    help_s = wall(["-m", "tokencredit.flows.cli", "--help"], h.repeats)
+    annotate_s = wall(["-m", "tokencredit.flows.cli", "annotate", "--help"], h.repeats)
+    imports_s = wall(["-c", "import torch, transformers; transformers.DynamicCache"], h.repeats)
+    return {"help_s": round(help_s, 3), "annotate_help_s": round(annotate_s, 3), "imports_s": round(imports_s, 3),
+            "slowest_help_s": round(max(help_s, annotate_s), 3)}

@@ -1,6 +1,6 @@
 """Chunked JS divergence over the full vocabulary vs the naive full-tensor formula.
 
-    python bench/bench_divergence.py [--quick]
+    python -m bench divergence [--quick]
 
 Reports (1) the max abs difference of the two, (2) their median times at a size where the naive
 one fits (target: chunked within 1.1x of naive), (3) the peak extra RSS of the chunked version at
@@ -11,12 +11,13 @@ at 4096 only if that estimate is under 8 GB).
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 
 import torch
 
-from common import gib, interleaved_times, mib, peak_extra_bytes, run_child, upsert_result, verdict
+from common import Harness, peak_extra_bytes, run_child
+from registry import Target, benchmark
 
 VOCAB = 152064
 NAIVE_RUN_LIMIT = 8 * 2**30
@@ -44,66 +45,38 @@ def measure(kind: str, T: int, V: int, chunk: int) -> int:
     return run_child(__file__, ["--child", kind, str(T), str(V), str(chunk)])["extra"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
-    parser.add_argument("--child", nargs=4, metavar=("KIND", "T", "V", "CHUNK"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        kind, T, V, chunk = args.child
-        return child(kind, int(T), int(V), int(chunk))
-
+@benchmark("divergence", measures="Chunked `js_divergence` against `js_divergence_naive`, vocab 152064, batch 1, "
+           "float32 logits: the largest difference, time at T 512, and the peak extra RSS at T 4096 (each in a fresh "
+           "process; the naive one's extrapolated where it would pass 8 GB).",
+           targets=(Target("chunked_over_naive", "<=", 1.1), Target("chunked_peak_below_one_tensor", "==", True)))
+def run(h: Harness) -> dict:
     from tokencredit.pipeline.credit.divergence import js_divergence, js_divergence_naive
 
-    chunk = 128
-    t_time, repeats = (128, 3) if args.quick else (512, 5)
-    t_mem = 1024 if args.quick else 4096
-    print(f"sizes: vocab {VOCAB}, batch 1, float32, chunk_size {chunk}; timing at T={t_time} "
-          f"({repeats} repeats, median); chunked memory at T={t_mem}")
-
-    p, q = logits_pair(t_time, VOCAB)
+    chunk, vocab = 128, VOCAB // 16 if h.quick else VOCAB
+    t_time, h.repeats = (64, 2) if h.quick else (512, 5)
+    t_mem = 256 if h.quick else 4096
+    p, q = logits_pair(t_time, vocab)
     diff = (js_divergence(p, q, chunk) - js_divergence_naive(p, q)).abs().max().item()
-    times = interleaved_times({"chunked": lambda: js_divergence(p, q, chunk),
-                               "naive": lambda: js_divergence_naive(p, q)}, repeats=repeats)
-    ratio = times["chunked"] / times["naive"]
+    times = h.interleaved_times({"chunked": lambda: js_divergence(p, q, chunk),
+                                 "naive": lambda: js_divergence_naive(p, q)}, repeats=h.repeats)
     del p, q
-    print(f"max |chunked - naive| = {diff:.2e}")
-    print(f"T={t_time}: chunked {times['chunked']:.3f} s, naive {times['naive']:.3f} s, ratio {ratio:.2f}x "
-          f"(target <= 1.1x: {verdict(ratio <= 1.1)})")
-
     # bounded (method.md): never one float32 [T, V] tensor; the T/4 figure shows it does not grow with T
-    chunked_quarter = measure("chunked", t_mem // 4, VOCAB, chunk)
-    chunked_peak = measure("chunked", t_mem, VOCAB, chunk)
-    bounded = chunked_peak < t_mem * VOCAB * 4
+    chunked_quarter = measure("chunked", t_mem // 4, vocab, chunk)
+    chunked_peak = measure("chunked", t_mem, vocab, chunk)
     # naive peak extra is linear in T (a fixed number of float32 [T, V] temporaries): fit it on two sizes
     small = [t_time // 2, t_time]
-    naive_small = [measure("naive", t, VOCAB, chunk) for t in small]
+    naive_small = [measure("naive", t, vocab, chunk) for t in small]
     per_position = (naive_small[1] - naive_small[0]) / (small[1] - small[0])
-    naive_est = per_position * t_mem
-    tensors = per_position / (VOCAB * 4)
-    naive_note = f"estimated {gib(naive_est)} (~{tensors:.1f} float32 [T, V] tensors; not run, > 8 GB)"
-    if naive_est < NAIVE_RUN_LIMIT:
-        naive_est = measure("naive", t_mem, VOCAB, chunk)
-        naive_note = f"measured {gib(naive_est)}"
-    input_bytes = 2 * t_mem * VOCAB * 4
-    print(f"T={t_mem}: inputs {gib(input_bytes)}; chunked peak extra {mib(chunked_peak)} "
-          f"({chunked_peak / input_bytes:.1%} of the inputs; {mib(chunked_quarter)} at T={t_mem // 4}); "
-          f"naive {naive_note}")
-    print(f"naive peak extra at T={small}: {[mib(b) for b in naive_small]}")
-
-    upsert_result(
-        "JS divergence: chunked vs naive (bench_divergence.py)",
-        "Chunked `js_divergence` vs `js_divergence_naive`, vocab 152064, batch 1, float32 logits. "
-        "Peak extra = peak RSS minus RSS before the call, each in a fresh process.",
-        "quick" if args.quick else "full",
-        f"time at T={t_time} ({repeats} reps, median); memory at T={t_mem}; chunk {chunk}",
-        f"max abs diff {diff:.1e}; chunked {times['chunked']:.3f} s vs naive {times['naive']:.3f} s = "
-        f"{ratio:.2f}x; peak extra at T={t_mem}: chunked {mib(chunked_peak)} ({mib(chunked_quarter)} at "
-        f"T={t_mem // 4}), naive {naive_note}",
-        f"time <= 1.1x: {verdict(ratio <= 1.1)}; chunked peak < one float32 [T, V] tensor "
-        f"({gib(t_mem * VOCAB * 4)}): {verdict(bounded)}",
-    )
+    naive_peak, naive_measured = per_position * t_mem, False
+    if naive_peak < NAIVE_RUN_LIMIT:
+        naive_peak, naive_measured = measure("naive", t_mem, vocab, chunk), True
+    return {"vocab": vocab, "chunk": chunk, "t_time": t_time, "t_memory": t_mem, "max_abs_diff": diff,
+            "chunked_s": round(times["chunked"], 4), "naive_s": round(times["naive"], 4),
+            "chunked_over_naive": round(times["chunked"] / times["naive"], 3),
+            "chunked_peak_mib": round(chunked_peak / 2**20, 1), "chunked_peak_mib_quarter_t": round(chunked_quarter / 2**20, 1),
+            "naive_peak_mib": round(naive_peak / 2**20, 1), "naive_peak_measured": naive_measured,
+            "chunked_peak_below_one_tensor": chunked_peak < t_mem * vocab * 4}
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a child process of measure(): --child KIND T V CHUNK
+    child(sys.argv[2], *map(int, sys.argv[3:6]))

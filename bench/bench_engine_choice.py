@@ -1,6 +1,6 @@
 """What picks the vllm engine's defaults, on SmolLM2-135M, with the CPU engine of the README's environment:
 
-    python bench/bench_engine_choice.py [--quick]
+    python -m bench engine_choice [--quick]
 
 1. dtype: for each engine dtype, |the stored (sampled) log-prob - a float32 Hugging Face forward's log-prob of
    the same prompt + response ids| per token (max, mean, 99th percentile): what bfloat16 changes in the stored
@@ -9,7 +9,7 @@
    seconds per sampled token on the same prompts, one after the other in this process; the break-even is the
    run size in sampled tokens from which the engine, start included, finishes first.
 
-Writes bench/results/engine_choice.json and the "Engine choice" section of bench/RESULTS.md.
+Writes bench/results/engine_choice.json.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import os
 import statistics
 import time
 
-from common import ROOT, THREADS, upsert_result  # common first: its thread settings
+from common import THREADS, Harness  # common first: its thread settings
+from registry import benchmark
 
-OUT = ROOT / "bench" / "results" / "engine_choice.json"
 
 
 def reference_logprobs(model, samples) -> list[list[float]]:
@@ -49,20 +49,24 @@ def timed(fn):
     return value, time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="8 prompts x 2 x 32 tokens")
-    parser.add_argument("--model", default="smollm2-135m-instruct")
+@benchmark("engine_choice", measures="The vllm engine's stored log-probs against a float32 Hugging Face forward "
+           "of the same ids, per engine dtype (from which the default dtype and the tests' bounds are taken), and "
+           "`--backend auto`'s break-even: the run size in sampled tokens from which the engine, start included, "
+           "finishes before the transformers backend.", results=("engine_choice.json",), needs=("vllm",))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench engine_choice --")
+    parser.add_argument("--model", default="tiny" if h.quick else "smollm2-135m-instruct")
     parser.add_argument("--size", default=None, metavar="P,N,T", help="prompts, responses each, tokens (default "
-                        "32,4,96; --quick 8,2,32)")
-    args = parser.parse_args()
+                        "32,4,96; --quick 4,2,16)")
+    args = parser.parse_args(h.argv)
+    args.model = None if args.model == "tiny" else args.model
     from tokencredit.pipeline.config import SamplingConfig
     from tokencredit.pipeline.models.loading import load_policy
     from tokencredit.pipeline.sample import make_sampler
     from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
     from tokencredit.verifiers import load_tasks
 
-    prompts, n, tokens = (map(int, args.size.split(",")) if args.size else (8, 2, 32) if args.quick
+    prompts, n, tokens = (map(int, args.size.split(",")) if args.size else (4, 2, 16) if h.quick
                           else (32, 4, 96))
     records = load_tasks("demo", "native")[0][:prompts]
     warm = SamplingConfig(n=1, max_new_tokens=8, seed=1)
@@ -90,24 +94,5 @@ def main() -> None:
     saved = hf_row["seconds_per_token"] - vl_row["seconds_per_token"]
     result["break_even_tokens"] = (round((vl_row["start_s"] - hf_row["start_s"]) / saved) if saved > 0 else None)
     result["load_avg_end"] = os.getloadavg()[0]
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    d32, d16 = result["dtype"]["float32"], result["dtype"]["bfloat16"]
-    upsert_result(
-        "Engine choice (dtype, --backend auto)",
-        "The vllm engine's stored log-probs against a float32 forward of the same ids, per engine dtype, and the "
-        "run size from which the engine (start included) beats the transformers backend; float32 engine. "
-        "`python bench/bench_engine_choice.py`.",
-        "quick" if args.quick else f"size {args.size}" if args.size else "full",
-        f"{args.model}, {prompts} prompts x {n} x {tokens} tokens",
-        f"|dlogprob| fp32 max {d32['max']:.2g} mean {d32['mean']:.2g}; bf16 max {d16['max']:.3f} mean "
-        f"{d16['mean']:.4f}; start vllm {vl_row['start_s']:.0f} s vs transformers {hf_row['start_s']:.0f} s; "
-        f"ms/token vllm fp32 {1e3 * vl_row['seconds_per_token']:.1f}, bf16 "
-        f"{1e3 * result['vllm_bfloat16']['seconds_per_token']:.1f}, transformers "
-        f"{1e3 * hf_row['seconds_per_token']:.1f}; break-even {result['break_even_tokens']} tokens; load "
-        f"{result['load_avg_start']:.1f}-{result['load_avg_end']:.1f}",
-        "none (sets defaults)")
-
-
-if __name__ == "__main__":
-    main()
+    h.results("engine_choice.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result

@@ -1,6 +1,6 @@
 """Agreement of tokencredit's verifiers with the reference checkers, on fresh cases.
 
-    python bench/bench_fidelity.py        # unpacks the references first (bench/references.py)
+    python -m bench fidelity        # unpacks the references first (bench/references.py)
 
 IFEval: (response, instruction) pairs drawn for every one of IFEval's 25 instruction ids, scored by
 lm-eval's IFEval checkers (strict and loose) and by tokencredit's `ifeval` / `ifeval-loose`
@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import references  # noqa: E402
 from bfcl_edge_cases import CASES as EDGE_CASES, write_files  # noqa: E402
-from common import ROOT, upsert_result, verdict  # noqa: E402
+from common import Harness  # noqa: E402
+from registry import Target, Unavailable, benchmark  # noqa: E402
 
 from tokencredit import verifiers  # noqa: E402
 from tokencredit.schemas.records import InstructionSpec, RecordError, TaskRecord, ToolCall  # noqa: E402
@@ -376,7 +377,15 @@ def path_escapes() -> tuple[int, int]:
         return escaped, len(hostile)
 
 
-def main() -> None:
+@benchmark("fidelity", measures="Fresh cases scored by tokencredit and by the reference checkers themselves "
+           "(lm-eval 0.4.13's IFEval checkers, bfcl-eval 2026.3.23's AST checker, unpacked from their wheels by "
+           "`bench/references.py`): mutations of BFCL's own answers, BFCL edge cases (`bench/bfcl_edge_cases.py`), "
+           "hostile database paths.", results=("fidelity.json",),
+           targets=(Target("ifeval_agree", ">=", 0.98), Target("bfcl_agree", ">=", 0.98), Target("path_escapes", "==", 0),
+                    Target("bfcl_edge_all_agree", "==", True), Target("bfcl_all_loaded", "==", True)))
+def run(h: Harness) -> dict:
+    if h.quick and not references.available():
+        raise Unavailable("the reference checkers are not unpacked: `python bench/references.py` fetches them")
     rng = random.Random(SEED)
     reference = references.ifeval()
     checker = references.bfcl()
@@ -386,7 +395,7 @@ def main() -> None:
     assert kinds == set(ifeval.IFEVAL_IDS), sorted(set(ifeval.IFEVAL_IDS) - kinds)
     iv = ifeval_agreement(cases, reference)
     loads = bfcl_load_counts(data)
-    bf = bfcl_agreement(data, checker, rng, per_category=6)
+    bf = bfcl_agreement(data, checker, rng, per_category=1 if h.quick else 6)
     edge = bfcl_edge_agreement(checker)
     escaped, tried = path_escapes()
     simple = loads["simple_python"]
@@ -405,32 +414,7 @@ def main() -> None:
                           "bfcl_edge_rejected": edge["rejected"],
                           "bfcl_rejected": {k: v["rejected"] for k, v in loads.items()}},
     }
-    out = ROOT / "bench" / "results" / "fidelity.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
-    all_loaded = all(v["loaded"] == v["total"] for v in loads.values())
-    ok = figures["ifeval_agree"] >= 0.98 and figures["bfcl_agree"] >= 0.98 and escaped == 0
-    edge_ok = edge["agree"] == edge["cases"] and edge["hand_agree"] == edge["cases"]
-    upsert_result(
-        "Fidelity: agreement with the reference checkers (bench_fidelity.py)",
-        "Fresh cases scored by tokencredit and by the references themselves (lm-eval 0.4.13's IFEval checkers, "
-        "bfcl-eval 2026.3.23's AST checker, both unpacked from their wheels by `bench/references.py`); BFCL "
-        "outputs are mutations of BFCL's own simple/multiple/parallel/parallel-multiple answers; BFCL edge "
-        "cases (`bench/bfcl_edge_cases.py`) are written for the rules where BFCL reads values its own way. "
-        "Disagreements are listed in `bench/results/fidelity.json`.",
-        "full", f"{len(cases)} IFEval pairs over {len(kinds)} ids, {bf['cases']} tool-call cases, {edge['cases']} "
-        f"BFCL edge cases, {tried} hostile db paths",
-        f"IFEval strict {iv['strict']['agree']}/{len(cases)} ({figures['ifeval_agree']:.3f}), loose "
-        f"{iv['loose']['agree']}/{len(cases)} ({figures['ifeval_loose_agree']:.3f}); project semantics vs strict "
-        f"{figures['ifeval_tokencredit_semantics_agree']:.3f}; BFCL {bf['agree']}/{bf['cases']} "
-        f"({figures['bfcl_agree']:.3f}); BFCL edge cases {edge['agree']}/{edge['cases']} "
-        f"({figures['bfcl_edge_agree']:.3f}); BFCL records loaded "
-        + ", ".join(f"{k} {v}" for k, v in figures["bfcl_loaded"].items())
-        + f"; path escapes {escaped}/{tried}",
-        f">= 0.98 IFEval, >= 0.98 BFCL, 0 escapes: {verdict(ok)}; every BFCL edge case agrees: "
-        f"{verdict(edge_ok)}; every valid BFCL record loads: {verdict(all_loaded)}")
-    print(json.dumps({k: v for k, v in figures.items() if k != "disagreements"}, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    h.results("fidelity.json").write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
+    return {k: v for k, v in figures.items() if k != "disagreements"} | {
+        "bfcl_edge_all_agree": edge["agree"] == edge["cases"] and edge["hand_agree"] == edge["cases"],
+        "bfcl_all_loaded": all(v["loaded"] == v["total"] for v in loads.values())}

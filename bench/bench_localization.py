@@ -1,6 +1,6 @@
 """Does the blamed reward's relevance peak on the one edited token? The localization benchmark (issue 10).
 
-    python bench/bench_localization.py [--models tiny,smollm2-135m-instruct] [--locate replay,verifier,both] [--quick]
+    python -m bench localization [--quick] [-- [--models tiny,smollm2-135m-instruct] [--locate replay,verifier,both]]
 
 Cases are `bench/localization/cases.jsonl` (a task record, its reference response with exactly one edit,
 the edit's character span and the reward it breaks; see that folder's README). For each model, ablation
@@ -34,13 +34,13 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import ROOT, upsert_result  # noqa: F401  (also sets torch threads)
+from common import ROOT, Harness  # noqa: F401  (also sets torch threads)
+from registry import Target, benchmark
 
 import torch
 
 CASES = ROOT / "bench" / "localization"
 CACHE = CASES / ".cache"
-RESULTS_JSON = ROOT / "bench" / "results" / "localization.json"
 MODELS = ("tiny", "smollm2-135m-instruct")
 ABLATIONS = ("drop", "null")
 STYLES = ("expected", "expected+observed", "auto")
@@ -327,72 +327,50 @@ def best_on_dev(table: list[dict], model: str) -> dict:
     return max(dev, key=lambda r: (r["top1"], r["top3"], r["format_mass_median"] or 0))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--ablations", default=",".join(ABLATIONS), help="the ablations to replay (default: all)")
+@benchmark("localization", measures="Fresh cases of `bench/localization/` (one edit each), replayed in each policy's "
+           "frame: the blamed reward's largest relevance on the edit (top-1, top-3) against a random token, per "
+           "model, ablation, feedback style, relevance and locate; the figures are the test split's under the "
+           "default credit settings.", results=("localization.json",),
+           targets=(Target("smollm2_replay_top1", ">=", 0.5), Target("smollm2_replay_family_top1_min", ">=", 0.35),
+                    Target("smollm2_replay_top3", ">=", 0.75), Target("smollm2_replay_format_mass_median", ">=", 0.5)))
+def localization(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench localization --")
+    parser.add_argument("--models", default="tiny" if h.quick else ",".join(MODELS))
+    parser.add_argument("--ablations", default="drop" if h.quick else ",".join(ABLATIONS),
+                        help="the ablations to replay (default: all)")
     parser.add_argument("--locate", default=",".join(LOCATES),
                         help="where the relevance comes from: replay, verifier, both (default: all three)")
-    parser.add_argument("--quick", action="store_true", help="every 8th case; writes nothing")
-    args = parser.parse_args()
+    args = parser.parse_args(h.argv)
     locates = tuple(args.locate.split(","))
     if set(locates) - set(LOCATES):
         parser.error(f"--locate: choose from {', '.join(LOCATES)}")
-    table = run(args.models.split(","), args.quick, tuple(args.ablations.split(",")), locates)
-    for r in table:
-        if r["split"] == "dev" or args.quick:
-            print(f"{r['model']:>22} {r['split']:>4} {r['locate']:>8} {r['style']:>17} {r['ablation']:>4} "
-                  f"{r['relevance']:>14} "
-                  f"top1 {r['top1']:.2f} top3 {r['top3']:.2f} chance {r['chance_top1']:.2f} "
-                  f"fmt {r['format_mass_median'] or 0:.2f} floored {r['floored']:.2f}")
-    if args.quick:
-        return
-    RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-    table = merged(table)
-    RESULTS_JSON.write_text(json.dumps(table, indent=1) + "\n")
-    write_results_md(table)
+    table = run(args.models.split(","), h.quick, tuple(args.ablations.split(",")), locates)
+    path = h.results("localization.json")
+    path.write_text(json.dumps(merged(table, path), indent=1) + "\n")
+    return default_figures(table)
 
 
-def merged(table: list[dict]) -> list[dict]:
+def merged(table: list[dict], path: Path) -> list[dict]:
     """The stored rows of the (model, ablation, locate) triples not computed this time, then this run's rows;
     a stored row without `locate` is a replay row (written before the option existed)."""
     done = {(r["model"], r["ablation"], r["locate"]) for r in table}
-    kept = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.is_file() else []
+    kept = json.loads(path.read_text()) if path.is_file() else []
     kept = [{**r, "locate": r.get("locate", "replay")} for r in kept]
     return [r for r in kept if (r["model"], r["ablation"], r["locate"]) not in done] + table
 
 
-def write_results_md(table: list[dict]) -> None:
+def default_figures(table: list[dict]) -> dict:
+    """Per model (smollm2 for SmolLM2) and locate, the test split under the default relevance, ablation and style:
+    {MODEL_LOCATE_top1, _top3, _chance_top1, _family_top1_min, _format_mass_median}."""
     from tokencredit.pipeline.credit.assign import CreditConfig
 
     default = CreditConfig()
-    lines = []
-    for model in sorted({r["model"] for r in table}):
-        best = best_on_dev(table, model)
-        lines.append(f"{model}: best on dev {best['relevance']}/{best['ablation']}/{best['style']} "
-                     f"(dev top-1 {best['top1']:.2f})")
-        for r in table:
-            if (r["model"] == model and r["split"] == "test" and r["relevance"] == default.relevance
-                    and r["ablation"] == default.ablation and r["style"] == default.feedback_style):
-                fams = "; ".join(f"{f} {v['top1']:.2f}/{v['top3']:.2f}" for f, v in r["by_family"].items())
-                lines.append(f"test, locate {r.get('locate', 'replay')}, default "
-                             f"({default.relevance}/{default.ablation}/{default.feedback_style}): "
-                             f"top-1 {r['top1']:.2f}, top-3 {r['top3']:.2f} (chance {r['chance_top1']:.2f}); "
-                             f"by family top-1/top-3 {fams}; format mass on tags+eos median "
-                             f"{r['format_mass_median']:.2f} (token share {r['format_share_median']:.2f})")
-    upsert_result(
-        "Localization of replay credit (bench_localization.py)",
-        "Fresh cases of `bench/localization/` (one edit each), replayed in each policy's frame; the blamed "
-        "reward's largest relevance on the edit (top-1, top-3) against a random token; every option in "
-        "`bench/results/localization.json`.",
-        "dev + test splits",
-        f"{len({r['model'] for r in table})} models x {len(STYLES)} styles x {len(ABLATIONS)} ablations x "
-        f"{len(RELEVANCES)} relevances",
-        " | ".join(lines),
-        "SmolLM2, test, default: top-1 >= 0.50 overall and >= 0.35 per family, top-3 >= 0.75, "
-        "format mass median >= 0.5",
-    )
-
-
-if __name__ == "__main__":
-    main()
+    figures = {}
+    for r in table:
+        if (r["split"] == "test" and r["relevance"] == default.relevance and r["ablation"] == default.ablation
+                and r["style"] == default.feedback_style):
+            key = f"{'smollm2' if r['model'].startswith('smollm2') else r['model']}_{r['locate']}"
+            figures |= {f"{key}_top1": r["top1"], f"{key}_top3": r["top3"], f"{key}_chance_top1": r["chance_top1"],
+                        f"{key}_family_top1_min": min(v["top1"] for v in r["by_family"].values()),
+                        f"{key}_format_mass_median": r["format_mass_median"]}
+    return figures

@@ -1,9 +1,9 @@
 """Localization on the model's own samples: does each credit's most penalized token lie where the value
 curve falls most?
 
-    python bench/bench_localization_own.py [--limit 64] [--pairs 200] [--k 16] [--cuts 8] [--quick]
-    python bench/bench_localization_own.py --pool tree [--tree-run RUN] [--pairs 200] [--k 16]
-    python bench/bench_localization_own.py --backend vllm ...   # sampled on the CPU engine
+    python -m bench localization_own [--quick] [-- [--limit 64] [--pairs 200] [--k 16] [--cuts 8]]
+    python -m bench localization_own -- --pool tree [--tree-run RUN] [--pairs 200] [--k 16]
+    python -m bench localization_own -- --backend vllm ...   # sampled on the CPU engine
 
 SmolLM2 samples the closed-loop train prompts once (temperature 0.5, max_new_tokens 96) and the same verified
 responses are credited gdpo,mrtpo under each `--locate` (bench/own_runs.py). `tokencredit values` measures the
@@ -53,14 +53,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch threads)
+from common import ROOT, Harness  # noqa: F401  (also sets torch threads)
+from registry import Target, benchmark
 from own_runs import LOCATES, add_arguments, make_runs, make_tree_run
 
-RESULTS_JSON = ROOT / "bench" / "results" / "localization_own.json"
-PAIRS_JSON = ROOT / "bench" / "results" / "localization_own_pairs.json"
 TARGET_PAIRS, TARGET_K = 200, 16
 
 
@@ -324,8 +324,14 @@ def report(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+@benchmark("localization_own", measures="Failed (response, reward) pairs of SmolLM2's own samples of the "
+           "closed-loop train prompts; the decisive segment is where the value curve (tokencredit values: K "
+           "continuations per cut) falls most; per credit, the share of pairs whose top-penalized token lies in it, "
+           "with a 95% bootstrap interval, against chance (GDPO's uniform credit), the first-token rule and the linear "
+           "prior. `-- --pool tree`: mc credit on a tree-sampled run.", results=("localization_own.json",
+           "localization_own_pairs.json"), targets=(Target("best_met", "==", True), Target("full_size", "==", True)))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench localization_own --")
     parser.add_argument("--work", default=str(ROOT / "bench" / ".own"), help="folder of the runs and values")
     add_arguments(parser)
     parser.add_argument("--pool", choices=("flat", "tree"), default="flat", help="flat: the runs per --locate "
@@ -338,78 +344,39 @@ def main() -> None:
     parser.add_argument("--values", default=None, help="an existing values folder of the pool's run (tokencredit "
                         "values): its complete shards are measured as they stand, nothing is sampled")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap rounds")
-    parser.add_argument("--quick", action="store_true", help="the tiny policy on a few demo prompts; writes nothing")
-    args = parser.parse_args()
+    args = parser.parse_args(h.argv)
     pool = measure_tree if args.pool == "tree" else measure
-    if args.quick:
-        import tempfile
-
-        args.model, args.prompts, args.limit, args.n, args.max_new_tokens, args.pairs, args.k, args.cuts, args.tree = \
-            None, "demo", 3, 4, 32, 6, 4, 4, (2, 2)
-        with tempfile.TemporaryDirectory() as tmp:
-            args.work = tmp
-            print("\n".join(report(pool(args)[0])))
-        return
-    rows, records = pool(args)
-    lines = report(rows)
-    print("\n".join(lines))
-    for path, new in ((RESULTS_JSON, rows), (PAIRS_JSON, records)):  # the other pool's rows stay
+    with tempfile.TemporaryDirectory() as tmp:
+        if h.quick:  # the tiny policy on a few demo prompts
+            args.model, args.prompts, args.limit, args.n, args.max_new_tokens, args.pairs, args.k, args.cuts, \
+                args.tree, args.bootstrap, args.work = None, "demo", 1, 4, 16, 2, 2, 2, (2, 2), 50, tmp
+        rows, records = pool(args)
+    print("\n".join(report(rows)))
+    for name, new in (("localization_own.json", rows), ("localization_own_pairs.json", records)):
+        path = h.results(name)  # the other pool's rows stay
         kept = [r for r in json.loads(path.read_text()) if r.get("pool", "flat") != args.pool] \
             if path.exists() else []
         path.write_text(json.dumps(kept + new, indent=1) + "\n")
-    (record_tree if args.pool == "tree" else record_flat)(args, rows, lines)
+    h.repeats = args.bootstrap
+    return (tree_figures if args.pool == "tree" else flat_figures)(rows) | {
+        "pairs": rows[0]["pairs"] if rows else 0, "k": args.k, "cuts": args.cuts,
+        "full_size": bool(rows) and rows[0]["pairs"] >= TARGET_PAIRS and args.k >= TARGET_K}
 
 
-def record_flat(args, rows: list[dict], lines: list[str]) -> None:
-    """The flat runs' RESULTS.md row, with the verdict on the best credit."""
-    best = max((r for r in rows if r["kind"] == "all" and r["credit"] not in ("gdpo", "first_token")),
-               key=lambda r: r["top_in_decisive"])
+def flat_figures(rows: list[dict]) -> dict:
+    """The best credit against the stronger null, and the first-token rule (kind `all`)."""
+    candidates = [r for r in rows if r["kind"] == "all" and r["credit"] not in ("gdpo", "first_token")]
+    if not candidates:
+        return {}
+    best = max(candidates, key=lambda r: r["top_in_decisive"])
     first = next(r for r in rows if r["kind"] == "all" and r["credit"] == "first_token")
-    full = rows[0]["pairs"] >= TARGET_PAIRS and args.k >= TARGET_K
-    smaller = "; a SMALLER sample than the target 200 pairs x K 16: not a verdict on the target"
-    null, value = best["stronger_null"], best["stronger_null_value"]
-    lines.append(f"best {best['credit']}/{best['locate']}: {best['top_in_decisive'] / best['chance']:.2f}x chance, "
-                 f"{best['top_in_decisive'] / value:.2f}x the stronger null ({null} {value:.3f}); target 2x the "
-                 f"stronger null, interval excluding it: {verdict(best['met'])}{'' if full else smaller}")
-    lines.append(f"the decisive segment starts in the response's first quarter for {first['starts_first_quarter']} of "
-                 f"{first['pairs']} pairs, at its first token for {first['starts_at_first_token']}")
-    lines.append(f"position-only controls: {best['credit']}'s own top positions shuffled over pairs score "
-                 f"{best['position_baseline']:.3f}, blaming the first token scores {first['top_in_decisive']:.3f}")
-    upsert_result(
-        "Localization on the model's own samples (bench_localization_own.py)",
-        "Failed (response, reward) pairs of SmolLM2's own samples of the closed-loop train prompts; the decisive "
-        "segment is where the value curve (tokencredit values: K continuations per cut) falls most; per credit, the "
-        "share of pairs whose top-penalized token lies in it, with a 95% bootstrap interval, against chance "
-        "(GDPO's uniform credit); `bench/results/localization_own.json`.",
-        "full" if full else "reduced",
-        f"{args.limit} train prompts x {args.n}, temperature {args.temperature}, max_new_tokens {args.max_new_tokens}; "
-        f"{rows[0]['pairs']} failed pairs, {args.cuts} grid cuts + span/top cuts, K {args.k}",
-        " | ".join(lines),
-        ">= 200 pairs, K >= 16; the best credit's top token in the decisive segment >= 2x the stronger null (chance, "
-        "the first-token rule, the linear prior), its interval excluding that null",
-    )
+    return {"best_credit": best["credit"], "best_locate": best["locate"], "best_top_in_decisive": best["top_in_decisive"],
+            "chance": best["chance"], "stronger_null": best["stronger_null"],
+            "stronger_null_value": best["stronger_null_value"], "best_met": best["met"],
+            "best_position_baseline": best["position_baseline"], "first_token_top_in_decisive": first["top_in_decisive"],
+            "starts_first_quarter": first["starts_first_quarter"], "starts_at_first_token": first["starts_at_first_token"]}
 
 
-def record_tree(args, rows: list[dict], lines: list[str]) -> None:
-    """The tree run's RESULTS.md row: mc's figure, reported as it is (the verdict is on the best credit)."""
-    from tokencredit.pipeline.dataset.derived import run_sampling
-
-    settings, sampling = run_sampling(args.tree_run)
-    pairs = rows[0]["pairs"]
-    upsert_result(
-        "Localization on the model's own samples: mc on tree-sampled groups (bench_localization_own.py --pool tree)",
-        "As the section above, on the failed pairs of a tree-sampled run credited gdpo,mc (other responses than "
-        "the flat runs'): `mc`'s most penalized token against chance and the first-token rule; rows with "
-        "`pool` = `tree` in `bench/results/localization_own.json`.",
-        "full" if pairs >= TARGET_PAIRS and args.k >= TARGET_K else "reduced",
-        f"{settings['limit']} train prompts, tree {tuple(sampling.tree)}, temperature {sampling.temperature}, "
-        f"max_new_tokens {sampling.max_new_tokens}, seed {sampling.seed}; {pairs} failed pairs, {args.cuts} grid "
-        f"cuts + span/top cuts, K {args.k}",
-        " | ".join(lines),
-        "every credit's figure reported (the target, 2x the stronger null, is on the best credit: the flat row)"
-        + ("" if pairs >= TARGET_PAIRS else f"; {pairs} pairs, fewer than the target's 200"),
-    )
-
-
-if __name__ == "__main__":
-    main()
+def tree_figures(rows: list[dict]) -> dict:
+    """mc's figure on the tree-sampled pool (kind `all`), reported as it is."""
+    return {f"{r['credit']}_top_in_decisive": r["top_in_decisive"] for r in rows if r["kind"] == "all"}

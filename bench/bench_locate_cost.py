@@ -1,13 +1,13 @@
 """What `--locate both` costs against `--locate replay` (issue 19): the pairs with verifier spans skip the replay.
 
-    python bench/bench_locate_cost.py [--model smollm2-135m-instruct] [--limit 4] [--repeats 3] [--quick]
+    python -m bench locate_cost [--quick] [-- [--model smollm2-135m-instruct] [--limit 4] [--repeats 3]]
 
 The demo prompt set (every task, `--limit` prompts each, n responses) is annotated with `gdpo,mrtpo` under each
 option, in turns (replay, both, replay, both, ...) so that load from other processes falls on both alike; each
 run samples the same responses (same seed). Reported: the median wall time of a whole annotation, the replays
 run and the response tokens replayed (from the run's manifest, exact), and their ratios both / replay.
 Target: both <= replay. Writes its row to bench/RESULTS.md and `locate_both_over_replay_seconds`,
-`locate_both_over_replay_tokens` to bench/results/speed.json (`--quick`: a smaller run, nothing written).
+`locate_both_over_replay_tokens` to bench/results/speed.json (`--quick`: a smaller run, into a temporary results folder).
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, update_figures, upsert_result, verdict  # noqa: F401  (sets torch threads)
+from common import Harness
+from registry import Target, benchmark
 
 LOCATES = ("replay", "both")
 
@@ -51,43 +52,23 @@ def measure(args) -> dict[str, dict]:
             for locate, rs in runs.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+@benchmark("locate_cost", measures="The demo set annotated with gdpo,mrtpo under `--locate replay` and `--locate "
+           "both`, in turns, the same responses: median wall time of a whole annotation and the replays run (the "
+           "manifest's counts).", results=("speed.json",),
+           targets=(Target("locate_both_over_replay_seconds", "<=", 1.0),))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench locate_cost --")
     parser.add_argument("--model", default=None, help="registry name or folder (default: the shipped tiny policy)")
-    parser.add_argument("--limit", type=int, default=4, help="demo prompts per task")
-    parser.add_argument("--n", type=int, default=4, help="responses per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--limit", type=int, default=1 if h.quick else 4, help="demo prompts per task")
+    parser.add_argument("--n", type=int, default=2 if h.quick else 4, help="responses per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=16 if h.quick else 48)
+    parser.add_argument("--repeats", type=int, default=1 if h.quick else 3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="one prompt per task, one repeat; writes nothing")
-    args = parser.parse_args()
-    if args.quick:
-        args.limit, args.repeats = 1, 1
+    args = parser.parse_args(h.argv)
+    h.repeats = args.repeats
     result = measure(args)
     replay, both = result["replay"], result["both"]
-    ratio_s = both["seconds"] / replay["seconds"]
-    ratio_t = both["tokens_replayed"] / max(replay["tokens_replayed"], 1)
-    for locate, r in result.items():
-        print(f"{locate:>6}: {r['seconds']:.1f} s, {r['replays_done']} replays, {r['tokens_replayed']} tokens replayed, "
-              f"{r['verifier_located']} pairs located by spans")
-    print(f"both / replay: time {ratio_s:.2f}, tokens replayed {ratio_t:.2f} (target <= 1: {verdict(ratio_s <= 1)})")
-    if args.quick:
-        return
-    update_figures({"locate_both_over_replay_seconds": round(ratio_s, 3),
-                    "locate_both_over_replay_tokens": round(ratio_t, 3)})
-    upsert_result(
-        "Annotation cost: --locate both against replay (bench_locate_cost.py)",
-        "The demo set annotated with gdpo,mrtpo under `--locate replay` and `--locate both`, in turns, the same "
-        "responses; median wall time of a whole annotation and the replays run (the manifest's counts).",
-        "full", f"model {args.model or 'tiny'}; demo, {args.limit} prompts per task x {args.n}, "
-                f"max_new_tokens {args.max_new_tokens}; {args.repeats} repeats",
-        f"replay {replay['seconds']:.1f} s ({replay['replays_done']} replays, {replay['tokens_replayed']} tokens) | "
-        f"both {both['seconds']:.1f} s ({both['replays_done']} replays, {both['tokens_replayed']} tokens, "
-        f"{both['verifier_located']} pairs located by spans) | both / replay: time {ratio_s:.2f}, tokens "
-        f"{ratio_t:.2f}",
-        f"both <= replay: {verdict(ratio_s <= 1)}",
-    )
-
-
-if __name__ == "__main__":
-    main()
+    ratios = {"locate_both_over_replay_seconds": round(both["seconds"] / replay["seconds"], 3),
+              "locate_both_over_replay_tokens": round(both["tokens_replayed"] / max(replay["tokens_replayed"], 1), 3)}
+    h.update_figures(ratios)
+    return ratios | {f"{locate}_{key}": value for locate, r in result.items() for key, value in r.items()}

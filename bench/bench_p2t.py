@@ -1,6 +1,6 @@
 """P2T attribution (one forward + one backward) over a plain forward of the reward model, same batch.
 
-    python bench/bench_p2t.py [--quick]
+    python -m bench p2t [--quick]
 
 Inputs: demo prompts in the sampling layout and their reference responses, tokenized with the
 reward model's tokenizer. Both sides see the same sequences in the same right-padded batches
@@ -8,11 +8,11 @@ reward model's tokenizer. Both sides see the same sequences in the same right-pa
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 
-from common import interleaved_times, model_paths, upsert_result, verdict
+from common import Harness, model_paths
+from registry import Target, benchmark
 
 TARGET = 3.5
 
@@ -42,40 +42,21 @@ def plain_forward(model, prompts, responses, batch_size: int) -> None:
         model(input_ids=ids, attention_mask=mask)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer responses and repeats")
-    args = parser.parse_args()
-
-    from tokencredit.pipeline.models.loading import load_reward_model
+@benchmark("p2t", measures="`p2t.attribute` (gradient x input: forward + backward w.r.t. the input embeddings) over "
+           "`model(ids, attention_mask)` under inference mode on the same padded demo batches (shipped tiny reward model).",
+           targets=(Target("attribute_over_forward", "<=", TARGET),))
+def run(h: Harness) -> dict:
     from tokencredit.pipeline.credit.p2t import attribute
+    from tokencredit.pipeline.models.loading import load_reward_model
 
-    _, rm_path, note = model_paths()
+    _, rm_path, _ = model_paths()
     model, tokenizer = load_reward_model(rm_path)
-    n, batch_size, repeats = (32, 16, 3) if args.quick else (128, 16, 7)
+    n, batch_size, h.repeats = (16, 8, 2) if h.quick else (128, 16, 7)
     prompts, responses = demo_batch(tokenizer, n)
-    tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
-    params = sum(p.numel() for p in model.parameters())
-    sizes = (f"{n} demo sequences ({tokens} tokens, mean {tokens / n:.0f}), batch {batch_size}, "
-             f"{params / 1e6:.2f}M-param reward model ({note}), {repeats} reps, median")
-    print(f"sizes: {sizes}")
-
-    times = interleaved_times({
+    times = h.interleaved_times({
         "attribute": lambda: attribute(model, prompts, responses, batch_size=batch_size),
         "forward": lambda: plain_forward(model, prompts, responses, batch_size),
-    }, repeats=repeats)
-    ratio = times["attribute"] / times["forward"]
-    print(f"attribute {times['attribute']:.3f} s, plain forward {times['forward']:.3f} s: {ratio:.2f}x "
-          f"(target <= {TARGET}x: {verdict(ratio <= TARGET)})")
-    upsert_result(
-        "P2T attribution vs plain forward (bench_p2t.py)",
-        "`p2t.attribute` (gradient x input: forward + backward w.r.t. the input embeddings) over "
-        "`model(ids, attention_mask)` under inference mode on the same padded batches.",
-        "quick" if args.quick else "full", sizes,
-        f"attribute {times['attribute']:.3f} s, forward {times['forward']:.3f} s = {ratio:.2f}x",
-        f"<= {TARGET}x: {verdict(ratio <= TARGET)}",
-    )
-
-
-if __name__ == "__main__":
-    main()
+    }, repeats=h.repeats)
+    return {"sequences": n, "tokens": sum(len(p) + len(r) for p, r in zip(prompts, responses)),
+            "batch_size": batch_size, "attribute_s": round(times["attribute"], 4), "forward_s": round(times["forward"], 4),
+            "attribute_over_forward": round(times["attribute"] / times["forward"], 3)}

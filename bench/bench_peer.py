@@ -1,7 +1,7 @@
 """tokencredit against the script it replaces: `tokencredit annotate --backend vllm` and bench/peer_script.py (vLLM's
 `generate` over every prompt at once, then the verifiers), interleaved, on SmolLM2-135M-Instruct in float32.
 
-    python bench/bench_peer.py [--quick] [--repeats 3] [--results bench/results/peer.json] [--work DIR]
+    python -m bench peer [--quick] [-- --repeats 3 --work DIR]
 
 Arms, each a fresh process, run in turns (peer, gdpo, mrtpo, tree, peer, gdpo, ...) so that the shared machine's
 load falls on all of them alike, `--repeats` times (>= 3 for a verdict):
@@ -10,8 +10,8 @@ load falls on all of them alike, `--repeats` times (>= 3 for a verdict):
 - `mrtpo`: the same with `--credit gdpo,mrtpo` (MRTPO's replay through the engine);
 - `tree`: the same as `gdpo` with `--tree N/2,2` (N/2 roots per prompt continued twice: N leaves, as N flat).
 Sizes: full, 64 prompts (bench_engine.py's instruction prompts, split train) x 4 responses of up to 96 new tokens;
-`--quick`, 4 x 2 of 16 tokens, one repeat: a check of this script (tests/test_bench_peer.py), which prints its
-object and writes no file. A run's wall is measured from its spawn to its exit; the 1-minute load average before
+`--quick`, 4 x 2 of 16 tokens, one repeat: a check of this script (tests/test_bench_peer.py), whose peer.json goes
+to a temporary results folder. A run's wall is measured from its spawn to its exit; the 1-minute load average before
 and after it. An annotate run's start-up, engine start, sampling span and per-stage seconds are read from its
 manifest (`run_seconds`, `stats.seconds`: pipeline/timing.py), and so are the replay's counters
 (`stats.replay_positions_computed`, `replay_positions_min`, `replay_response_positions`; the replay's seconds are
@@ -48,8 +48,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, upsert_result, verdict  # noqa: I001 - first: it puts the repository on the path
+from common import ROOT, Harness  # noqa: I001 - first: it puts the repository on the path
 from bench_engine import commit_of_code
+from registry import Target, Unavailable, benchmark
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"
@@ -234,22 +235,25 @@ def notes(targets: list, times: dict) -> dict:
     return {name: said.get(name, "see `where`") for name, _, _, met in targets if met is False}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 prompts x 2 of 16 tokens, one repeat; writes no file")
+@benchmark("peer", measures="`tokencredit annotate --backend vllm` against `peer_script.py`, the plain vLLM + "
+           "verifiers script it replaces, interleaved, SmolLM2-135M float32: start-up, stage seconds and replay "
+           "counters read from the runs' manifests.", results=("peer.json",), needs=("vllm",),
+           targets=tuple(Target(name, op, bound) for name, (op, bound) in TARGETS.items()))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench peer --")
     parser.add_argument("--repeats", type=int, default=None, help="turns of every arm (default: 3; --quick 1)")
     parser.add_argument("--model", default=MODEL)
-    parser.add_argument("--results", default=str(ROOT / "bench" / "results" / "peer.json"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench_peer"), help="the runs' folders and logs")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run")
-    args = parser.parse_args()
+    args = parser.parse_args(h.argv)
+    args.quick, args.results = h.quick, h.results("peer.json")
     from tokencredit.pipeline.models.registry import is_pulled
 
     if args.model == MODEL and not is_pulled(MODEL):
-        sys.exit(f"bench_peer.py: run `tokencredit models pull {MODEL}` first")
-    mode = "quick" if args.quick else "full"
+        raise Unavailable(f"run `tokencredit models pull {MODEL}` first")
+    mode = h.mode
     s = SIZES[mode]
-    repeats = args.repeats or s["repeats"]
+    repeats = h.repeats = args.repeats or s["repeats"]
     args.work.mkdir(parents=True, exist_ok=True)
     gemm, runs = [gemm_flops()], {arm: [] for arm in ARMS}
     for i in range(repeats):
@@ -258,23 +262,10 @@ def main() -> None:
                   flush=True)
             log = args.work / f"{arm}-{i}.log"
             runs[arm].append(run_peer(s, args, log) if arm == "peer" else run_annotate(arm, s, args, log))
-        if not args.quick and i + 1 < repeats:  # what the turns so far give, in case the run is cut short
+        if i + 1 < repeats:  # what the turns so far give, in case the run is cut short
             partial = {**summarize(runs, gemm, args, mode), "partial": f"{i + 1} of {repeats} turns"}
-            Path(args.results).write_text(json.dumps(partial, indent=1) + "\n")
+            args.results.write_text(json.dumps(partial, indent=1) + "\n")
     gemm.append(gemm_flops())
     result = summarize(runs, gemm, args, mode)
-    print(json.dumps(result))
-    if args.quick:
-        return
-    Path(args.results).write_text(json.dumps(result, indent=1) + "\n")
-    figures = ", ".join(f"{name} {value}" for name, _, value, _ in result["targets"])
-    verdicts = "; ".join(f"{name} {comparison}: {'n/a' if met is None else verdict(met)}"
-                         for name, comparison, _, met in result["targets"])
-    upsert_result("Peer script (bench_peer.py)", "tokencredit annotate --backend vllm against the plain vLLM + "
-                  "verifiers script, interleaved, SmolLM2-135M float32 (bench/results/peer.json)", mode,
-                  f"{s['prompts']} prompts x {s['n']}, {s['max_new_tokens']} tokens, {repeats} repeats, load "
-                  f"{result['load_avg']['min']}-{result['load_avg']['max']}", figures, verdicts)
-
-
-if __name__ == "__main__":
-    main()
+    args.results.write_text(json.dumps(result, indent=1) + "\n")
+    return result

@@ -1,6 +1,6 @@
 """Prefect's fixed cost per annotate run: the Prefect flow against `run_annotation` on one tiny run.
 
-    python bench/bench_prefect_cost.py [--quick]
+    python -m bench prefect_cost [--quick]
 
 Each run is a fresh process, as a user's `tokencredit annotate` is: load the shipped tiny models, then
 annotate 3 demo prompts (one per task) x 4 samples with GDPO credit in one shard,
@@ -17,7 +17,6 @@ flow's figure minus plain's. All runs must write the same dataset.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -31,7 +30,8 @@ import urllib.request
 
 import psutil
 
-from common import ROOT, upsert_result, verdict
+from common import ROOT, Harness
+from registry import Target, benchmark
 
 MODES = ("plain", "temporary server", "lean temporary server", "long-lived server")
 LEAN = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_TO_API_ENABLED": "false",
@@ -96,7 +96,8 @@ def start_server(home: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError(f"prefect server start did not answer within {START_TIMEOUT_S} s")
 
 
-def timed_run(mode: str, api: str, server: psutil.Process) -> dict:
+def timed_run(mode: str, api: str, server: psutil.Process | None) -> dict:
+    """Wall and CPU seconds of one child run in `mode` (`server`: the long-lived server, its CPU counted)."""
     env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS":
            os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(START_TIMEOUT_S))}
     for name in ("PREFECT_API_URL", *LEAN):  # Prefect's defaults unless the mode sets them
@@ -105,7 +106,7 @@ def timed_run(mode: str, api: str, server: psutil.Process) -> dict:
         env["PREFECT_API_URL"] = api
     if mode == "lean temporary server":
         env.update(LEAN)
-    before, server_before = resource.getrusage(resource.RUSAGE_CHILDREN), tree_cpu(server)
+    before, server_before = resource.getrusage(resource.RUSAGE_CHILDREN), tree_cpu(server) if server else 0.0
     start = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--child", mode], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=1800)
@@ -119,45 +120,32 @@ def timed_run(mode: str, api: str, server: psutil.Process) -> dict:
     return {"wall": wall, "cpu": cpu, **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one run of each")
-    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        return child(args.child)
-
-    repeats = 1 if args.quick else 3
+@benchmark("prefect_cost", measures="A tiny `tokencredit annotate`-sized run in a fresh process: `run_annotation` "
+           "(plain) against the Prefect flow (threads runner) with Prefect's temporary API server (the default), the "
+           "same with Prefect's lightening settings, and against a long-lived `prefect server start` (its CPU during "
+           "the run counted): the extra wall and CPU seconds (children included), medians of interleaved runs.",
+           targets=(Target("same_dataset", "==", True),))
+def run(h: Harness) -> dict:
+    h.repeats = 1 if h.quick else 3
+    modes = MODES[:2] if h.quick else MODES  # quick: the default path only, no long-lived server to start
     home = tempfile.mkdtemp(prefix="bench_prefect_home_")
-    server, api = start_server(home)
+    server, api = start_server(home) if "long-lived server" in modes else (None, "")
     try:
-        runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
-        for _ in range(repeats):
-            for mode in MODES:
-                runs[mode].append(timed_run(mode, api, psutil.Process(server.pid)))
-                print(f"{mode}: {runs[mode][-1]['wall']:.1f} s wall, {runs[mode][-1]['cpu']:.1f} CPU s", flush=True)
+        runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+        for _ in range(h.repeats):
+            for mode in modes:
+                runs[mode].append(timed_run(mode, api, server and psutil.Process(server.pid)))
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=60)
         shutil.rmtree(home, ignore_errors=True)
     median = {mode: {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu")} for mode, rs in runs.items()}
-    extra = {mode: {k: median[mode][k] - median["plain"][k] for k in ("wall", "cpu")} for mode in MODES[1:]}
-    same = len({r["checksum"] for rs in runs.values() for r in rs}) == 1
-    print(f"fixed cost over plain: {extra}; same dataset: {same}")
-    upsert_result(
-        "Prefect's fixed cost per run (bench_prefect_cost.py)",
-        "A tiny `tokencredit annotate`-sized run in a fresh process: `run_annotation` (plain) against the Prefect flow "
-        "(threads runner) with Prefect's temporary API server (the default: no PREFECT_API_URL), the same with "
-        "Prefect's lightening settings (no telemetry, no logs to the API, no task-run recorder, event persister or "
-        "triggers), and against a long-lived `prefect server start` (PREFECT_API_URL; its CPU during the run "
-        "counted). CPU includes child processes. Medians of interleaved runs; the machine was shared with other jobs.",
-        "quick" if args.quick else "full",
-        f"3 demo prompts x 4 samples, GDPO, one shard, shipped tiny models; {repeats} reps, median",
-        f"plain {median['plain']['wall']:.1f} s wall, {median['plain']['cpu']:.1f} CPU s; "
-        + "; ".join(f"{mode} +{extra[mode]['wall']:.1f} s wall, +{extra[mode]['cpu']:.1f} CPU s" for mode in MODES[1:])
-        + f"; same dataset in all runs: {same}",
-        f"same dataset with and without Prefect: {verdict(same)}")
+    figures = {"plain_wall_s": round(median["plain"]["wall"], 2), "plain_cpu_s": round(median["plain"]["cpu"], 2)}
+    for mode in modes[1:]:
+        figures |= {f"{mode.replace(' ', '_')}_extra_{k}_s": round(median[mode][k] - median["plain"][k], 2) for k in ("wall", "cpu")}
+    return figures | {"same_dataset": len({r["checksum"] for rs in runs.values() for r in rs}) == 1}
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a child process of timed_run(): --child MODE
+    child(sys.argv[2])

@@ -1,6 +1,6 @@
 """What the read check costs `query` on a 20M-credit-row run (issue 49, item 3): target under 5% of the query.
 
-    python bench/bench_read_check.py [--quick] [--rows N]
+    python -m bench read_check [--quick] [-- [--rows N]]
 
 Every reader opens a run through `writer.run_files`, whose `_check_run` refuses a manifest whose shard list does
 not match the folders (one listing each) and a part file whose size or Parquet footer is not the one its shard
@@ -29,15 +29,14 @@ import datetime
 import json
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
-from common import ROOT, interleaved_times, machine, upsert_result, verdict
+from common import Harness, interleaved_times, machine
+from registry import Target, benchmark
 
-RESULTS_JSON = ROOT / "bench" / "results" / "read_check.json"
 TARGET = 0.05  # the check's share of a query's time
 TOKENS, REWARDS = 96, 2  # annotate's default max_new_tokens (a response's mean length) and a task's rewards
 CREDIT_ROWS_PER_RESPONSE = TOKENS * REWARDS
@@ -167,58 +166,36 @@ def measure(run: str, repeats: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2M credit rows instead of 20M, 3 repeats")
-    parser.add_argument("--rows", type=int, default=None, help="credit rows of the run (default 20M; --quick 2M)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls a side (default 5; --quick 3)")
-    args = parser.parse_args()
-    rows_wanted = args.rows or (2_000_000 if args.quick else 20_000_000)
-    repeats = args.repeats or (3 if args.quick else 5)
+@benchmark("read_check", measures="`run_files`' shard-list and part checks of the tables a query reads "
+           "(`read_tables`, its parse included; size + stat stamp per part; footer sha256 of a part whose stamp "
+           "changed) against the query they precede, on a synthetic run written through RunWriter: every read after "
+           "the first, the first read after a write, a run without stamps.",
+           results=("read_check.json",),
+           targets=(Target("worst_check_over_query", "<", TARGET), Target("worst_first_read_check_over_query", "<", TARGET)))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench read_check --")
+    parser.add_argument("--rows", type=int, default=None, help="credit rows of the run (default 20M; --quick 20k)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls a side (default 5; --quick 1)")
+    args = parser.parse_args(h.argv)
+    rows_wanted = args.rows or (20_000 if h.quick else 20_000_000)
+    h.repeats = args.repeats or (1 if h.quick else 5)
     responses = -(-rows_wanted // CREDIT_ROWS_PER_RESPONSE // 32) * 32  # whole shards of the default layout
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_read_check_", dir="/tmp") as tmp:
         for layout, shard_responses in LAYOUTS.items():
-            run = Path(tmp) / f"run-{shard_responses}"
-            build_s, manifest = build(run, responses, shard_responses)
+            run_dir = Path(tmp) / f"run-{shard_responses}"
+            build_s, manifest = build(run_dir, responses, shard_responses)
             parts = sum(isinstance(part, dict) and "path" in part for entry in manifest["shards"].values()
                         for part in entry.values())
-            print(f"{layout}: {manifest['totals']['credits']:,} credit rows, {len(manifest['shards'])} shards, "
-                  f"{parts} part files, built in {build_s:.0f} s", flush=True)
-            for row in measure(str(run), repeats):
+            for row in measure(str(run_dir), h.repeats):
                 row.update({"layout": layout, "credit_rows": manifest["totals"]["credits"],
                             "responses": manifest["totals"]["responses"], "shards": len(manifest["shards"]),
-                            "part_files": parts, "build_s": build_s, "repeats": repeats,
-                            "mode": "quick" if args.quick else "full", "machine": machine(),
-                            "date": datetime.date.today().isoformat()})
-                print(f"  {row['query']}: query {row['query_without_check_s']:.3f} s without the check, "
-                      f"{row['query_with_check_s']:.3f} s with; check alone {row['check_s']:.3f} s = "
-                      f"{row['check_over_query']:.1%} of the query; the first read's "
-                      f"{row['first_read_check_s']:.3f} s = {row['first_read_check_over_query']:.1%}", flush=True)
+                            "part_files": parts, "build_s": build_s, "repeats": h.repeats, "mode": h.mode,
+                            "machine": machine(), "date": datetime.date.today().isoformat()})
                 results.append(row)
-            shutil.rmtree(run)
-    RESULTS_JSON.write_text(json.dumps(results, indent=1) + "\n")
-    worst = max(results, key=lambda r: r["check_over_query"])
-    first_worst = max(r["first_read_check_over_query"] for r in results)
-    figures = "; ".join(f"{r['layout'].split(' (')[0]}, {r['query']}: {r['check_over_query']:.1%} "
-                        f"({r['check_s']:.3f} s of {r['query_without_check_s']:.3f} s; first read "
-                        f"{r['first_read_check_over_query']:.1%}, unstamped {r['unstamped_read_check_over_query']:.1%}"
-                        f")" for r in results)
-    figures += f"; load average {min(min(r['load_avg']) for r in results):.1f}-" \
-               f"{max(max(r['load_avg']) for r in results):.1f}"
-    upsert_result("Read check (query)",
-                  "`run_files`' shard-list and part checks of the tables the query reads (`read_tables`: its "
-                  "parse included; size + stat stamp per part; footer sha256 of a part "
-                  "whose stamp changed: on the first read after a write, the parts written in the last 2 s before "
-                  "the writer's check; every part where no stamps are) against the query they precede, on a "
-                  "synthetic run written through RunWriter (`python bench/bench_read_check.py`).",
-                  "quick" if args.quick else "full",
-                  f"{results[0]['credit_rows']:,} credit rows; {results[0]['part_files']} / {results[-1]['part_files']}"
-                  f" part files", figures,
-                  f"check < {TARGET:.0%} of the query, every read after the first: "
-                  f"{verdict(worst['check_over_query'] < TARGET)} (worst {worst['check_over_query']:.1%}); the first "
-                  f"read after a write: {verdict(first_worst < TARGET)} (worst {first_worst:.1%})")
-
-
-if __name__ == "__main__":
-    main()
+            shutil.rmtree(run_dir)
+    h.results("read_check.json").write_text(json.dumps(results, indent=1) + "\n")
+    return {"credit_rows": results[0]["credit_rows"],
+            "worst_check_over_query": round(max(r["check_over_query"] for r in results), 4),
+            "worst_first_read_check_over_query": round(max(r["first_read_check_over_query"] for r in results), 4),
+            "worst_unstamped_read_check_over_query": round(max(r["unstamped_read_check_over_query"] for r in results), 4)}

@@ -1,6 +1,6 @@
 """Localization on the model's own samples (issue 19): does cutting at a credit's top penalty repair more?
 
-    python bench/bench_repair.py [--model smollm2-135m-instruct] [--prompts FILE] [--tasks instructions] [--quick]
+    python -m bench repair [--quick] [-- [--model smollm2-135m-instruct] [--prompts FILE] [--tasks instructions]]
 
 One prompt set is annotated once per `--locate` option (replay, verifier, both; the replay run also computes
 P2T), with the same sampling seed, so every option credits the same responses. For each failed (response,
@@ -24,7 +24,7 @@ Per (locate, reward family): `pairs`, `repair_rate` (repairs per resample at the
 both, p2t), `decisive` (locate `decisive`), `random` (locate `uniform`) or `whole` (locate `whole`),
 `fixes_per_token` its repairs per resampled token, and `vs_random_ci`, `vs_whole_ci` 95% bootstrap intervals
 (over pairs) of its fixes per resampled token divided by the random cut's and the whole resample's.
-`--quick` runs the shipped tiny policy on a few demo prompts and writes nothing.
+`--quick` runs the shipped tiny policy on a few demo prompts, into a temporary results folder.
 """
 from __future__ import annotations
 
@@ -32,11 +32,12 @@ import argparse
 import dataclasses
 import json
 import random
+import tempfile
 from pathlib import Path
 
-from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch threads)
+from common import ROOT, Harness  # noqa: F401  (also sets torch threads)
+from registry import Target, benchmark
 
-RESULTS_JSON = ROOT / "bench" / "results" / "repair.json"
 KINDS = ("replay", "verifier", "both", "p2t")
 CUT_OF = {**{kind: "blamed" for kind in KINDS}, "decisive": "decisive", "random": "random", "full": "whole"}
 LOCATE_OF = {"random": "uniform", "full": "whole"}
@@ -172,7 +173,7 @@ def ratio_interval(located, other, members: list[int], rounds: int = 2000, seed:
     return [float(q) for q in np.quantile(ratios, [0.025, 0.975])]
 
 
-def run(args, out) -> list[dict]:
+def run_pairs(args, out) -> list[dict]:
     from tokencredit.pipeline.dataset.export import run_records
     from tokencredit.pipeline.repair import failed_targets
     from tokencredit.pipeline.sample.transformers_backend import load_sampler
@@ -255,10 +256,13 @@ def report(table: list[dict], args) -> None:
               f"full {1000 * per_token(r['full_resample_rate'], res, r['full_tokens_resampled']):.2f})")
 
 
-def main() -> None:
-    import tempfile
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+@benchmark("repair", measures="Failed (response, reward) pairs of the model's own samples, cut at each credit's top "
+           "penalty (MRTPO replay, verifier spans, both, P2T; with `-- --values`, the decisive cut) against a uniformly "
+           "random cut and a whole-response resample, same resamples: fixes per resampled token.",
+           results=("repair.json",), targets=(Target("both_pairs", ">=", 200), Target("both_over_random_per_token", ">=", 1.5),
+                                              Target("both_over_whole_per_token", ">=", 1.0)))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench repair --")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="registry name or folder")
     parser.add_argument("--prompts", default="demo", help="prompt file (default: the demo set)")
     parser.add_argument("--tasks", default="instructions", help="comma list of tasks")
@@ -273,24 +277,19 @@ def main() -> None:
     parser.add_argument("--runs", default=None, help="runs of bench/own_runs.py (DIR/replay, verifier, both) in "
                         "place of annotating")
     parser.add_argument("--values", default=None, help="values folder of the both run: adds the decisive cut")
-    parser.add_argument("--out", default=str(RESULTS_JSON), help="results json")
-    parser.add_argument("--quick", action="store_true", help="the tiny policy on a few demo prompts; writes nothing")
-    args = parser.parse_args()
-    if args.quick:
-        args.model, args.prompts, args.tasks, args.limit, args.n, args.max_new_tokens = \
-            None, "demo", "instructions,tools", 2, 4, 32
-    if args.quick:
-        with tempfile.TemporaryDirectory() as tmp:
-            table = run(args, Path(tmp))
-    else:
-        table = run(args, Path(args.work))
+    args = parser.parse_args(h.argv)
+    args.quick = h.quick
+    if h.quick:  # the tiny policy on a few demo prompts
+        args.model, args.prompts, args.tasks, args.limit, args.n, args.max_new_tokens, args.resamples = \
+            None, "demo", "instructions,tools", 1, 4, 16, 2
+    with tempfile.TemporaryDirectory() as tmp:
+        table = run_pairs(args, Path(tmp) if h.quick else Path(args.work))
     report(table, args)
-    if args.quick:
-        return
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else []
-    Path(args.out).write_text(json.dumps(merge_rows(old, table, sample_of(args)), indent=1) + "\n")
-    write_results_md(table, args)
+    out = h.results("repair.json")
+    old = json.loads(out.read_text()) if out.exists() else []
+    out.write_text(json.dumps(merge_rows(old, table, sample_of(args)), indent=1) + "\n")
+    h.repeats = args.resamples
+    return figures_of(table, args)
 
 
 def sample_of(args) -> str:
@@ -328,53 +327,20 @@ def _relative(path: str) -> str:
         return path
 
 
-def write_results_md(table: list[dict], args) -> None:
-    lines = []
-    for r in table:
-        if r["reward_family"] == "all":
-            res = args.resamples * r["pairs"]
-            lines.append(f"{r['model']} {r['locate']}: {r['pairs']} pairs, repair {r['repair_rate']:.3f} / random "
-                         f"{r['random_cut_rate']:.3f} / full {r['full_resample_rate']:.3f}; per 1k tokens "
-                         f"{1000 * per_token(r['repair_rate'], res, r['tokens_resampled']):.2f} / "
-                         f"{1000 * per_token(r['random_cut_rate'], res, r['random_tokens_resampled']):.2f} / "
-                         f"{1000 * per_token(r['full_resample_rate'], res, r['full_tokens_resampled']):.2f}")
-    both = next((r for r in table if r["locate"] == "both" and r["reward_family"] == "all"), None)
-    if both:
-        res = args.resamples * both["pairs"]
-        mine = per_token(both["repair_rate"], res, both["tokens_resampled"])
-        vs_random = mine / max(per_token(both["random_cut_rate"], res, both["random_tokens_resampled"]), 1e-12)
-        vs_full = mine / max(per_token(both["full_resample_rate"], res, both["full_tokens_resampled"]), 1e-12)
-        lines.append(f"both's fixes per resampled token: {vs_random:.2f}x the random cut's (target 1.5x: "
-                     f"{verdict(vs_random >= 1.5)}), {vs_full:.2f}x the whole resample's (target 1x: "
-                     f"{verdict(vs_full >= 1)}); pairs {both['pairs']} (target 200: {verdict(both['pairs'] >= 200)})")
-    decisive = next((r for r in table if r["cut"] == "decisive" and r["reward_family"] == "all"), None)
-    if decisive:
-        res = args.resamples * decisive["pairs"]
-        mine = per_token(decisive["repair_rate"], res, decisive["tokens_resampled"])
-        vs_random = mine / max(per_token(decisive["random_cut_rate"], res, decisive["random_tokens_resampled"]), 1e-12)
-        vs_full = mine / max(per_token(decisive["full_resample_rate"], res, decisive["full_tokens_resampled"]), 1e-12)
-        full_size = decisive["pairs"] >= 200
-        lines.append(f"decisive cut's fixes per resampled token: {vs_random:.2f}x the random cut's "
-                     f"{_interval(decisive['vs_random_ci'])}, {vs_full:.2f}x the whole resample's "
-                     f"{_interval(decisive['vs_whole_ci'])} on {decisive['pairs']} pairs (targets 1.5x and 1x "
-                     f"over >= 200 pairs: "
-                     + (f"{verdict(vs_random >= 1.5)}, {verdict(vs_full >= 1)}" if full_size else
-                        "a SMALLER sample, no verdict") + ")")
-    if not with_p2t(args):
-        lines.append(f"P2T left out: no reward model shares {args.model}'s tokenizer")
-    upsert_result(
-        "Prefix repair on the model's own samples (bench_repair.py)",
-        "Failed (response, reward) pairs of the model's own samples, cut at each credit's top penalty (MRTPO replay, "
-        "verifier spans, both, P2T) against a uniformly random cut and a whole-response resample, same resamples; "
-        "`bench/results/repair.json`.",
-        "decisive" if args.values else "full",
-        f"{sample_of(args)}; {_relative(args.prompts)} {args.tasks} (split {args.split or 'all'}, "
-        f"{args.limit or 'all'} prompts), n {args.n}, "
-        f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens}, {args.resamples} resamples per cut",
-        " | ".join(lines),
-        ">= 200 pairs; both >= 1.5x the random cut's fixes per resampled token and >= the full resample's",
-    )
-
-
-if __name__ == "__main__":
-    main()
+def figures_of(table: list[dict], args) -> dict:
+    """Fixes per resampled token of the `both` cut and of the decisive cut against the random cut and the whole
+    resample (pooled over reward families), with their pairs."""
+    figures = {}
+    for name, row in (("both", next((r for r in table if r["locate"] == "both" and r["reward_family"] == "all"), None)),
+                      ("decisive", next((r for r in table if r["cut"] == "decisive" and r["reward_family"] == "all"),
+                                        None))):
+        if row is None:
+            continue
+        res = args.resamples * row["pairs"]
+        mine = per_token(row["repair_rate"], res, row["tokens_resampled"])
+        figures |= {f"{name}_pairs": row["pairs"], f"{name}_repair_rate": row["repair_rate"],
+                    f"{name}_over_random_per_token": mine / max(per_token(row["random_cut_rate"], res,
+                                                                          row["random_tokens_resampled"]), 1e-12),
+                    f"{name}_over_whole_per_token": mine / max(per_token(row["full_resample_rate"], res,
+                                                                         row["full_tokens_resampled"]), 1e-12)}
+    return figures | {"p2t_left_out": not with_p2t(args)}

@@ -1,20 +1,28 @@
-"""Replay overhead of MRTPO on the tiny policy and the demo prompts.
+"""The replay's cost (MRTPO credit) against what it could cost: sampling, plain forwards, the matmul roofline, memory.
 
-    python bench/bench_replay.py [--quick] [--profile]
+    python -m bench replay [--quick] [-- --profile]
+    python -m bench replay -- --model PATH [--max-new-tokens 256]
 
+On the tiny policy and the demo prompts:
 (a) replay time (build P_all / P_\\k, `replay_distances`, with gating from the real verifier scores)
     over the time of sampling the same responses; also with every pair replayed (no gating);
 (b) `replay_distances` over one plain teacher-forced forward `model(ids, attention_mask)` of the
     same sequences in the same batch size (the ceiling; both normalized per replayed token), every
     pair replayed; target within 1.25x;
 (c) `run_annotation` with credit ("gdpo", "mrtpo") over ("gdpo",), same prompts; target within 1.15x.
-Timings are medians of interleaved repeats. `--profile` (or a missed target (b)) prints a cProfile
-of one replay.
+Timings are medians of interleaved repeats. `--profile` (or a missed target (b)) prints a cProfile of one replay.
+On SmolLM2-135M-Instruct (the tiny policy with --quick):
+(d) roofline: float32 matmul FLOP/s of this machine's torch threads (the best of square GEMMs), and the model
+    FLOPs of the tokens the replay of the localization cases forwards (2 x non-embedding parameters per token,
+    attention 4 x layers x hidden x context, the LM head at the response positions) per second, over it; target
+    0.8; beside it, the FLOP/s of the model's own matmul shapes (its Linear layers and head at 2048 tokens);
+(e) peak extra memory (RSS, in a fresh process) of `replay` with a config-built Llama of vocabulary 152,064
+    (Qwen2's), batch 16, T = 4096 response tokens: target <= 2 GiB (a [16, 4096, 152064] float32 logits tensor,
+    which the replay never builds, would be 37 GiB).
+`replay_roofline_fraction` and `replay_peak_mib_T4096` go to bench/results/speed.json.
 
-    python bench/bench_replay.py --model PATH [--max-new-tokens 256] [--quick]
-
-runs (c) only, with a local policy at realistic lengths (SmolLM2-135M-Instruct: target within 1.10x),
-and records `mrtpo_over_gdpo` in bench/results/speed.json.
+With `--model`, (c) only, with a local policy at realistic lengths (SmolLM2-135M-Instruct: target within 1.10x),
+recorded as `mrtpo_over_gdpo` in bench/results/speed.json.
 """
 from __future__ import annotations
 
@@ -22,18 +30,24 @@ import argparse
 import cProfile
 import dataclasses
 import io
+import json
 import pstats
 import shutil
+import sys
 import tempfile
+import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
 
-from common import THREADS, interleaved_times, model_paths, update_figures, upsert_result, verdict
+from common import THREADS, Harness, interleaved_times, median_time, model_paths, peak_extra_bytes
+from registry import Target, benchmark
 
 TARGET_FORWARD = 1.25
 TARGET_ANNOTATION = 1.15
 TARGET_MODEL_ANNOTATION = 1.10
+TARGET_FRACTION, TARGET_PEAK = 0.8, 2 * 2**30
 
 
 def replay_items(tokenizer, verified, records, gate: bool):
@@ -108,137 +122,201 @@ def annotation_ratio(policy_path, rm_path, limit: int, repeats: int,
     return times, manifests["gdpo+mrtpo"]
 
 
-def model_annotation_ratio(model_path: str, max_new_tokens: int, quick: bool) -> None:
-    """(c) with a local policy: MRTPO + GDPO annotation over GDPO-only annotation."""
-    from pathlib import Path
+def best_seconds(fn, repeats: int) -> float:
+    """Fastest of `repeats` timed calls after one warm-up call."""
+    return min(median_time(fn, repeats=repeats, warmup=1)[1])
 
-    limit, repeats = (1, 1) if quick else (2, 3)
-    times, manifest = annotation_ratio(model_path, None, limit, repeats, max_new_tokens)
+
+def matmul_roofline(size: int = 2048, repeats: int = 10) -> float:
+    """Best float32 GEMM FLOP/s over square sizes up to `size`."""
+    best = 0.0
+    for n in (size // 2, size):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        best = max(best, 2 * n**3 / best_seconds(lambda: a @ b, repeats))
+    return best
+
+
+def model_gemm_rate(model, rows: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of the model's own matmuls (each distinct Linear shape of a layer and the LM head, `rows`
+    tokens, weighted by their FLOPs): what the replay's matmuls can reach here, as against square GEMMs."""
+    shapes = {}
+    for module in [*model.model.layers[0].modules(), model.get_output_embeddings()]:
+        if isinstance(module, torch.nn.Linear):
+            shapes[tuple(module.weight.shape)] = shapes.get(tuple(module.weight.shape), 0) + 1
+    flops = seconds = 0.0
+    for (out_features, in_features), count in shapes.items():
+        x, w = torch.randn(rows, in_features), torch.randn(out_features, in_features)
+        flops += count * 2 * rows * in_features * out_features
+        seconds += count * best_seconds(lambda: x @ w.T, repeats)
+    return flops / seconds
+
+
+def replay_flops(model, items) -> float:
+    """Model FLOPs of what `replay` forwards: each P_all with its response, each P_\\k from its first token
+    that differs from P_all (the cached part is not recomputed), the LM head at the response positions."""
+    from tokencredit.pipeline.credit.replay import _common_length
+
+    config = model.config
+    embed = model.get_input_embeddings().weight.numel()
+    per_token = 2 * (sum(p.numel() for p in model.parameters()) - embed)  # the head is tied: counted below
+    attention = 4 * config.num_hidden_layers * config.hidden_size  # QK^T and AV per context position
+    head = 2 * config.hidden_size * config.vocab_size
+    flops = 0.0
+    for it in items:
+        T = len(it.response_ids)
+        sequences = [(0, it.all_prompt_ids)] + [(_common_length(it.all_prompt_ids, d), d)
+                                                for d in it.drop_prompt_ids if d is not None]
+        for start, prompt in sequences:
+            end = len(prompt) + T
+            flops += per_token * (end - start) + attention * sum(range(start + 1, end + 1)) + head * T
+    return flops
+
+
+def roofline_fraction(model_name: str | None, roofline: float, limit: int | None) -> dict:
+    """The replay of `limit` localization cases (None: all) by `model_name` (None: the tiny policy): model FLOP/s
+    over `roofline`, and the rate of the model's own matmul shapes."""
+    from tokencredit import verifiers  # noqa: F401
+    from bench_localization import _item, load_cases
+
+    from tokencredit.pipeline.models.loading import load_policy
+    from tokencredit.pipeline.credit.replay import ReplayStats, replay
+
+    model, tokenizer = load_policy(model_name)
+    items = [_item(tokenizer, c, "drop", "auto")[0] for c in load_cases()[:limit]]
+    replay(model, items[:2])  # warm-up
+    stats = ReplayStats()
+    start = time.perf_counter()
+    replay(model, items, batch_size=16, stats=stats)
+    seconds = time.perf_counter() - start
+    flops = replay_flops(model, items)
+    return {"items": len(items), "seconds": seconds, "tokens_forwarded": stats.tokens_forwarded,
+            "replay_flops_per_s": flops / seconds, "fraction": flops / seconds / roofline,
+            "model_gemm": model_gemm_rate(model)}
+
+
+def peak_memory(T: int, batch: int, vocab: int = 152_064) -> int:
+    """Peak extra RSS of replaying `batch` responses of T tokens with a config-built Llama of `vocab`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tokencredit.pipeline.credit.replay import ReplayItem, replay
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=T + 256)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(10, vocab, (n,), generator=g).tolist()  # noqa: E731
+    prompt = ids(48)
+    items = [ReplayItem(prompt + ids(16) + ids(16), [prompt + ids(16)], ids(T)) for _ in range(batch)]
+    peak, _ = peak_extra_bytes(lambda: replay(model, items, batch_size=batch))
+    return peak
+
+
+def model_annotation_ratio(h: Harness, model_path: str, max_new_tokens: int) -> dict:
+    """(c) with a local policy: MRTPO + GDPO annotation over GDPO-only annotation, and where the ratio comes from:
+    the replay forwards every replayed response again after P_all and after each P_\\k, as prefill, while GDPO's
+    cost is decoding each sampled token once."""
+    limit, h.repeats = (1, 1) if h.quick else (2, 3)
+    times, manifest = annotation_ratio(model_path, None, limit, h.repeats, max_new_tokens)
     ratio = times["gdpo+mrtpo"] / times["gdpo"]
     stats, name = manifest.get("stats", {}), Path(model_path).name
-    # Where the ratio comes from: the replay forwards every replayed response again after P_all and after
-    # each P_\k, as prefill, while GDPO's cost is decoding each sampled token once.
     sampled, replayed = manifest["sampled_tokens"], stats.get("tokens_replayed", 0)
-    replay_s = times["gdpo+mrtpo"] - times["gdpo"]
-    per_sampled = times["gdpo"] / max(sampled, 1) * 1e3
-    per_replayed = replay_s / max(replayed, 1) * 1e3
-    cost = (f"sampled tokens {sampled} at {per_sampled:.1f} ms each (GDPO annotation); replayed response tokens "
-            f"{replayed} (over pairs) at {per_replayed:.1f} ms each; 1.10x would need "
-            f"{0.1 * times['gdpo'] / max(replayed, 1) * 1e3:.1f} ms per replayed token")
-    print(cost)
-    print(f"{name}: annotation gdpo+mrtpo {times['gdpo+mrtpo']:.1f} s, gdpo {times['gdpo']:.1f} s: {ratio:.2f}x "
-          f"(target <= {TARGET_MODEL_ANNOTATION}x: {verdict(ratio <= TARGET_MODEL_ANNOTATION)}); "
-          f"{manifest['totals']['responses']} responses, replays done {stats.get('replays_done')}, "
-          f"skipped {stats.get('replays_skipped')}")
-    upsert_result(
-        "MRTPO over GDPO annotation, local policy (bench_replay.py --model)",
-        "`run_annotation` with credit (gdpo, mrtpo) over (gdpo,), same prompts and settings, a local policy at "
-        "realistic lengths; medians of interleaved runs (the machine was shared with other jobs: interleaving "
-        "puts their load on both sides alike).",
-        "quick" if quick else "full",
-        f"{name}; {3 * limit} demo prompts x 4 samples, max_new_tokens {max_new_tokens} "
-        f"({manifest['totals']['credits']} credit rows); {repeats} reps, median",
-        f"{ratio:.2f}x ({times['gdpo+mrtpo']:.1f} s vs {times['gdpo']:.1f} s; replays done "
-        f"{stats.get('replays_done')}, skipped {stats.get('replays_skipped')}); {cost}",
-        f"<= {TARGET_MODEL_ANNOTATION}x: {verdict(ratio <= TARGET_MODEL_ANNOTATION)}")
-    if not quick:
-        update_figures({"model": name, "mrtpo_over_gdpo": round(ratio, 3)})
+    h.update_figures({"model": name, "mrtpo_over_gdpo": round(ratio, 3)})
+    return {"model": name, "mrtpo_over_gdpo": round(ratio, 3), "gdpo_mrtpo_s": round(times["gdpo+mrtpo"], 2),
+            "gdpo_s": round(times["gdpo"], 2), "sampled_tokens": sampled, "tokens_replayed": replayed,
+            "ms_per_sampled_token": round(times["gdpo"] / max(sampled, 1) * 1e3, 2),
+            "ms_per_replayed_token": round((times["gdpo+mrtpo"] - times["gdpo"]) / max(replayed, 1) * 1e3, 2),
+            "replays_done": stats.get("replays_done"), "replays_skipped": stats.get("replays_skipped")}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer prompts and repeats")
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of one replay")
-    parser.add_argument("--model", help="local policy folder or pulled model name: run only the annotation ratio (c)")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="response length limit with --model")
-    args = parser.parse_args()
-    if args.model:
-        return model_annotation_ratio(args.model, args.max_new_tokens, args.quick)
-
+def overheads(h: Harness, profile_replay: bool) -> dict:
+    """(a), (b) and (c) on the tiny policy and the demo prompts."""
     from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set, verify_samples
-    from tokencredit.pipeline.models.loading import load_policy
-    from tokencredit.pipeline.credit.replay import ReplayStats, replay_distances
     from tokencredit.pipeline.config import SamplingConfig
+    from tokencredit.pipeline.credit.replay import ReplayStats, replay_distances
+    from tokencredit.pipeline.models.loading import load_policy
     from tokencredit.pipeline.sample.transformers_backend import TransformersSampler
 
-    policy_path, rm_path, note = model_paths()
+    policy_path, rm_path, _ = model_paths()
     model, tokenizer = load_policy(policy_path)
-    prompts, repeats, annotate_limit, annotate_repeats = (4, 2, 1, 1) if args.quick else (12, 3, 2, 3)
+    prompts, h.repeats, annotate_limit, annotate_repeats = (2, 1, 1, 1) if h.quick else (12, 3, 2, 3)
     batch_size, chunk_size = 16, 128
-    sampling = SamplingConfig(n=4, max_new_tokens=96)
+    sampling = SamplingConfig(n=4, max_new_tokens=24 if h.quick else 96)
     records, _ = load_prompt_set(AnnotateConfig(limit=None))
     records = records[:: max(1, len(records) // prompts)][:prompts]  # spread over the tasks present
     by_id = {r.id: r for r in records}
     sampler = TransformersSampler(model, tokenizer, "bench", progress=False)
     samples = sampler.sample(records, sampling)
     verified = verify_samples(samples, by_id)
-    gated_items = replay_items(tokenizer, verified, by_id, gate=True)
     all_items = replay_items(tokenizer, verified, by_id, gate=False)
     stats = {name: ReplayStats() for name in ("gated", "all")}
-    replay_distances(model, gated_items, batch_size=batch_size, chunk_size=chunk_size, stats=stats["gated"])
+    replay_distances(model, replay_items(tokenizer, verified, by_id, gate=True), batch_size=batch_size,
+                     chunk_size=chunk_size, stats=stats["gated"])
     replay_distances(model, all_items, batch_size=batch_size, chunk_size=chunk_size, stats=stats["all"])
-    tasks = sorted({r.task for r in records})
-    mean_T = sum(len(s.token_ids) for s in samples) / len(samples)
-    sizes = (f"{len(records)} demo prompts ({', '.join(tasks)}) x {sampling.n} samples, max_new_tokens "
-             f"{sampling.max_new_tokens} (mean T {mean_T:.0f}), replay batch {batch_size}, chunk {chunk_size}; "
-             f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M-param policy ({note}); "
-             f"{repeats} reps, median; annotation: limit {annotate_limit} per task, {annotate_repeats} reps")
-    print(f"sizes: {sizes}")
-    for name, s in stats.items():
-        print(f"  replay {name}: {s.replays_done} pairs replayed, {s.replays_skipped} gated, "
-              f"{s.tokens_replayed} tokens replayed, {s.sequences_forwarded} sequences forwarded")
 
-    # (a) replay (item building included, as in credit.assign_credit) over sampling
-    t = interleaved_times({
-        "sampling": lambda: sampler.sample(records, sampling),
-        "replay_gated": lambda: replay_distances(model, replay_items(tokenizer, verified, by_id, True),
-                                                 batch_size=batch_size, chunk_size=chunk_size),
-        "replay_all": lambda: replay_distances(model, replay_items(tokenizer, verified, by_id, False),
-                                               batch_size=batch_size, chunk_size=chunk_size),
-    }, repeats=repeats)
-    a_gated, a_all = t["replay_gated"] / t["sampling"], t["replay_all"] / t["sampling"]
-    print(f"(a) sampling {t['sampling']:.2f} s; replay gated {t['replay_gated']:.2f} s = {a_gated:.2f}x, "
-          f"every pair {t['replay_all']:.2f} s = {a_all:.2f}x of sampling")
+    def replay(gate: bool):  # item building included, as in credit.assign_credit
+        return replay_distances(model, replay_items(tokenizer, verified, by_id, gate), batch_size=batch_size,
+                                chunk_size=chunk_size)
 
-    # (b) replay vs plain forwards of the same sequences, every pair replayed
+    t = h.interleaved_times({"sampling": lambda: sampler.sample(records, sampling),
+                             "replay_gated": lambda: replay(True), "replay_all": lambda: replay(False)},
+                            repeats=h.repeats)
     seqs = replayed_sequences(all_items)
-    tb = interleaved_times({
+    tb = h.interleaved_times({
         "replay": lambda: replay_distances(model, all_items, batch_size=batch_size, chunk_size=chunk_size),
         "forward": lambda: plain_forward(model, seqs, batch_size),
-    }, repeats=repeats)
-    tokens = stats["all"].tokens_replayed
+    }, repeats=h.repeats)
+    tokens = max(stats["all"].tokens_replayed, 1)
     b_ratio = tb["replay"] / tb["forward"]
-    print(f"(b) replay {tb['replay']:.2f} s ({tb['replay'] / tokens * 1e6:.1f} us per replayed token), plain "
-          f"forward of the same {len(seqs)} sequences {tb['forward']:.2f} s ({tb['forward'] / tokens * 1e6:.1f} us): "
-          f"{b_ratio:.2f}x (target <= {TARGET_FORWARD}x: {verdict(b_ratio <= TARGET_FORWARD)})")
-    if args.profile or b_ratio > TARGET_FORWARD:
+    if profile_replay or b_ratio > TARGET_FORWARD:
         print(profile(lambda: replay_distances(model, all_items, batch_size=batch_size, chunk_size=chunk_size)))
-
-    # (c) the whole annotation stage with and without MRTPO
-    tc, manifest = annotation_ratio(policy_path, rm_path, annotate_limit, annotate_repeats)
-    c_ratio = tc["gdpo+mrtpo"] / tc["gdpo"]
+    tc, manifest = annotation_ratio(policy_path, rm_path, annotate_limit, annotate_repeats,
+                                    24 if h.quick else 96)
     mstats = manifest.get("stats", {})
-    print(f"(c) annotation gdpo+mrtpo {tc['gdpo+mrtpo']:.2f} s, gdpo {tc['gdpo']:.2f} s: {c_ratio:.2f}x "
-          f"(target <= {TARGET_ANNOTATION}x: {verdict(c_ratio <= TARGET_ANNOTATION)}); "
-          f"{manifest['totals']['responses']} responses, replays done {mstats.get('replays_done')}, "
-          f"skipped {mstats.get('replays_skipped')}")
-
-    upsert_result(
-        "Replay overhead (bench_replay.py)",
-        "(a) MRTPO replay over sampling the same responses (gated by the real scores / every pair); "
-        "(b) `replay_distances` over plain `model(ids, attention_mask)` forwards of the same sequences, "
-        "every pair; (c) `run_annotation` with credit (gdpo, mrtpo) over (gdpo,).",
-        "quick" if args.quick else "full", sizes,
-        f"(a) gated {a_gated:.2f}x ({stats['gated'].replays_done} pairs, {stats['gated'].replays_skipped} "
-        f"gated), every pair {a_all:.2f}x of sampling {t['sampling']:.2f} s; (b) {b_ratio:.2f}x "
-        f"({tb['replay'] / tokens * 1e6:.1f} vs {tb['forward'] / tokens * 1e6:.1f} us per replayed token); "
-        f"(c) {c_ratio:.2f}x ({tc['gdpo+mrtpo']:.1f} s vs {tc['gdpo']:.1f} s; replays done "
-        f"{mstats.get('replays_done')}, skipped {mstats.get('replays_skipped')})",
-        f"(b) <= {TARGET_FORWARD}x: {verdict(b_ratio <= TARGET_FORWARD)}; "
-        f"(c) <= {TARGET_ANNOTATION}x: {verdict(c_ratio <= TARGET_ANNOTATION)}"
-        + (" but vacuous: every pair gated" if not mstats.get("replays_done") else ""),
-    )
+    return {"samples": len(samples), "replay_gated_over_sampling": round(t["replay_gated"] / t["sampling"], 3),
+            "replay_all_over_sampling": round(t["replay_all"] / t["sampling"], 3), "sampling_s": round(t["sampling"], 3),
+            "pairs_replayed_gated": stats["gated"].replays_done, "pairs_gated": stats["gated"].replays_skipped,
+            "replay_over_forward": round(b_ratio, 3), "replay_us_per_token": round(tb["replay"] / tokens * 1e6, 1),
+            "forward_us_per_token": round(tb["forward"] / tokens * 1e6, 1),
+            "annotation_mrtpo_over_gdpo": round(tc["gdpo+mrtpo"] / tc["gdpo"], 3),
+            "annotation_replays_done": mstats.get("replays_done"),
+            "annotation_replays_skipped": mstats.get("replays_skipped")}
 
 
-if __name__ == "__main__":
-    main()
+def roofline_and_memory(h: Harness) -> dict:
+    """(d) and (e); the full run's figures go to speed.json."""
+    roofline = matmul_roofline(512 if h.quick else 2048, 2 if h.quick else 10)
+    replayed = roofline_fraction(None if h.quick else "smollm2-135m-instruct", roofline, 4 if h.quick else None)
+    T = 256 if h.quick else 4096
+    peak = h.run_child(__file__, ["--peak-child", str(T)])["peak"]
+    figures = {"replay_roofline_fraction": round(replayed["fraction"], 3), "replay_peak_mib_T4096": round(peak / 2**20, 1)}
+    h.update_figures({"model": "tiny" if h.quick else "smollm2-135m-instruct", **figures})
+    return {**figures, "roofline_gflops": round(roofline / 1e9, 1), "replayed_responses": replayed["items"],
+            "tokens_forwarded": replayed["tokens_forwarded"],
+            "replay_gflops": round(replayed["replay_flops_per_s"] / 1e9, 1),
+            "model_gemm_over_roofline": round(replayed["model_gemm"] / roofline, 3), "peak_t": T,
+            "replay_peak_within_bound": peak <= TARGET_PEAK}
+
+
+@benchmark("replay", measures="MRTPO's replay on the tiny policy: over sampling the same responses, over plain "
+           "forwards of the same sequences, and `run_annotation` with (gdpo, mrtpo) over (gdpo,); SmolLM2's replay "
+           "of the localization cases against the float32 matmul roofline; peak memory at vocabulary 152,064, T 4096. "
+           "`-- --model PATH`: the annotation ratio only, on a local policy.", results=("speed.json",),
+           targets=(Target("replay_over_forward", "<=", TARGET_FORWARD),
+                    Target("annotation_mrtpo_over_gdpo", "<=", TARGET_ANNOTATION),
+                    Target("replay_roofline_fraction", ">=", TARGET_FRACTION),
+                    Target("replay_peak_within_bound", "==", True),
+                    Target("mrtpo_over_gdpo", "<=", TARGET_MODEL_ANNOTATION)))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench replay --")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of one replay")
+    parser.add_argument("--model", help="local policy folder or pulled model name: run only the annotation ratio (c)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="response length limit with --model")
+    args = parser.parse_args(h.argv)
+    if args.model:
+        return model_annotation_ratio(h, args.model, args.max_new_tokens)
+    return overheads(h, args.profile) | roofline_and_memory(h)
+
+
+if __name__ == "__main__":  # in a fresh process: memory the allocator kept from earlier work would hide the peak
+    print(json.dumps({"peak": peak_memory(int(sys.argv[2]), 16)}))

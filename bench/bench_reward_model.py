@@ -1,6 +1,6 @@
 """A reward model from verifier labels (issue 26): held-out pairwise accuracy of `rm train`.
 
-    python bench/bench_reward_model.py [--limit 256] [--n 8] [--base smollm2-135m-instruct] [--quick]
+    python -m bench reward_model [--quick] [-- [--limit 256] [--n 8] [--base smollm2-135m-instruct]]
 
 A run of the model's own samples on the closed-loop train prompts (instructions, temperature 0.5 as the
 closed-loop pilot chose, max_new_tokens 96) is annotated once into `--work` (default
@@ -12,18 +12,19 @@ constraint passed in one and failed in the other), with `base`, `pairs_train`, `
 `pairwise_accuracy` and a 95% bootstrap interval over held-out prompts (`ci_low`, `ci_high`).
 `--train-layers N` also trains the base's top N decoder layers with the head (`rm train --train-layers`): its
 rows carry `train_layers` and sit beside the frozen head's (`train_layers` 0), its folder is `rm-top{N}`.
-`--quick` uses the shipped tiny policy on a few demo prompts and writes nothing.
+`--quick` uses the shipped tiny policy on a few demo prompts, into a temporary results folder.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch threads)
+from common import ROOT, Harness  # noqa: F401  (also sets torch threads)
+from registry import Target, benchmark
 
-RESULTS_JSON = ROOT / "bench" / "results" / "reward_model.json"
 TARGET = 0.75
 
 
@@ -41,8 +42,13 @@ def annotate(args, out) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@benchmark("reward_model", measures="`tokencredit rm train`: a linear head on the frozen base (pooling and L2 chosen "
+           "by cross-validation over the train prompts), Bradley-Terry on pairs of one prompt's responses (higher mean "
+           "reward chosen), a quarter of the prompts held out: held-out pairwise accuracy with a 95% bootstrap interval "
+           "over held-out prompts.", results=("reward_model.json",),
+           targets=(Target("mean_pairwise_accuracy", ">=", TARGET),))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench reward_model --")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="policy the run samples")
     parser.add_argument("--base", default="smollm2-135m-instruct", help="base of the reward model")
     parser.add_argument("--prompts", default=str(ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"))
@@ -58,65 +64,34 @@ def main() -> None:
     parser.add_argument("--train-layers", type=int, default=0, help="top decoder layers trained with the head")
     parser.add_argument("--epochs", type=int, default=2, help="epochs when --train-layers > 0")
     parser.add_argument("--layer-lr", type=float, default=2e-5, help="step size when --train-layers > 0")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    if args.quick:
+    args = parser.parse_args(h.argv)
+    if h.quick:  # the tiny policy on the demo prompts
         args.model = args.base = None
         args.prompts, args.split, args.limit, args.n, args.max_new_tokens = "demo", None, 16, 8, 32
 
     from tokencredit.pipeline.models.loading import DEFAULT_POLICY
     from tokencredit.pipeline.train.reward_model import RewardModelConfig, train_reward_model
 
-    work = Path(args.work)
-    run = args.run or str(work / ("quick-run" if args.quick else f"run-{args.limit}x{args.n}"))
-    seconds = annotate(args, run) if args.run is None else 0.0
-    base = args.base or str(DEFAULT_POLICY)
-    start = time.perf_counter()
-    folder = "quick-rm" if args.quick else "rm" + (f"-top{args.train_layers}" if args.train_layers else "")
-    config = RewardModelConfig(base=base, train_layers=args.train_layers, epochs=args.epochs, layer_lr=args.layer_lr)
-    report = train_reward_model(run, work / folder, config, allow_incomplete=args.allow_incomplete)
-    train_seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="bench-rm-") as tmp:
+        work = Path(tmp) if h.quick else Path(args.work)
+        run_dir = args.run or str(work / f"run-{args.limit}x{args.n}")
+        seconds = annotate(args, run_dir) if args.run is None else 0.0
+        start = time.perf_counter()
+        folder = "rm" + (f"-top{args.train_layers}" if args.train_layers else "")
+        config = RewardModelConfig(base=args.base or str(DEFAULT_POLICY), train_layers=args.train_layers,
+                                   epochs=args.epochs, layer_lr=args.layer_lr)
+        report = train_reward_model(run_dir, work / folder, config, allow_incomplete=args.allow_incomplete)
     rows = [{"base": args.base or "tiny-policy", "model": args.model or "tiny-policy", "pooling": report["pooling"],
              "train_layers": args.train_layers, **row} for row in report["families"]]
-    for row in rows:
-        print(f"{row['family']:>20}: accuracy {row['pairwise_accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
-              f" train {row['pairs_train']} held-out {row['pairs_heldout']}")
-    print(f"annotate {seconds:.0f} s, rm train {train_seconds:.0f} s, train accuracy {report['train_accuracy']:.3f}")
-    history = report["dev_accuracy_per_epoch"]
-    if history is not None:
-        print("dev accuracy per epoch (0: the head alone): " + ", ".join(f"{a:.3f}" for a in history))
-    if args.quick:
-        return
-    RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-    old = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else []
+    path = h.results("reward_model.json")
+    old = json.loads(path.read_text()) if path.exists() else []
     kept = [r for r in old if r.get("train_layers", 0) != args.train_layers]
-    RESULTS_JSON.write_text(json.dumps(kept + rows, indent=1) + "\n")
+    path.write_text(json.dumps(kept + rows, indent=1) + "\n")
     mean = next(r for r in rows if r["family"] == "mean")
-    kinds = sorted((r for r in rows if r["family"] != "mean" and r["pairs_heldout"] >= 10),
-                   key=lambda r: -r["pairs_heldout"])
-    upsert_result(
-        "Reward model from verifier labels (bench_reward_model.py)",
-        "`tokencredit rm train`: a linear head on the frozen base (its pooling, last token or response mean, and its "
-        "L2 chosen by cross-validation over the train prompts), Bradley-Terry on pairs of one prompt's responses "
-        "(higher mean reward chosen), a quarter of the prompts held out; held-out pairwise accuracy with a 95% "
-        "bootstrap interval over held-out prompts; `bench/results/reward_model.json`.",
-        "full" + (f", top {args.train_layers} layers trained" if args.train_layers else ""),
-        f"{args.model} run of {args.prompts.split('/')[-1]} instructions (split {args.split}, {args.limit} prompts), "
-        f"n {args.n}, temperature {args.temperature}, max_new_tokens {args.max_new_tokens}; base {args.base}; "
-        f"{report['pairs_train']} train / {report['pairs_heldout']} held-out pairs "
-        f"({len(report['groups_heldout'])} held-out prompts); pooling {report.get('pooling', 'last')}, "
-        f"L2 {report['l2']:g}; "
-        + (f"top {args.train_layers} layers trained, {args.epochs} epochs at {args.layer_lr:g}, dev accuracy per "
-           f"epoch {', '.join(f'{a:.3f}' for a in history)}; " if history is not None else "")
-        + (f"annotate {seconds / 60:.1f} min, " if args.run is None else f"run {args.run} annotated beforehand, ")
-        + f"rm train {train_seconds / 60:.1f} min",
-        f"mean reward order: {mean['pairwise_accuracy']:.3f} [{mean['ci_low']:.3f}, {mean['ci_high']:.3f}] "
-        f"(train {report['train_accuracy']:.3f})" + "".join(
-            f"; {r['family']} {r['pairwise_accuracy']:.2f} ({r['pairs_heldout']})" for r in kinds),
-        f"held-out pairwise accuracy >= {TARGET} on the instruction rewards (mean order): "
-        f"{verdict(mean['pairwise_accuracy'] >= TARGET)}",
-    )
-
-
-if __name__ == "__main__":
-    main()
+    return {"mean_pairwise_accuracy": mean["pairwise_accuracy"], "mean_ci_low": mean["ci_low"],
+            "mean_ci_high": mean["ci_high"], "train_accuracy": report["train_accuracy"],
+            "pairs_train": report["pairs_train"], "pairs_heldout": report["pairs_heldout"],
+            "pooling": report.get("pooling", "last"), "l2": report["l2"], "train_layers": args.train_layers,
+            "annotate_s": round(seconds, 1), "rm_train_s": round(time.perf_counter() - start, 1),
+            **{f"{r['family']}_pairwise_accuracy": r["pairwise_accuracy"] for r in rows
+               if r["family"] != "mean" and r["pairs_heldout"] >= 10}}

@@ -1,6 +1,6 @@
 """tokencredit's sampler against Hugging Face `model.generate` on the same batch and settings.
 
-    python bench/bench_sampling.py [--quick] [--model PATH]
+    python -m bench sampling [--quick] [-- [--model PATH]]
 
 One batch: demo prompts spread over the tasks x n samples, rendered as the sampler renders them,
 temperature 1, full vocabulary (top_p 1, no top-k), max_new_tokens, eos ends a row. tokencredit:
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from common import interleaved_times, update_figures, upsert_result, verdict
+from common import Harness, interleaved_times
+from registry import Target, benchmark
 
 SMOLLM2 = "smollm2-135m-instruct"  # the registry's name (`tokencredit models pull smollm2-135m-instruct`)
 TARGET = 0.9
@@ -117,47 +118,32 @@ def decoding_helpers(model_path, length: int = 2048) -> dict[str, float]:
     return seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer prompts, tokens and repeats")
-    parser.add_argument("--model", default=SMOLLM2, help="local folder or pulled model name (default: %(default)s)")
-    args = parser.parse_args()
-
+@benchmark("sampling", measures="`TransformersSampler.sample` over `model.generate(do_sample=True, top_k=0, "
+           "output_logits=True)` plus the same raw log-probs and decoded responses, same rows and settings: seconds per "
+           "generated token (the draws, hence lengths, differ), medians of interleaved runs; SmolLM2 and the tiny policy.",
+           results=("speed.json",), targets=(Target("sampling_over_generate", "<=", TARGET),))
+def run(h: Harness) -> dict:
     from tokencredit.pipeline.config import SamplingConfig
 
-    prompts, max_new, repeats = (4, 32, 2) if args.quick else (8, 96, 3)
-    config = SamplingConfig(n=4, max_new_tokens=max_new, temperature=1.0, top_p=1.0, batch_size=32)
+    parser = argparse.ArgumentParser(prog="python -m bench sampling --")
+    parser.add_argument("--model", default=None if h.quick else SMOLLM2,
+                        help="local folder or pulled model name (default: SmolLM2; --quick: the tiny policy only)")
+    model = parser.parse_args(h.argv).model
+    prompts, max_new, h.repeats = (2, 8, 1) if h.quick else (8, 96, 3)
+    config = SamplingConfig(n=2 if h.quick else 4, max_new_tokens=max_new, temperature=1.0, top_p=1.0, batch_size=32)
     records = demo_records(prompts)
-    name = Path(args.model).name
-    results = {name: compare(args.model, records, config, repeats),
-               "tiny policy": compare(None, records, config, repeats)}
+    name = Path(model).name if model else "tiny policy"
+    results = {name: compare(model, records, config, h.repeats)}
+    if model:
+        results["tiny policy"] = compare(None, records, config, h.repeats)
+    length = 256 if h.quick else 2048
+    helpers = decoding_helpers(model, length)
+    figures = {"model": name, "rows": prompts * config.n, "max_new_tokens": max_new,
+               "sampling_over_generate": round(results[name]["ratio"], 3)}
     for label, r in results.items():
-        print(f"{label}: tokencredit {r['seconds']['tokencredit']:.2f} s for {r['tokens']['tokencredit']} tokens, "
-              f"generate {r['seconds']['generate']:.2f} s for {r['tokens']['generate']} tokens: "
-              f"{r['ratio']:.2f}x per token")
-    helpers = decoding_helpers(args.model)
-    print("2,048-token response: " + ", ".join(f"{k} {v:.3f} s" for k, v in helpers.items()))
-    ratio = results[name]["ratio"]
-    figures = "; ".join(
-        f"{label}: {r['ratio']:.2f}x ({r['per_token']['tokencredit'] * 1e3:.1f} vs "
-        f"{r['per_token']['generate'] * 1e3:.1f} ms per token; {r['tokens']['tokencredit']} vs "
-        f"{r['tokens']['generate']} tokens)" for label, r in results.items())
-    figures += (f"; one 2,048-token response ({name} tokenizer): token_spans {helpers['token_spans']:.3f} s "
-                f"(prefix decodes {helpers['prefix_spans']:.2f} s), stop checks {helpers['stop_checks']:.3f} s "
-                f"(prefix decodes {helpers['prefix_stop_checks']:.2f} s)")
-    upsert_result(
-        "Sampling vs model.generate (bench_sampling.py)",
-        "`TransformersSampler.sample` over `model.generate(do_sample=True, top_k=0, output_logits=True)` plus the "
-        "same raw log-probs and decoded responses, same rows and settings; seconds per generated token (the "
-        "draws, hence lengths, differ), medians of interleaved runs. The machine was shared with other jobs; "
-        "interleaving puts their load on both sides alike.",
-        "quick" if args.quick else "full",
-        f"{prompts} demo prompts x {config.n} samples = {prompts * config.n} rows in one batch, max_new_tokens "
-        f"{max_new}, temperature 1, top_p 1; {repeats} reps, median",
-        figures, f"{name} <= {TARGET}x: {verdict(ratio <= TARGET)}")
-    if not args.quick:
-        update_figures({"model": name, "sampling_over_generate": round(ratio, 3)})
-
-
-if __name__ == "__main__":
-    main()
+        key = label.replace(" ", "_")
+        figures |= {f"{key}_ms_per_token": round(r["per_token"]["tokencredit"] * 1e3, 2),
+                    f"{key}_generate_ms_per_token": round(r["per_token"]["generate"] * 1e3, 2)}
+    figures |= {"decoded_tokens": length} | {f"{k}_s": round(v, 4) for k, v in helpers.items()}
+    h.update_figures({"model": name, "sampling_over_generate": figures["sampling_over_generate"]})
+    return figures

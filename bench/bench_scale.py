@@ -1,6 +1,6 @@
 """Rows per second and peak memory of `run_annotation` at 1x, 4x and 16x a base prompt count.
 
-    python bench/bench_scale.py [--quick] [--base N]
+    python -m bench scale [--quick] [-- [--base N]]
 
 Each size runs in a fresh process (the models are loaded before the clock starts, so the time is
 the stage itself, and the peak RSS is that of the run): credit rows per second, seconds and peak
@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 
-from common import THREADS, mib, model_paths, peak_extra_bytes, run_child, upsert_result, verdict
+from common import THREADS, Harness, model_paths, peak_extra_bytes
+from registry import Target, benchmark
 
 FACTORS = (1, 4, 16)
 
@@ -48,47 +50,30 @@ def child(prompts: int) -> None:
     print(json.dumps({"prompts": prompts, "seconds": seconds, "extra": extra, "totals": manifest["totals"]}))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="factors 1x and 4x only")
-    parser.add_argument("--base", type=int, default=6, help="prompts at 1x (a multiple of the task count)")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        return child(args.child)
-
-    _, _, note = model_paths()
-    factors = FACTORS[:2] if args.quick else FACTORS
-    print(f"sizes: base {args.base} prompts x {factors}, 4 samples each, max_new_tokens 96, credit gdpo+mrtpo; "
-          f"{note}")
-    runs = {}
+@benchmark("scale", measures="`run_annotation` (sample, verify, GDPO + MRTPO credit, write) at 1x, 4x and 16x a "
+           "base prompt count, each in a fresh process after loading the models: credit rows/s and peak extra RSS; the "
+           "time ratios against the rows ratios.", targets=(Target("at_most_linear", "==", True),))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench scale --")
+    parser.add_argument("--base", type=int, default=3 if h.quick else 6, help="prompts at 1x (a multiple of the task count)")
+    base = parser.parse_args(h.argv).base
+    factors = (1, 2) if h.quick else FACTORS
+    h.repeats = 1
+    runs = {f: h.run_child(__file__, ["--child", str(base * f)], timeout=1800) for f in factors}
+    figures = {"base_prompts": base}
     for f in factors:
-        runs[f] = run_child(__file__, ["--child", str(args.base * f)], timeout=1800)
-        r = runs[f]
-        print(f"{f:2d}x: {r['prompts']} prompts, {r['totals']['responses']} responses, {r['totals']['credits']} "
-              f"credit rows in {r['seconds']:.1f} s = {r['totals']['credits'] / r['seconds']:,.0f} rows/s; "
-              f"peak extra RSS {mib(r['extra'])}", flush=True)
+        credits, seconds = runs[f]["totals"]["credits"], runs[f]["seconds"]
+        figures |= {f"credit_rows_{f}x": credits, f"seconds_{f}x": round(seconds, 2),
+                    f"rows_per_s_{f}x": round(credits / seconds), f"peak_extra_mib_{f}x": round(runs[f]["extra"] / 2**20, 1)}
     ratios = {f: runs[f]["seconds"] / runs[1]["seconds"] for f in factors[1:]}
     rows = {f: runs[f]["totals"]["credits"] / runs[1]["totals"]["credits"] for f in factors[1:]}
+    for f in factors[1:]:
+        figures |= {f"time_ratio_{f}x": round(ratios[f], 3), f"rows_ratio_{f}x": round(rows[f], 3)}
     # at most linear: time grows no faster than the work (credit rows), within 25%; a fixed start-up
     # cost (first batches, writer set-up) makes the small run slower per row, so growth below
     # linear is expected
-    linear = all(ratios[f] / rows[f] <= 1.25 for f in factors[1:])
-    print("time ratios: " + ", ".join(f"{f}x/1x = {ratios[f]:.2f} (rows {rows[f]:.2f})" for f in factors[1:])
-          + f"; at most linear: {verdict(linear)}")
-    upsert_result(
-        "Annotation scaling (bench_scale.py)",
-        "`run_annotation` (sample, verify, GDPO + MRTPO credit, write) at 1x/4x/16x a base prompt count, "
-        "each in a fresh process after loading the models; peak extra RSS of the run.",
-        "quick" if args.quick else "full",
-        f"base {args.base} prompts x 4 samples, max_new_tokens 96; {note}",
-        "; ".join(f"{f}x: {runs[f]['totals']['credits']} rows, {runs[f]['seconds']:.1f} s, "
-                  f"{runs[f]['totals']['credits'] / runs[f]['seconds']:,.0f} rows/s, peak {mib(runs[f]['extra'])}"
-                  for f in factors)
-        + "; time ratios " + ", ".join(f"{f}x/1x {ratios[f]:.2f} (rows {rows[f]:.2f})" for f in factors[1:]),
-        f"at most linear (time ratio <= 1.25 x rows ratio): {verdict(linear)}",
-    )
+    return figures | {"at_most_linear": all(ratios[f] / rows[f] <= 1.25 for f in factors[1:])}
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a child process of run(): --child PROMPTS
+    child(int(sys.argv[2]))

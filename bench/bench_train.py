@@ -1,6 +1,6 @@
 """Per-step time of `train` (transformers.Trainer) over a bare loop of `train_step` on the same batches.
 
-    python bench/bench_train.py [--quick]
+    python -m bench train [--quick]
 
 The run: the demo records' prompts (sampling layout) and reference responses (at most 64 tokens), tokenized
 with the model's tokenizer, written through RunWriter with random per-token advantages; PG on them (`mrtpo`)
@@ -12,12 +12,11 @@ ratio is of medians. Checkpoints are written only after the last step (save_ever
 moments), outside the timed steps; their size is reported.
 
 Full mode: SmolLM2-135M-Instruct (`smollm2-135m-instruct`, pulled) and the shipped tiny policy; --quick:
-the tiny policy only, nothing written. Target: trainer_over_loop (SmolLM2) <= 1.1 and the LoRA
+the tiny policy only, into a temporary results folder. Target: trainer_over_loop (SmolLM2) <= 1.1 and the LoRA
 checkpoint folder under 50 MB. Figures go to bench/results/train.json and bench/RESULTS.md.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import shutil
@@ -30,7 +29,8 @@ import numpy as np
 import pyarrow as pa
 import transformers
 
-from common import ROOT, THREADS, machine, mib, upsert_result, verdict
+from common import THREADS, Harness, machine, mib
+from registry import Target, benchmark
 
 TARGET, SIZE_TARGET = 1.1, 50 * 2**20
 BATCH, ACCUM, LR = 2, 2, 1e-4
@@ -126,37 +126,20 @@ def measure(name: str | None, label: str, steps: int, rounds: int, tmp: Path) ->
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the tiny policy only, nothing written")
-    args = parser.parse_args()
+@benchmark("train", measures="`train` on transformers.Trainer against AdamW + `train_step` on the same "
+           "micro-batches, LoRA (r 8, every linear layer), PG on `mrtpo`: seconds per optimizer step (first step left "
+           "out), the sides in turns in one process, medians; SmolLM2 and the tiny policy.", results=("train.json",),
+           targets=(Target("trainer_over_loop", "<=", TARGET), Target("lora_checkpoint_bytes", "<", SIZE_TARGET)))
+def run(h: Harness) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench_train_", dir="/tmp"))
     try:
-        tiny = measure(None, "tiny", steps=6 if args.quick else 13, rounds=2 if args.quick else 3, tmp=tmp)
-        if args.quick:
-            return
-        smol = measure("smollm2-135m-instruct", "smollm2-135m-instruct", steps=6, rounds=3, tmp=tmp)
+        tiny = measure(None, "tiny", steps=3 if h.quick else 13, rounds=1 if h.quick else 3, tmp=tmp)
+        smol = tiny if h.quick else measure("smollm2-135m-instruct", "smollm2-135m-instruct", steps=6, rounds=3, tmp=tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ok, small = smol["trainer_over_loop"] <= TARGET, smol["lora_checkpoint_bytes"] < SIZE_TARGET
+    h.repeats = smol["rounds"]
     figures = {"trainer_over_loop": round(smol["trainer_over_loop"], 3), "model": smol["model"],
                "threads": THREADS, "date": datetime.date.today().isoformat(), "machine": machine(),
                "batch_size": BATCH, "grad_accum": ACCUM, "smollm2": smol, "tiny": tiny}
-    (ROOT / "bench" / "results" / "train.json").write_text(json.dumps(figures, indent=2) + "\n")
-    upsert_result(
-        "train: Trainer vs a bare loop (bench_train.py)",
-        "`train` on transformers.Trainer vs AdamW + `train_step` on the same micro-batches, LoRA (r 8, every "
-        "linear layer), PG on `mrtpo`; seconds per optimizer step (wall time between step ends, first step "
-        "left out), the sides in turns in one process, medians. Raw timings in `bench/results/train.json`.",
-        "full",
-        f"32 demo responses (<= 64 tokens), batch {BATCH} x grad_accum {ACCUM}; SmolLM2-135M-Instruct "
-        f"{smol['steps']} steps x {smol['rounds']} rounds, tiny policy {tiny['steps']} steps x {tiny['rounds']} rounds",
-        f"SmolLM2: trainer {smol['trainer_step_s']:.3f} s vs loop {smol['loop_step_s']:.3f} s = "
-        f"{smol['trainer_over_loop']:.3f}x, LoRA checkpoint {mib(smol['lora_checkpoint_bytes'])} (with AdamW's "
-        f"moments); tiny: {tiny['trainer_step_s'] * 1e3:.1f} ms vs {tiny['loop_step_s'] * 1e3:.1f} ms = "
-        f"{tiny['trainer_over_loop']:.3f}x",
-        f"<= {TARGET}x: {verdict(ok)}; LoRA checkpoint < 50 MB: {verdict(small)}")
-
-
-if __name__ == "__main__":
-    main()
+    h.results("train.json").write_text(json.dumps(figures, indent=2) + "\n")
+    return figures | {"lora_checkpoint_bytes": smol["lora_checkpoint_bytes"]}

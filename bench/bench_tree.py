@@ -1,6 +1,6 @@
 """Tree-sampled groups against flat sampling, the sampler's default batch, and where each branch rule lands.
 
-    python bench/bench_tree.py [--quick] [--model PATH]
+    python -m bench tree [--quick] [-- [--model PATH]]
 
 (a) A 4 x 4 tree (`SamplingConfig(tree=(4, 4))`, the default branch) against 16 flat samples of the same demo
     prompts: same model, batch, threads and max_new_tokens, turns alternated in one run, medians. Target:
@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from pathlib import Path
 
-from common import ROOT, interleaved_times, upsert_result, verdict
+from common import Harness, interleaved_times
+from registry import Target, benchmark
 
 SMOLLM2 = "smollm2-135m-instruct"
 TARGET_TREE, TARGET_BATCH = 0.85, 1.2
@@ -95,44 +95,22 @@ def branch_stats(sampler, records, max_new: int) -> dict:
     return stats
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer prompts, tokens and repeats (a check, not a figure)")
-    parser.add_argument("--model", default=SMOLLM2)
-    args = parser.parse_args()
+@benchmark("tree", measures="`sample_trees` 4 x 4 against 16 flat samples of the same demo prompts (same batch, "
+           "threads, budget; alternated, medians); flat sampling's seconds per token at batch 16-256 against the auto "
+           "default; where each branch rule lands.", results=("tree.json",),
+           targets=(Target("tree_over_flat_time", "<=", TARGET_TREE), Target("default_over_best", "<=", TARGET_BATCH)))
+def run(h: Harness) -> dict:
     from tokencredit.pipeline.sample import make_sampler
 
-    sampler = make_sampler("transformers", args.model)
+    parser = argparse.ArgumentParser(prog="python -m bench tree --")
+    parser.add_argument("--model", default=None if h.quick else SMOLLM2, help="default: SmolLM2 (--quick: tiny policy)")
+    sampler = make_sampler("transformers", parser.parse_args(h.argv).model)
     sampler.progress = False
-    prompts, max_new, repeats = (4, 32, 1) if args.quick else (8, 96, 3)
+    prompts, max_new, h.repeats = (1, 8, 1) if h.quick else (8, 96, 3)
     records = demo_records(prompts)
-    batch = 64
-    tree = tree_vs_flat(sampler, records, max_new, batch, repeats)
+    tree = tree_vs_flat(sampler, records, max_new, 64, h.repeats)
     # the sweep's 6 batch sizes cost 6x a flat run each: 8 prompts (128 rows, one batch of the largest) and 2 reps
-    sweep = batch_sweep(sampler, demo_records(prompts), max_new, min(repeats, 2))
-    branches = branch_stats(sampler, records, max_new)
-    figures = {**tree, **sweep, "branch_stats": branches, "mode": "quick" if args.quick else "full"}
-    out = ROOT / "bench" / "results" / "tree.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
-    print(json.dumps(figures, indent=2, sort_keys=True))
-    upsert_result(
-        "Tree-sampled groups and the sampler's batch (bench_tree.py)",
-        "`sample_trees` 4 x 4 vs 16 flat samples of the same demo prompts (same batch, threads, budget; "
-        "alternated, medians); flat sampling's seconds per token at batch 16-256 vs the auto default; where "
-        "each branch rule lands. Figures: bench/results/tree.json.",
-        "quick" if args.quick else "full",
-        f"{args.model}; (a) {len(records)} prompts, max_new_tokens {max_new}, batch {batch}; (b) "
-        f"{len(records)} prompts x 16 samples, {min(repeats, 2)} reps; (a) {repeats} reps; medians",
-        f"(a) tree {tree['tree_s']:.2f} s vs flat {tree['flat_s']:.2f} s = {tree['tree_over_flat_time']:.2f}x; "
-        f"prefilled {tree['prefill_tokens_tree']} vs {tree['prefill_tokens_flat']} tokens, decoded "
-        f"{tree['decoded_tokens_tree']} vs {tree['decoded_tokens_flat']}; (b) default {sweep['default_batch']}, "
-        f"best {sweep['best_batch']}, {sweep['default_over_best']:.2f}x; (c) "
-        + "; ".join(f"{b}: {s['roots_branched']:.0%} roots branch at {s['root_share_of_leaf']:.0%} of the leaf, "
-                    f"{s['sibling_sets_that_differ']:.0%} sibling sets differ" for b, s in branches.items()),
-        f"tree <= {TARGET_TREE}x: {verdict(tree['tree_over_flat_time'] <= TARGET_TREE)}; default batch <= "
-        f"{TARGET_BATCH}x best: {verdict(sweep['default_over_best'] <= TARGET_BATCH)}")
-
-
-if __name__ == "__main__":
-    main()
+    sweep = batch_sweep(sampler, demo_records(prompts), max_new, min(h.repeats, 2))
+    figures = {**tree, **sweep, "branch_stats": branch_stats(sampler, records, max_new), "mode": h.mode}
+    h.results("tree.json").write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    return figures

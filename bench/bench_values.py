@@ -1,6 +1,6 @@
 """Speed of `tokencredit values` against the sampler on the same batch (issue 26).
 
-    python bench/bench_values.py [--run bench/.own/both] [--pairs 64] [--k 16] [--cuts 8] [--quick]
+    python -m bench values [--quick] [-- [--run bench/.own/both] [--pairs 64] [--k 16] [--cuts 8]]
 
 Side by side, chunk by chunk of responses (values first in even chunks, the sampler first in odd ones, so load
 from other processes falls on both alike):
@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import tempfile
 import time
+from pathlib import Path
 
-from common import ROOT, upsert_result, verdict  # noqa: F401  (also sets torch threads)
+from common import ROOT, Harness
+from registry import Target, benchmark
 
-RESULTS_JSON = ROOT / "bench" / "results" / "values_speed.json"
 TARGET = dict(pairs=64, cuts=8, k=16)
 
 
@@ -96,13 +98,13 @@ def measure(args, on_chunk=None) -> dict:
 def resumed(args, planned: int, totals: dict) -> int:
     """With --resume: the chunks values_speed.json already measured with these settings (their totals added to
     `totals`), else 0."""
-    if not args.resume or not RESULTS_JSON.exists():
+    if not args.resume or not args.results.exists():
         return 0
-    old = json.loads(RESULTS_JSON.read_text())
+    old = json.loads(args.results.read_text())
     same = {"run": args.run, "cuts": args.cuts, "k": args.k, "batch_size": args.batch_size, "pairs_planned": planned,
             "chunk": args.chunk, "seed": args.seed}
     if any(old.get(key) != value for key, value in same.items()):
-        print(f"--resume: {RESULTS_JSON} measured other settings; starting over", flush=True)
+        print(f"--resume: {args.results} measured other settings; starting over", flush=True)
         return 0
     for key in totals:
         totals[key] = old[key]
@@ -120,43 +122,36 @@ def summary(model: str | None, args, curves, totals: dict) -> dict:
             "sampling_only_ratio": totals["values_sampling_s"] / max(totals["values_tokens"], 1) / per_token["sampler"]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run", default=str(ROOT / "bench" / ".own" / "both"), help="a complete run "
-                        "(bench/own_runs.py writes the SmolLM2 one)")
-    parser.add_argument("--pairs", type=int, default=TARGET["pairs"])
-    parser.add_argument("--k", type=int, default=TARGET["k"])
-    parser.add_argument("--cuts", type=int, default=TARGET["cuts"])
+def tiny_run(folder: Path) -> str:
+    """A quick run's input: the demo set annotated by the shipped tiny policy (2 prompts per task x 4 responses)."""
+    from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
+    from tokencredit.pipeline.config import SamplingConfig
+
+    run_annotation(AnnotateConfig(limit=2, sampling=SamplingConfig(n=4, max_new_tokens=24)), str(folder), progress=False)
+    return str(folder)
+
+
+@benchmark("values", measures="`tokencredit values` end to end (cuts, continuations sharing each prefix's cache, "
+           "verification, curves) against the sampler's `generate` on the same rows and batches, interleaved chunk by "
+           "chunk: seconds per continuation token.", results=("values_speed.json",),
+           targets=(Target("ratio", "<=", 1.2),))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench values --")
+    parser.add_argument("--run", default=None, help="a complete run (default: bench/.own/both, which bench/own_runs.py "
+                        "writes; --quick: a tiny-policy run of the demo set)")
+    parser.add_argument("--pairs", type=int, default=2 if h.quick else TARGET["pairs"])
+    parser.add_argument("--k", type=int, default=2 if h.quick else TARGET["k"])
+    parser.add_argument("--cuts", type=int, default=2 if h.quick else TARGET["cuts"])
     parser.add_argument("--batch-size", type=int, default=128, help="continuations per forward (both sides)")
     parser.add_argument("--chunk", type=int, default=2, help="responses per timed chunk")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resume", action="store_true", help="continue after the chunks values_speed.json holds "
                         "(the same run and settings)")
-    args = parser.parse_args()
-    print(json.dumps(measure(args, on_chunk=lambda result: write(result, args)), indent=1))
-
-
-def write(result: dict, args) -> None:
-    """The figures so far into the JSON and RESULTS.md, after every chunk: a stopped run keeps what it measured
-    (labelled by the pairs it covered out of those planned)."""
-    full = all(result[key] >= value for key, value in TARGET.items())
-    RESULTS_JSON.write_text(json.dumps(result, indent=1) + "\n")
-    so_far = "" if result["pairs"] == result["pairs_planned"] else f" of {result['pairs_planned']} planned"
-    upsert_result(
-        "Value curves: time per continuation token (bench_values.py)",
-        "`tokencredit values` end to end (cuts, continuations sharing each prefix's cache, verification, curves) "
-        "against the sampler's `generate` on the same rows and batches, interleaved chunk by chunk; "
-        "`bench/results/values_speed.json`.",
-        "full" if full else "reduced",
-        f"{result['model']}; {result['pairs']}{so_far} failed pairs ({result['responses']} responses), "
-        f"{args.cuts} grid cuts + span/top cuts, K {args.k}, batch {args.batch_size}",
-        f"values {1000 * result['values_s_per_token']:.2f} ms/token, sampler {1000 * result['sampler_s_per_token']:.2f} "
-        f"ms/token: {result['ratio']:.2f}x (sampling alone {result['sampling_only_ratio']:.2f}x); "
-        f"{result['values_tokens']} / {result['sampler_tokens']} tokens",
-        f"within 1.2x of the sampler's at 64 pairs x 8 cuts x K 16: "
-        f"{verdict(result['ratio'] <= 1.2) if full else 'not measured at that size (a smaller sample: no verdict)'}",
-    )
-
-
-if __name__ == "__main__":
-    main()
+    args = parser.parse_args(h.argv)
+    args.results = h.results("values_speed.json")
+    with tempfile.TemporaryDirectory(prefix="bench-values-") as work:
+        args.run = args.run or (tiny_run(Path(work) / "run") if h.quick else str(ROOT / "bench" / ".own" / "both"))
+        h.repeats = 1
+        result = measure(args, on_chunk=lambda result: args.results.write_text(json.dumps(result, indent=1) + "\n"))
+    # a run smaller than the target's is no verdict on it
+    return result | {"reduced": any(getattr(args, key) < value for key, value in TARGET.items())}

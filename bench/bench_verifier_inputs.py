@@ -1,7 +1,7 @@
 """Built-in verifiers on hostile 2 MB responses: the worst time of `verify` (the bounded call) and of
 `response_parts` (which the credits table calls outside it) over responses of every shape, median of 3 each.
 
-    python bench/bench_verifier_inputs.py [--quick]
+    python -m bench verifier_inputs [--quick]
 
 Tool calls: unclosed, nested and stray tags (the old lazy regex took 87.6 s on 12,000 unclosed tags, 132 KB),
 one huge argument, deep nesting, a huge integer, 83,333 blocks. Instructions: 2 MB of "A. " under
@@ -9,10 +9,10 @@ one huge argument, deep nesting, a huge integer, 83,333 blocks. Instructions: 2 
 """
 from __future__ import annotations
 
-import argparse
 import json
 
-from common import median_time, update_figures, upsert_result, verdict
+from common import Harness
+from registry import Target, benchmark
 
 from tokencredit import verifiers
 from tokencredit.schemas.records import Constraint, InstructionSpec, TaskRecord, ToolCall, ToolSpec
@@ -40,10 +40,12 @@ def tool_shapes() -> dict[str, str]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 timing per case instead of 3")
-    repeats = 1 if parser.parse_args().quick else 3
+@benchmark("verifier_inputs", measures="Built-in verifiers on 2 MB responses of every shape: the worst `verify` and "
+           "`response_parts` (called by the credits table) time, median of 3 per shape. The lazy tool-call regex this "
+           "replaced took 87.6 s on 12,000 unclosed tags (132 KB).", results=("speed.json",),
+           targets=(Target("verifier_inputs_worst_verify_s", "<", TARGET_S), Target("verifier_inputs_worst_parts_s", "<", TARGET_S)))
+def run(h: Harness) -> dict:
+    h.repeats = 1 if h.quick else 3
     tools = TaskRecord("t", "tools", "p", None, ToolSpec((WEATHER,), (ToolCall("get_weather", {"city": "Paris"}),)))
     sentences = TaskRecord("i", "instructions", "p", None,
                            InstructionSpec((Constraint("sentence_count", {"min": 2, "max": 3}),)))
@@ -51,23 +53,10 @@ def main() -> None:
     cases.append((sentences, '"A. " under sentence_count', "A. " * (M // 3)))
     verify_s, parts_s = {}, {}
     for record, name, text in cases:
-        verify_s[name] = median_time(lambda: verifiers.verify(record, text), repeats)[0]
-        parts_s[name] = median_time(lambda: verifiers.response_parts(record, text), repeats)[0]
-        print(f"{name:28s} verify {verify_s[name]:.3f} s, response_parts {parts_s[name]:.3f} s", flush=True)
+        verify_s[name] = h.median_time(lambda: verifiers.verify(record, text), h.repeats)[0]
+        parts_s[name] = h.median_time(lambda: verifiers.response_parts(record, text), h.repeats)[0]
     worst_verify, worst_parts = max(verify_s, key=verify_s.get), max(parts_s, key=parts_s.get)
-    figures = (f"worst verify {verify_s[worst_verify]:.3f} s ({worst_verify}), worst response_parts "
-               f"{parts_s[worst_parts]:.3f} s ({worst_parts}), over {len(cases)} shapes")
-    print(figures)
-    update_figures({"verifier_inputs_worst_verify_s": round(verify_s[worst_verify], 4),
-                    "verifier_inputs_worst_parts_s": round(parts_s[worst_parts], 4)})
-    upsert_result("Hostile verifier inputs (bench_verifier_inputs.py)",
-                  "Built-in verifiers on 2 MB responses of every shape: the worst `verify` and `response_parts` "
-                  "(called by the credits table) time, median of 3 per shape. The lazy tool-call regex this "
-                  "replaced took 87.6 s on 12,000 unclosed tags (132 KB).",
-                  "quick" if repeats == 1 else "full", f"{len(cases)} shapes x 2 MB, {repeats} timing(s) each",
-                  figures, f"< {TARGET_S:g} s each: "
-                  f"{verdict(max(verify_s[worst_verify], parts_s[worst_parts]) < TARGET_S)}")
-
-
-if __name__ == "__main__":
-    main()
+    figures = {"verifier_inputs_worst_verify_s": round(verify_s[worst_verify], 4),
+               "verifier_inputs_worst_parts_s": round(parts_s[worst_parts], 4)}
+    h.update_figures(figures)
+    return figures | {"shapes": len(cases), "worst_verify_shape": worst_verify, "worst_parts_shape": worst_parts}

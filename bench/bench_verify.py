@@ -1,7 +1,7 @@
 """The verify stage against the same calls on one thread of this process (the stage before plugin
 isolation), on the demo set, and the cost of isolation where it applies: a plugin-only task.
 
-    python bench/bench_verify.py [--quick]
+    python -m bench verify [--quick]
 
 The demo set's prompts (16 per task, `--quick`: 4), sampled once by the shipped tiny policy with
 annotate's default sampling, are verified shard by shard as annotate does (`verify_samples` per
@@ -19,16 +19,15 @@ Target: stage / inline <= 1.2 on the demo set. Writes bench/results/verify.json 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import ROOT, THREADS, interleaved_times, model_paths, update_figures, upsert_result, verdict
+from common import THREADS, Harness, model_paths
+from registry import Target, benchmark
 
-VERIFY_JSON = ROOT / "bench" / "results" / "verify.json"
 TARGET = 1.2
 _PLUGIN = '''
 def brevity(record, response):
@@ -39,18 +38,18 @@ def brevity(record, response):
 '''
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 prompts per task, 3 repeats")
-    args = parser.parse_args()
-
+@benchmark("verify", measures="Annotate's verify stage on the demo set (built-in verifiers in the annotate process, "
+           "bounded on a thread; plugins in a worker process, bounded in time and memory) over the same calls on one "
+           "thread; and a plugin-only task, every call in the worker, over the same calls inline.",
+           results=("verify.json",), targets=(Target("isolated_over_inline", "<=", TARGET),))
+def run(h: Harness) -> dict:
     from tokencredit import verifiers
     from tokencredit.pipeline.annotate import AnnotateConfig, load_models, load_prompt_set, shards_of, verify_samples
     from tokencredit.schemas.records import PluginSpec, TaskRecord
     from tokencredit.verifiers import isolation, plugins
 
-    limit, repeats = (4, 3) if args.quick else (16, 5)
-    policy, _, note = model_paths()
+    limit, h.repeats = (1, 1) if h.quick else (16, 5)
+    policy, _, _ = model_paths()
     config = AnnotateConfig(limit=limit, model=policy, cpu_threads=THREADS)
     records, _ = load_prompt_set(config)
     by_id = {r.id: r for r in records}
@@ -81,40 +80,18 @@ def main() -> None:
     if stage(shards, by_id) != inline(shards, by_id) or \
             stage(brief_shards, brief_by_id, refs) != inline(brief_shards, brief_by_id, refs):
         raise RuntimeError("the verify stage and the inline calls gave different scores")
-    t = interleaved_times({"stage": lambda: stage(shards, by_id), "inline": lambda: inline(shards, by_id),
-                           "plugin_isolated": lambda: stage(brief_shards, brief_by_id, refs),
-                           "plugin_inline": lambda: inline(brief_shards, brief_by_id, refs)}, repeats=repeats)
-    ratio, plugin_ratio = t["stage"] / t["inline"], t["plugin_isolated"] / t["plugin_inline"]
-    per_call_ms = (t["stage"] - t["inline"]) / n * 1e3
-    plugin_per_call_ms = (t["plugin_isolated"] - t["plugin_inline"]) / n * 1e3
-    worker_start = first - t["plugin_isolated"]
+    t = h.interleaved_times({"stage": lambda: stage(shards, by_id), "inline": lambda: inline(shards, by_id),
+                             "plugin_isolated": lambda: stage(brief_shards, brief_by_id, refs),
+                             "plugin_inline": lambda: inline(brief_shards, brief_by_id, refs)}, repeats=h.repeats)
     isolation.close_workers()
     folder.cleanup()
-    tasks = sorted({r.task for r in records})
-    sizes = (f"{len(records)} demo prompts ({', '.join(tasks)}) x {config.sampling.n} samples = {n} responses, "
-             f"{len(shards)} shards of {config.shard_size} prompts; plugin-only: the same {n} responses of a "
-             f"plugin task, 2 rewards each; {note}; {repeats} interleaved reps, median")
-    figures = (f"demo set (built-ins, in process): verify stage {t['stage']:.3f} s, inline {t['inline']:.3f} s: "
-               f"{ratio:.3f}x ({per_call_ms:+.2f} ms per response); plugin-only, in the worker: "
-               f"{t['plugin_isolated']:.3f} s vs inline {t['plugin_inline']:.3f} s: {plugin_ratio:.2f}x "
-               f"({plugin_per_call_ms:+.2f} ms per response); worker start {worker_start:.2f} s once per process")
-    print(f"sizes: {sizes}\n{figures}\ntarget stage/inline <= {TARGET}: {verdict(ratio <= TARGET)}")
-    update_figures({"isolated_over_inline": round(ratio, 4), "isolated_s": round(t["stage"], 4),
-                    "inline_s": round(t["inline"], 4), "per_response_overhead_ms": round(per_call_ms, 3),
-                    "plugin_only_isolated_over_inline": round(plugin_ratio, 4),
-                    "plugin_only_isolated_s": round(t["plugin_isolated"], 4),
-                    "plugin_only_inline_s": round(t["plugin_inline"], 4),
-                    "plugin_only_per_response_overhead_ms": round(plugin_per_call_ms, 3),
-                    "worker_start_s": round(worker_start, 3), "responses": n, "shards": len(shards),
-                    "mode": "quick" if args.quick else "full"}, VERIFY_JSON)
-    upsert_result(
-        "Verify stage in worker processes (bench_verify.py)",
-        "Annotate's verify stage on the demo set (built-in verifiers in the annotate process, bounded on a "
-        "thread; plugins in a worker process, bounded in time and memory, killable with what they started) "
-        "over the same calls on one thread of the annotate process; and a plugin-only task, every call in "
-        "the worker, over the same calls inline.",
-        "quick" if args.quick else "full", sizes, figures, f"stage/inline <= {TARGET}: {verdict(ratio <= TARGET)}")
-
-
-if __name__ == "__main__":
-    main()
+    figures = {"isolated_over_inline": round(t["stage"] / t["inline"], 4), "isolated_s": round(t["stage"], 4),
+               "inline_s": round(t["inline"], 4), "per_response_overhead_ms": round((t["stage"] - t["inline"]) / n * 1e3, 3),
+               "plugin_only_isolated_over_inline": round(t["plugin_isolated"] / t["plugin_inline"], 4),
+               "plugin_only_isolated_s": round(t["plugin_isolated"], 4),
+               "plugin_only_inline_s": round(t["plugin_inline"], 4),
+               "plugin_only_per_response_overhead_ms": round((t["plugin_isolated"] - t["plugin_inline"]) / n * 1e3, 3),
+               "worker_start_s": round(first - t["plugin_isolated"], 3), "responses": n, "shards": len(shards),
+               "mode": h.mode}
+    h.update_figures(figures, "verify.json")
+    return figures

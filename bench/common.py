@@ -1,7 +1,7 @@
-"""Shared helpers of the benchmarks: median timing, peak memory (RSS), machine line, RESULTS.md upsert,
-figures in bench/results/*.json.
+"""Shared helpers of the benchmarks: median timing, peak memory (RSS), the machine, the row of a run (`write_row`),
+figures in bench/results/*.json, and the `Harness` a registered benchmark receives.
 
-Run a benchmark from the repository root: `python bench/bench_<name>.py [--quick]`.
+Run a benchmark from the repository root: `python -m bench NAME [--quick]` (bench/__main__.py).
 Memory is read from the kernel (VmRSS / VmHWM of /proc/self/status) because torch and Arrow
 allocate outside Python's allocator, where `tracemalloc` does not look.
 """
@@ -17,13 +17,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "RESULTS.md"
-SPEED_JSON = ROOT / "bench" / "results" / "speed.json"
-RESULTS_TITLE = "# Benchmark results\n\nOne section per benchmark; a row per machine and mode (full or --quick).\n"
-COLUMNS = ("machine", "date", "mode", "sizes", "figures", "targets")
+RESULTS_DIR = ROOT / "bench" / "results"
+SPEED_JSON = RESULTS_DIR / "speed.json"
+RUNS = "runs.jsonl"  # every run's row, in a results folder
+MARKDOWN_ROWS = "markdown_rows.jsonl"  # the rows of the RESULTS.md each script assembled by hand, before the runner
 
 if str(ROOT) not in sys.path:  # `python bench/x.py` puts bench/ on the path, not the repository
     sys.path.insert(0, str(ROOT))
@@ -124,58 +125,99 @@ def mib(n: float) -> str:
 
 def machine() -> str:
     """e.g. '2-core CPU, 24 GiB, x86_64, torch 2.13.0+cpu, 1 torch thread(s)' (CUDA device first if any)."""
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    cpu = f"{os.cpu_count()}-core CPU, {round(mem / 2**30)} GiB, {platform.processor() or platform.machine()}"
-    if torch.cuda.is_available():
-        cpu = f"{torch.cuda.get_device_name()} + {cpu}"
+    info = machine_info()
+    cpu = f"{info['cores']}-core CPU, {info['memory_gib']} GiB, {platform.processor() or platform.machine()}"
+    if info["device"] != "cpu":
+        cpu = f"{info['device']} + {cpu}"
     return f"{cpu}, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s)"
 
 
-def _escape(cell: str) -> str:
-    return str(cell).replace("|", "\\|").replace("\n", " ")
+def machine_info() -> dict:
+    """{cores, memory_gib, cpu (the model name of /proc/cpuinfo), device ('cpu' or the CUDA device's name)}."""
+    cpu = platform.processor() or platform.machine()
+    with open("/proc/cpuinfo") as info:
+        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"cores": os.cpu_count(), "memory_gib": round(memory / 2**30), "cpu": cpu, "device": device}
 
 
-def _sections(text: str) -> list[list[str]]:
-    """The file's lines split before each '## ' heading (the first block is the title)."""
-    blocks: list[list[str]] = [[]]
-    for line in text.splitlines():
-        if line.startswith("## "):
-            blocks.append([])
-        blocks[-1].append(line)
-    return blocks
+def commit() -> str:
+    """HEAD's hash, with '+dirty' when tracked files differ from it ('unknown' outside a git checkout)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def _upsert_block(block: list[str], heading: str, intro: str, row: list[str]) -> list[str]:
-    header = "| " + " | ".join(COLUMNS) + " |"
-    rows = [line for line in block if line.startswith("| ") and line != header and not line.startswith("|--")]
-    key = row[0], row[2]  # machine, mode
-    rows = [r for r in rows if tuple(c.strip() for c in r.strip("|").split(" | ")[:3:2]) != key]
-    rows.append("| " + " | ".join(row) + " |")
-    return [heading, "", intro, "", header, "|" + "---|" * len(COLUMNS), *rows, ""]
+@dataclass
+class Harness:
+    """What a registered benchmark receives: its mode, where its results go, its own options, the shared helpers.
 
-
-def upsert_result(section: str, intro: str, mode: str, sizes: str, figures: str, targets: str,
-                  path: Path = RESULTS) -> None:
-    """Write this machine's row (same machine and mode replaced) into `## {section}` of RESULTS.md.
-
-    Other sections are left byte for byte; the file is locked while it is rewritten.
+    `quick`: a short run whose figures are no verdict; `results_dir`: bench/results, or a temporary folder for a
+    quick run; `argv`: the options after `--` on the runner's command line, for the benchmark's own parser;
+    `repeats`: the benchmark sets it to the timed repeats behind its figures (recorded in the row).
     """
-    row = [_escape(c) for c in (machine(), datetime.date.today().isoformat(), mode, sizes, figures, targets)]
-    heading = f"## {section}"
-    path.touch()
-    with open(path, "r+") as f:
+    quick: bool
+    results_dir: Path
+    argv: list[str] = field(default_factory=list)
+    repeats: int | None = None
+    median_time = staticmethod(median_time)
+    interleaved_times = staticmethod(interleaved_times)
+    peak_extra_bytes = staticmethod(peak_extra_bytes)
+    run_child = staticmethod(run_child)
+
+    @property
+    def mode(self) -> str:
+        return "quick" if self.quick else "full"
+
+    def results(self, file: str) -> Path:
+        """The path of a results file, e.g. results("repair.json")."""
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        return self.results_dir / file
+
+    def update_figures(self, values: dict, file: str = "speed.json") -> dict:
+        return update_figures(values, self.results(file))
+
+
+def write_row(path: Path, name: str, h: Harness, load_before: tuple[float, ...], figures: dict,
+              targets: list[dict]) -> dict:
+    """Append one run's row (the schema bench/RESULTS.md is rendered from) to the JSON-lines file at `path`.
+
+    Row: benchmark, commit, date (UTC, ISO), machine (machine_info), torch_threads, load_avg ({before, after}: the
+    1, 5 and 15 minute load averages), repeats, mode, figures, targets ([{name, comparison, value, met}])."""
+    row = {"benchmark": name, "commit": commit(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine_info(), "torch_threads": torch.get_num_threads(),
+           "load_avg": {"before": list(load_before), "after": list(os.getloadavg())}, "repeats": h.repeats,
+           "mode": h.mode, "figures": figures, "targets": targets}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        blocks = _sections(f.read() or RESULTS_TITLE)
-        found = [i for i, b in enumerate(blocks) if b and b[0].strip() == heading]
-        if found:
-            blocks[found[0]] = _upsert_block(blocks[found[0]], heading, intro, row)
-        else:
-            if blocks[-1] and blocks[-1][-1].strip():
-                blocks[-1].append("")
-            blocks.append(_upsert_block([], heading, intro, row))
+        f.write(json.dumps(row) + "\n")
+    return row
+
+
+def upsert_result(section: str, intro: str, mode: str, sizes: str, figures: str, targets: str) -> None:
+    """A row in the format before the runner, for bench/closed_loop.py until it moves into `compare`: replaces the
+    row of the same section, machine and mode in markdown_rows.jsonl, then renders RESULTS.md again."""
+    from registry import load_all
+    from report import write_results_md
+
+    path = RESULTS_DIR / MARKDOWN_ROWS
+    row = {"benchmark": None, "section": section, "intro": intro, "machine": machine(),
+           "date": datetime.date.today().isoformat(), "mode": mode, "sizes": sizes, "figures": figures,
+           "targets": targets}
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        rows = [json.loads(line) for line in f.read().splitlines() if line.strip()]
+        rows = [r for r in rows if (r["section"], r.get("machine"), r.get("mode")) != (section, row["machine"], mode)]
         f.seek(0)
         f.truncate()
-        f.write("\n".join(line for b in blocks for line in b).rstrip("\n") + "\n")
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in [*rows, row]))
+    write_results_md(load_all(), RESULTS_DIR)
 
 
 def update_figures(values: dict, path: Path = SPEED_JSON) -> dict:
@@ -191,10 +233,6 @@ def update_figures(values: dict, path: Path = SPEED_JSON) -> dict:
         f.truncate()
         f.write(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     return figures
-
-
-def verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
 
 
 # --- models ---------------------------------------------------------------------------------------

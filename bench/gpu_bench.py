@@ -1,8 +1,8 @@
 """Replay, P2T and vLLM sampling throughput of a ~1.5B-parameter Qwen2-style model on one CUDA GPU.
 
-    python bench/gpu_bench.py [--quick] [--peak-tflops 790]      # on a CUDA machine; figures to $OUT if set
-    python bench/gpu_bench.py --smoke                             # CPU check of the script with a tiny config
-    python bench/gpu_bench.py --gpus 4                            # also annotate on 4 engine workers, a GPU each
+    python -m bench gpu [--quick] [-- --peak-tflops 790]     # on a CUDA machine; figures to $OUT too if set
+    python -m bench gpu --quick                               # without a CUDA device: the script on CPU, tiny config
+    python -m bench gpu -- --gpus 4                           # also annotate on 4 engine workers, a GPU each
 
 The model is built from a Qwen2-1.5B-shaped config with random weights in bf16 (nothing is
 downloaded). Inputs are random token ids: N responses of T tokens after a P-token task prompt and
@@ -17,12 +17,13 @@ dominates), then, side by side in this process: flat sampling through `Transform
 (`--backend vllm --device cuda`, bf16; engine start given apart), 4x4 tree against 16 flat samples on the engine,
 MRTPO's replay through the engine (`credit.engine_replay`, prompt log-probs) against the torch replay with its
 max |difference| of log-probs, and `tokencredit annotate --credit gdpo,mrtpo` on each backend as a fresh command
-(wall, start included). Figures go to $OUT/gpu_bench.json (and bench/results/gpu_bench.json with --record).
+(wall, start included). Figures go to the results folder's gpu_bench.json and to $OUT/gpu_bench.json.
 Nothing is downloaded or installed: run it where `pip install -e ".[gpu]"` was done beforehand.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -36,7 +37,8 @@ from pathlib import Path
 os.environ.setdefault("BENCH_THREADS", str(os.cpu_count()))  # common.py pins 1 thread for the shared CPU box
 import torch  # noqa: E402
 
-from common import upsert_result  # noqa: E402
+from common import Harness  # noqa: E402 - after BENCH_THREADS
+from registry import Unavailable, benchmark  # noqa: E402
 
 QWEN2_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                   num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
@@ -271,96 +273,66 @@ def annotate_on_workers(folder: Path, smoke: bool, prompts: int, n: int, max_new
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer responses and repeats")
-    parser.add_argument("--smoke", action="store_true", help="run on CPU with a tiny config (checks the script)")
+@benchmark("gpu", measures="Replay, P2T and vLLM sampling throughput of a random-weight bf16 Qwen2-1.5B-shaped model "
+           "on one CUDA GPU (tokens/s over every forwarded token, the fraction of the FLOP ceiling 2 x params x tokens "
+           "/ peak), and the product's paths on the device: both samplers, tree sampling, the engine replay, annotate "
+           "on each backend. Without a CUDA device, --quick checks the script on CPU with a tiny config.",
+           results=("gpu_bench.json",))
+def run(h: Harness) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m bench gpu --")
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense peak of the GPU")
     parser.add_argument("--no-engine", action="store_true",
                         help="skip the product's paths on the engine (sampling, tree, engine replay, annotate)")
-    parser.add_argument("--record", action="store_true", help="also write bench/results/gpu_bench.json")
     parser.add_argument("--gpus", type=int, default=1, help="with more than 1: also annotate on that many engine "
                         "workers, one GPU each (`--runner dask --workers N`), against one worker")
-    args = parser.parse_args()
-    if not args.smoke and not torch.cuda.is_available():
-        sys.exit("gpu_bench.py: no CUDA device here (torch.cuda.is_available() is False); nothing was run. "
-                 "Run it on a CUDA machine, or with --smoke to check the script on CPU.")
+    args = parser.parse_args(h.argv)
+    smoke = not torch.cuda.is_available()
+    if smoke and not h.quick:
+        raise Unavailable("no CUDA device here (torch.cuda.is_available() is False); --quick checks the script on CPU")
 
-    device, dtype, shape = ("cpu", torch.float32, SMOKE) if args.smoke else ("cuda", torch.bfloat16, QWEN2_1_5B)
-    n, prompt, section, k, response, samples = (8, 32, 8, 3, 32, 2) if args.smoke else (
-        (32, 256, 32, 3, 512, 4) if args.quick else (64, 256, 32, 3, 512, 4))
-    repeats = 1 if args.smoke else (2 if args.quick else 3)
+    device, dtype, shape = ("cpu", torch.float32, SMOKE) if smoke else ("cuda", torch.bfloat16, QWEN2_1_5B)
+    n, prompt, section, k, response, samples = (8, 32, 8, 3, 32, 2) if smoke else (
+        (32, 256, 32, 3, 512, 4) if h.quick else (64, 256, 32, 3, 512, 4))
+    h.repeats = 1 if smoke else (2 if h.quick else 3)
     peak = args.peak_tflops * 1e12
-    sizes = (f"{n} responses x T={response} after a {prompt}-token prompt + {k} feedback sections of {section} "
-             f"tokens; replay batch 16, P2T batch 8, vLLM {samples} samples per prompt; {repeats} reps, median")
     policy = build(shape, device, dtype)
     params = sum(p.numel() for p in policy.parameters())
-    print(f"sizes: {params / 1e9:.3f}B-param Qwen2-style model, {dtype}, {device}; {sizes}", flush=True)
     items = random_items(n, prompt, section, k, response, shape["vocab_size"])
-    results: dict = {"params": params, "sizes": sizes, "peak_tflops": args.peak_tflops}
-
-    results["replay"] = bench_replay(policy, items, device, repeats, params, peak)
-    print(f"replay: {json.dumps(results['replay'])}", flush=True)
+    results: dict = {"params": params, "sizes": {"responses": n, "response_tokens": response, "prompt_tokens": prompt,
+                                                 "feedback_sections": k, "section_tokens": section, "samples": samples},
+                     "peak_tflops": args.peak_tflops}
+    results["replay"] = bench_replay(policy, items, device, h.repeats, params, peak)
     rm = build(shape, device, dtype, reward_model=True)
-    results["p2t"] = bench_p2t(rm, items, device, repeats, params, peak)
-    print(f"p2t: {json.dumps(results['p2t'])}", flush=True)
+    results["p2t"] = bench_p2t(rm, items, device, h.repeats, params, peak)
     del rm
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        results["vllm"] = "vllm not importable: skipped"
+    engine = importlib.util.find_spec("vllm") is not None
+    if not engine:
+        results["vllm"] = results["engine"] = "vllm not importable: skipped"
     else:
         try:
             results["vllm"] = bench_vllm(policy.cpu(), items, samples, response, params, peak)
             results["replay_over_vllm_sampling"] = results["replay"]["seconds"] / results["vllm"]["seconds"]
         except Exception as error:  # noqa: BLE001 - keep the other figures when vLLM fails to start
             results["vllm"] = f"failed: {type(error).__name__}: {error}"
-    print(f"vllm: {json.dumps(results['vllm'])}", flush=True)
     results["machine"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
-    try:
-        import vllm  # noqa: F401,F811
-    except ImportError:
-        results["engine"] = "vllm not importable: skipped"
-    else:
-        if not args.no_engine:
-            del policy
-            folder = engine_folder(shape, dtype)
-            e_prompts, e_n, e_new = (2, 2, 8) if args.smoke else ((16, 4, 128) if args.quick else (64, 4, 256))
-            try:
-                results["engine"] = bench_engine(folder, args.smoke, e_prompts, e_n, e_new)
-                print(f"engine: {json.dumps(results['engine'])}", flush=True)
-                results["annotate"] = annotate_walls(folder, args.smoke, e_prompts, e_n, e_new)
-                print(f"annotate: {json.dumps(results['annotate'])}", flush=True)
-                if args.gpus > 1:
-                    results["workers"] = annotate_on_workers(folder, args.smoke, e_prompts, e_n, e_new, args.gpus)
-                    print(f"workers: {json.dumps(results['workers'])}", flush=True)
-            except Exception as error:  # noqa: BLE001 - keep the figures measured before
-                results.setdefault("engine", f"failed: {type(error).__name__}: {error}")
-                print(f"engine: failed: {type(error).__name__}: {error}", flush=True)
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-    if args.record and not args.smoke:
-        Path(__file__).resolve().parent.joinpath("results", "gpu_bench.json").write_text(json.dumps(results, indent=2))
-
+    if engine and not args.no_engine:
+        del policy
+        folder = engine_folder(shape, dtype)
+        e_prompts, e_n, e_new = (2, 2, 8) if smoke else ((16, 4, 128) if h.quick else (64, 4, 256))
+        try:
+            results["engine"] = bench_engine(folder, smoke, e_prompts, e_n, e_new)
+            results["annotate"] = annotate_walls(folder, smoke, e_prompts, e_n, e_new)
+            if args.gpus > 1:
+                results["workers"] = annotate_on_workers(folder, smoke, e_prompts, e_n, e_new, args.gpus)
+        except Exception as error:  # noqa: BLE001 - keep the figures measured before
+            results.setdefault("engine", f"failed: {type(error).__name__}: {error}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    h.results("gpu_bench.json").write_text(json.dumps(results, indent=2))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu_bench.json").write_text(json.dumps(results, indent=2))
-    if args.smoke:
-        return  # a tiny CPU model measures nothing worth recording
     r, p = results["replay"], results["p2t"]
-    vllm_text = (f"vLLM {results['vllm']['generated_per_s']:,.0f} generated tok/s "
-                 f"(replay {results['replay_over_vllm_sampling']:.2f}x of sampling)"
-                 if isinstance(results["vllm"], dict) else f"vLLM {results['vllm']}")
-    upsert_result(
-        "GPU: 1.5B Qwen2-style model (gpu_bench.py)",
-        "Random-weight bf16 Qwen2-1.5B-shaped model; tokens/s over every forwarded token and the fraction of "
-        "the FLOP ceiling 2 x params x tokens / peak.",
-        "quick" if args.quick else "full", sizes,
-        f"replay {r['tokens_per_s']:,.0f} tok/s ({r['ceiling_fraction']:.0%} of ceiling, {r['over_plain']:.2f}x "
-        f"plain forward); P2T {p['tokens_per_s']:,.0f} tok/s ({p['ceiling_fraction']:.0%}, {p['over_plain']:.2f}x "
-        f"plain forward); {vllm_text}",
-        f"peak {args.peak_tflops:.0f} TFLOP/s",
-    )
-
-
-if __name__ == "__main__":
-    main()
+    return {"params": params, "replay_tokens_per_s": r["tokens_per_s"], "replay_ceiling_fraction": r["ceiling_fraction"],
+            "replay_over_plain": r["over_plain"], "p2t_tokens_per_s": p["tokens_per_s"],
+            "p2t_ceiling_fraction": p["ceiling_fraction"], "p2t_over_plain": p["over_plain"],
+            "replay_over_vllm_sampling": results.get("replay_over_vllm_sampling"), "machine": results["machine"]}

@@ -1,4 +1,4 @@
-"""bench/bench_peer.py --quick: the peer benchmark's harness runs every arm once, end to end, and reports every key
+"""`python -m bench peer --quick`: the peer benchmark's harness runs every arm once, end to end, and reports every key
 the issue lists, so that the harness cannot rot between the benchmark's full runs."""
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ KEYS = ("annotate_gdpo_over_peer", "mrtpo_over_gdpo", "startup_over_peer", "repl
 
 
 def test_the_quick_benchmark_runs_every_arm_and_reports_every_key(tmp_path):
-    results = tmp_path / "peer.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_peer.py"), "--quick", "--work",
-                           str(tmp_path / "work"), "--results", str(results)], capture_output=True, text=True,
-                          timeout=3000)
+    done = subprocess.run([sys.executable, "-m", "bench", "peer", "--quick", "--results-dir", str(tmp_path / "results"),
+                           "--", "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=3000,
+                          cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert not results.exists()  # --quick writes no file
+    out = json.loads((tmp_path / "results" / "peer.json").read_text())
+    row = json.loads((tmp_path / "results" / "runs.jsonl").read_text())
+    assert row["benchmark"] == "peer" and row["figures"] == out
     assert all(key in out for key in KEYS), sorted(set(KEYS) - set(out))
     assert out["repeats"] == 1 and out["mode"] == "quick" and len(out["commit"]) == 40
     assert {arm: len(rows) for arm, rows in out["runs"].items()} == {"peer": 1, "gdpo": 1, "mrtpo": 1, "tree": 1}

@@ -116,7 +116,7 @@ def test_every_own_sample_row_carries_the_prior_keys():
 def test_the_quick_run_reports_each_credit_against_the_priors():
     """The benchmark end to end on the tiny policy (a few demo prompts; writes nothing): every credit's line gives
     the first-token rule, the paired difference with its interval, and the linear prior."""
-    done = subprocess.run([sys.executable, "bench/bench_localization_own.py", "--quick"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "bench", "localization_own", "--quick"], capture_output=True,
                           text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for line in done.stdout.splitlines() if "top in decisive" in line]
