@@ -428,8 +428,8 @@ def options(quick: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench engine --")
     parser.add_argument("--mode", choices=sorted(SIZES), default="quick" if quick else "full",
                         help="full: the issue's sizes; reduced: what fits a session on the shared CPU; quick: a check")
-    parser.add_argument("--only", default="sample,tree" if quick else "sample,replay,tree,annotate,scoring,workers,install",
-                        help="measurements to run (default: all; --quick: sample,tree)")
+    parser.add_argument("--only", default="sample" if quick else "sample,replay,tree,annotate,scoring,workers,install",
+                        help="measurements to run (default: all; --quick: sample, one engine: a check of the script)")
     parser.add_argument("--redo", action="store_true", help="measure again what engine.json already holds")
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
@@ -477,7 +477,7 @@ def run(h) -> dict:
 
     if "sample" in only:
         measure("sample_transformers", lambda: run_child(py, "sample", args, backend="transformers", model=args.model))
-        for dtype in ("bfloat16", "float32"):
+        for dtype in ("float32",) if args.mode == "quick" else ("bfloat16", "float32"):
             measure(f"sample_vllm_{dtype}", lambda: run_child(vpy, "sample", args, backend="vllm", model=args.model,
                                                               dtype=dtype))
     if "replay" in only:

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 # they start vLLM engines (minutes on the shared CPU; gpu's CPU check too where vllm imports), like tests/test_vllm.py
 ENGINE = {"engine", "engine_choice", "peer", "gpu"}
+OWN_TEST = {"peer": "tests/test_bench_peer.py"}  # run --quick there, with every key of its row checked
 
 
 def registered() -> list[str]:
@@ -43,7 +44,7 @@ def test_the_smoke_list_is_the_registry():
     assert listed == registered()
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n)) for n in registered()])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n)) for n in registered() if n not in OWN_TEST])
 def test_the_quick_run_writes_its_row_and_nothing_in_bench_results(name, tmp_path):
     before = results_state()
     done = subprocess.run([sys.executable, "-m", "bench", name, "--quick", "--results-dir", str(tmp_path)],
