@@ -536,6 +536,18 @@ ROUNDS = TINY.replace("train_limit = 8", "train_limit = 4").replace("heldout_lim
     "sampled = 1", "sampled = 0").replace("lora = true", "lora = true\nrounds = 2")
 
 
+def test_a_later_round_computes_only_the_credit_its_arm_trains_on(tmp_path):
+    """The flat pool computes GDPO and MRTPO; an arm's own later rounds compute GDPO and the arm's advantage alone
+    (an MRTPO replay for the GDPO or RS arm would train nothing)."""
+    from tokencredit.pipeline.compare.design import load_design
+    from tokencredit.pipeline.compare.run import rounds_config
+
+    design = load_design(write(tmp_path / "design.toml", ROUNDS + EXTRA_ARM))
+    kinds = {name: rounds_config(design, arm, 0, tmp_path / "pool", tmp_path / "out")[0].annotate.credit.kinds
+             for name, arm in design.arms.items()}
+    assert kinds == {"gdpo": ("gdpo",), "mrtpo": ("gdpo", "mrtpo"), "rs": ("gdpo",)}
+
+
 @pytest.mark.slow
 def test_each_arm_trains_its_rounds_on_pools_of_its_own_policy_and_its_last_policy_is_scored(tmp_path):
     """With [training] rounds = 2, killed (kill -9) in gdpo-0's second round and resumed."""

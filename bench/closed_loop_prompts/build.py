@@ -3,6 +3,7 @@
     python bench/closed_loop_prompts/build.py pilot      # every candidate kind, train split only
     python bench/closed_loop_prompts/build.py final      # seen kinds in train/held-out, unseen kinds held out
     python bench/closed_loop_prompts/build.py powered    # final's train prompts, 1,024 fresh held-out prompts
+    python bench/closed_loop_prompts/build.py rounds     # the same train prompts, 256 held-out ones none above has
 
 Deterministic (fixed seeds, no downloads). A prompt is a request ("Write a short note about the harbor.")
 followed by each constraint's own sentence (`tokencredit.verifiers.checkers`, the sentence its feedback uses). The
@@ -110,14 +111,15 @@ def build(kind: str, seen: tuple[str, ...] = SEEN, unseen: tuple[str, ...] = UNS
     return rows
 
 
-def build_powered(n_held_out: int = 1024) -> list[dict]:
+def build_powered(n_held_out: int = 1024, generator: str = "closed-loop-powered",
+                  scored: tuple[list[dict], ...] = ()) -> list[dict]:
     """The powered design's prompts (bench/compare_designs/powered.toml): the final set's train prompts, and
-    `n_held_out` held-out prompts drawn afresh (their own generator; a quarter unseen kinds, as in `final`),
-    none with the text of another prompt, of a train prompt or of the final set's 256 held-out prompts (which
-    the older experiments scored)."""
+    `n_held_out` held-out prompts drawn afresh (their own `generator`; a quarter unseen kinds, as in `final`),
+    none with the text of another prompt, of a train prompt, of the final set's 256 held-out prompts (which
+    the older experiments scored) or of a prompt in `scored` (the sets later designs scored)."""
     final = build("final")
-    taken = {r["prompt"] for r in final}
-    rng = random.Random("closed-loop-powered")
+    taken = {r["prompt"] for rows in (final, *scored) for r in rows}
+    rng = random.Random(generator)
     n_unseen = n_held_out // 4
     rows = [r for r in final if r["split"] == "train"]
     for i in range(n_held_out):
@@ -140,6 +142,8 @@ def write(rows: list[dict], path: Path) -> None:
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "final"
-    out = HERE / f"{ {'pilot': 'pilot', 'powered': 'powered'}.get(which, 'prompts')}.jsonl"
-    write(build_powered() if which == "powered" else build(which), out)
+    out = HERE / f"{ {'pilot': 'pilot', 'powered': 'powered', 'rounds': 'rounds'}.get(which, 'prompts')}.jsonl"
+    rows = {"powered": build_powered,
+            "rounds": lambda: build_powered(256, generator="closed-loop-rounds", scored=(build_powered(),))}
+    write(rows[which]() if which in rows else build(which), out)
     print(f"wrote {out}")

@@ -119,14 +119,23 @@ def arm_train_config(design: Design, arm: Arm, seed: int, data: Path, folder: Pa
 
 def rounds_config(design: Design, arm: Arm, seed: int, pool: Path, out: Path):
     """(arm, seed)'s rounds (`[training] rounds`, tokencredit.pipeline.rounds) in DIR/train/ARM-SEED: round 0 trains
-    on the shared pool, each later round annotates the arm's pool settings from the arm's policy and trains on it;
-    no dev prompts (the last round's policy is scored on the held-out ones)."""
+    on the shared pool, each later round annotates the arm's pool settings from the arm's policy (with the credit
+    the arm trains on alone, `arm_credit`) and trains on it; no dev prompts (the last round's policy is scored on
+    the held-out ones)."""
     from tokencredit.pipeline.rounds import RoundsConfig
 
     folder = within(out, "train", f"{arm.name}-{seed}")
-    return RoundsConfig(annotate=pool_config(design, design.pools[arm.pool]), rounds=design.rounds,
+    return RoundsConfig(annotate=arm_credit(arm, pool_config(design, design.pools[arm.pool])), rounds=design.rounds,
                         train=arm_train_config(design, arm, seed, pool, folder), dev_split=None,
                         first_run=str(pool)), folder
+
+
+def arm_credit(arm: Arm, config):
+    """`config` (a pool's annotate config) computing only the credit `arm` trains on: GDPO's, and its advantage's
+    where that is another kind. A round's pool is the arm's own: the pool's other credits (an MRTPO replay, for
+    a GDPO arm) would cost hours and train nothing."""
+    kinds = tuple(k for k in config.credit.kinds if k in ("gdpo", arm.advantage))
+    return dataclasses.replace(config, credit=dataclasses.replace(config.credit, kinds=kinds))
 
 
 def pool_config(design: Design, pool: Pool):
