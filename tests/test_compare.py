@@ -273,6 +273,26 @@ def test_report_rows_carry_the_keys_the_labels_and_the_estimate():
     assert "incomplete: 3 of 5 seeds" in table(rows, 5) and "incomplete" not in table(rows, 3)
 
 
+def test_report_rows_give_each_arm_s_gain_over_the_start_and_the_difference_relative_to_the_baseline_s():
+    scores = synthetic_scores(0.1)
+    start = {d: {p: {"reward": cell["reward"] - 0.3, "scores": {}} for p, cell in cells.items()}
+             for d, cells in scores["b-0"]["decodes"].items()}  # about 0.3 under b: b's gain is about 0.3
+    scores["start"] = {"arm": None, "seed": None, "scored_at": "2026-01-01T00:00:00+00:00", "decodes": start}
+    registration = {"design_hash": "abc", "design_commit": None, "design_commit_time": None, "amendments": []}
+    (row,) = rows_for(scores, registration, [("a", "b")], target_mde=0.05)
+    a = np.mean([c["reward"] for x in ("a-0", "a-1", "a-2") for cells in scores[x]["decodes"].values()
+                 for c in cells.values()])
+    b = np.mean([c["reward"] for x in ("b-0", "b-1", "b-2") for cells in scores[x]["decodes"].values()
+                 for c in cells.values()])
+    before = np.mean([c["reward"] for cells in start.values() for c in cells.values()])
+    assert row["gain_over_start"] == pytest.approx({"a": a - before, "b": b - before})
+    assert row["relative_diff"] == pytest.approx(row["diff"] / (b - before))
+    assert row["relative_mde"] == pytest.approx(row["mde"] / (b - before))
+    del scores["start"]  # not scored: no gain, no relative figure
+    (row,) = rows_for(scores, registration, [("a", "b")])
+    assert row["gain_over_start"] == {"a": None, "b": None} and row["relative_diff"] is None
+
+
 def test_plan_finds_the_cheapest_design_that_reaches_the_target():
     pilot = [{"method": "a", "baseline": "b", "var_seed": 0.0002, "var_prompt": 0.005, "var_cell": 0.07,
               "var_decode": 0.05, "decodes": 1}]

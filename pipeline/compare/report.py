@@ -43,6 +43,24 @@ def rewards(scores: dict[str, dict], arm: str, seeds: list[int], prompts: list[s
                      for s in seeds])
 
 
+def gain_over_start(scores: dict[str, dict], arm: str, seeds: list[int], prompts: list[str],
+                    decodes: list[str]) -> float | None:
+    """The arm's mean reward over `seeds`, `prompts` and `decodes` less the start policy's on the same prompts and
+    decodes; None where the start policy was not scored on all of them."""
+    start = scores.get("start", {}).get("decodes", {})
+    if any(p not in start.get(d, {}) for d in decodes for p in prompts):
+        return None
+    before = np.mean([[start[d][p]["reward"] for d in decodes] for p in prompts])
+    return float(rewards(scores, arm, seeds, prompts, decodes).mean() - before)
+
+
+def relative(gains: dict[str, float | None], base: str, value: float) -> float | None:
+    """`value` over the baseline's gain over the start policy (None where that gain is unknown or not positive:
+    a share of no gain means nothing)."""
+    gain = gains[base]
+    return None if gain is None or gain <= 0 else value / gain
+
+
 def rows_for(scores: dict[str, dict], registration: dict, comparisons, primary=(), target_mde: float | None = None,
              decodes: list[str] | None = None) -> list[dict]:
     """One row per (method, baseline) whose seeds are scored for both (the seeds scored for both, the prompts
@@ -61,6 +79,7 @@ def rows_for(scores: dict[str, dict], registration: dict, comparisons, primary=(
         row = analysis.difference(rewards(scores, method, seeds, prompts, names),
                                   rewards(scores, base, seeds, prompts, names))
         early = sorted(x for x in labels if scored_before_commit(registration, scores[x].get("scored_at")))
+        gains = {arm: gain_over_start(scores, arm, seeds, prompts, names) for arm in (method, base)}
         rows.append({"method": method, "baseline": base, **{k: row[k] for k in KEYS[2:8]},
                      "seeds": seeds, "prompts": len(prompts), "decodes": names,
                      "design_hash": registration["design_hash"], "design_commit": registration["design_commit"],
@@ -69,6 +88,8 @@ def rows_for(scores: dict[str, dict], registration: dict, comparisons, primary=(
                      "var_decode": row["var_decode"], "se": row["se"], "df": row["df"],
                      "ci_low_crossed": row["ci_low_crossed"], "ci_high_crossed": row["ci_high_crossed"],
                      "mde_crossed": row["mde_crossed"], "primary": (method, base) in set(primary),
+                     "gain_over_start": gains, "relative_diff": relative(gains, base, row["diff"]),
+                     "relative_mde": relative(gains, base, row["mde"]),
                      "met": None if target_mde is None else row["mde"] <= target_mde,
                      "scored_before_commit": early})
     return rows
