@@ -596,7 +596,8 @@ def test_each_arm_trains_its_rounds_on_pools_of_its_own_policy_and_its_last_poli
         ids = ids.to_pylist()
         assert len(ids) == len(set(ids)) == 4 * 4  # no duplicate, no gap
         assert manifest["config"]["sampling"]["seed"] == pool["config"]["sampling"]["seed"] + 1
-        assert manifest["config"]["credit"] == pool["config"]["credit"]
+        own = ["gdpo"] if label.startswith("gdpo") else ["gdpo", "mrtpo"]  # the credit the arm trains on alone
+        assert manifest["config"]["credit"] == {**pool["config"]["credit"], "kinds": own}
         second = json.loads((folder / "round-001" / "checkpoint" / "final" / "train_config.json").read_text())
         assert second["model"] == str(folder / "round-000" / "policy") and second["seed"] == first["seed"] + 1
         assert (folder / "round-001" / "policy" / "model.safetensors").is_file()
