@@ -155,14 +155,17 @@ def score_dev(config: RoundsConfig, policy: str | None, records, path: Path, lab
     if path.is_file():
         return json.loads(path.read_text())
     annotate = config.annotate
-    sampler = make_sampler(annotate.backend, policy, device=annotate.device)
+    # the run's engine settings: a dev reward decoded in another dtype than the round sampled in is not its policy's
+    sampler = make_sampler(annotate.backend, policy, device=annotate.device, dtype=annotate.dtype,
+                           threads=annotate.cpu_threads)
+    dtype = getattr(sampler, "dtype", "float32")  # the transformers backend samples in float32 only
     greedy = SamplingConfig(n=1, temperature=0.0, seed=annotate.sampling.seed,
                             max_new_tokens=annotate.sampling.max_new_tokens)
     start = time.perf_counter()
     decodes, tokens = decode_rewards(sampler, records, [("greedy", greedy)], annotate.verifiers)
     release_sampler(sampler)
     result = {"round": label, "policy": policy, "reward": mean_reward(decodes), "prompts": len(records),
-              "decode": "greedy", "tokens": tokens, "seconds": round(time.perf_counter() - start, 2),
+              "decode": "greedy", "dtype": dtype, "tokens": tokens, "seconds": round(time.perf_counter() - start, 2),
               "rewards": {i: cell["reward"] for i, cell in decodes["greedy"].items()}}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, result)

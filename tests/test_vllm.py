@@ -309,6 +309,18 @@ def test_cli_auto_picks_the_engine_from_the_run_size():
     assert chosen("--limit", "1", "--dtype", "bfloat16") == "vllm"
 
 
+def test_a_rounds_dev_reward_is_decoded_by_an_engine_of_the_runs_dtype(records, tmp_path):
+    """`rounds --dtype bfloat16` samples its rounds in bfloat16: each policy's dev reward is decoded in it too."""
+    from tokencredit.pipeline.rounds import RoundsConfig, score_dev
+
+    annotate = AnnotateConfig(prompts="demo", backend="vllm", dtype="bfloat16", cpu_threads=THREADS,
+                              sampling=SamplingConfig(n=1, max_new_tokens=6))
+    config = RoundsConfig(annotate=annotate, train=None, rounds=1)
+    scored = score_dev(config, None, records[:2], tmp_path / "dev.json", "start")
+    assert scored["dtype"] == "bfloat16" and set(scored["rewards"]) == {r.id for r in records[:2]}
+    assert json.loads((tmp_path / "dev.json").read_text()) == scored and not _ENGINES  # the engine is released
+
+
 def test_bfloat16_stored_logprobs_move_within_their_bound_and_an_engine_is_released(hf, records):
     """Last: another engine stops the session's (one engine per process)."""
     sampler = make_sampler("vllm", None, device="cpu", dtype="bfloat16", threads=THREADS)
