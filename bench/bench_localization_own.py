@@ -33,8 +33,8 @@ is chance) and per constraint kind:
   judged against the stronger of chance and the two priors; stronger_null, stronger_null_value and met say which
   null that is and whether the target (2x it, its interval excluding it) is met.
 
-`mc` needs tree-sampled groups, so `--pool tree` measures it on a run of its own (`--tree-run`, e.g. closed_loop.py's
-`bench/.closed_loop/pool-tree`, else WORK/tree sampled with `--tree R,L`): its failed pairs are other responses,
+`mc` needs tree-sampled groups, so `--pool tree` measures it on a run of its own (`--tree-run`, e.g. a compare run's
+`DIR/pools/tree`, else WORK/tree sampled with `--tree R,L`): its failed pairs are other responses,
 scored beside chance and the first-token rule on the same pairs. Rows carry `pool` (`flat` or `tree`); a run
 replaces its own pool's rows and keeps the other's.
 
@@ -337,7 +337,7 @@ def run(h: Harness) -> dict:
     parser.add_argument("--pool", choices=("flat", "tree"), default="flat", help="flat: the runs per --locate "
                         "(mrtpo, p2t); tree: a tree-sampled run credited gdpo,mc (mc)")
     parser.add_argument("--tree-run", default=None, help="with --pool tree: an existing run of tree-sampled groups "
-                        "with the mc credit (e.g. closed_loop.py's bench/.closed_loop/pool-tree); else WORK/tree")
+                        "with the mc credit (e.g. a compare run's DIR/pools/tree); else WORK/tree")
     parser.add_argument("--pairs", type=int, default=TARGET_PAIRS, help="failed pairs measured")
     parser.add_argument("--k", type=int, default=TARGET_K, help="continuations per cut")
     parser.add_argument("--cuts", type=int, default=8)

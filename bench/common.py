@@ -199,27 +199,6 @@ def write_row(path: Path, name: str, h: Harness, load_before: tuple[float, ...],
     return row
 
 
-def upsert_result(section: str, intro: str, mode: str, sizes: str, figures: str, targets: str) -> None:
-    """A row in the format before the runner, for bench/closed_loop.py until it moves into `compare`: replaces the
-    row of the same section, machine and mode in markdown_rows.jsonl, then renders RESULTS.md again."""
-    from registry import load_all
-    from report import write_results_md
-
-    path = RESULTS_DIR / MARKDOWN_ROWS
-    row = {"benchmark": None, "section": section, "intro": intro, "machine": machine(),
-           "date": datetime.date.today().isoformat(), "mode": mode, "sizes": sizes, "figures": figures,
-           "targets": targets}
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        rows = [json.loads(line) for line in f.read().splitlines() if line.strip()]
-        rows = [r for r in rows if (r["section"], r.get("machine"), r.get("mode")) != (section, row["machine"], mode)]
-        f.seek(0)
-        f.truncate()
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in [*rows, row]))
-    write_results_md(load_all(), RESULTS_DIR)
-
-
 def update_figures(values: dict, path: Path = SPEED_JSON) -> dict:
     """Set `values`' keys in the JSON object at `path` (created if missing), keeping every other key:
     several benchmarks write one file. Locked while it is rewritten; returns the whole object."""

@@ -104,7 +104,8 @@ def render(benchmarks: dict[str, Benchmark], results_dir: Path) -> str:
     orphans = [r for r in old if r["benchmark"] not in benchmarks]
     if orphans:
         lines += ["## Earlier studies and experiments", "", "Sections of finished studies and of the closed-loop "
-                  "experiments (`bench/closed_loop.py`), which no registered benchmark runs.", ""]
+                  "experiments (`bench/closed_loop.py`, removed after 3cfae4c: their runs are `tokencredit compare` "
+                  "designs now, bench/compare_designs/), which no registered benchmark runs.", ""]
         lines += old_sections(orphans)
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -92,3 +92,45 @@ def test_the_seed_components_upper_bound_covers_it_at_its_level(var_seed, most):
     assert SEED_BOUND - 0.04 <= covered <= most
     assert estimate_covers < 0.6
     assert all(b >= c.var_seed for b, c in zip(bounds, found))
+
+
+def _seeds_by_prompts(seed_effects, n_prompts=300, noise=0.15, rng_seed=2):
+    """[S, P] paired differences: prompt effects shared by every seed, one offset per seed, cell noise."""
+    rng = np.random.default_rng(rng_seed)
+    prompts = rng.normal(0.02, 0.1, n_prompts)
+    return np.array(seed_effects)[:, None] + prompts[None, :] + rng.normal(0, noise, (len(seed_effects), n_prompts))
+
+
+def test_crossed_bootstrap_with_one_seed_is_the_prompts_only_bootstrap():
+    cells = _seeds_by_prompts([0.01])
+    draws = np.random.default_rng(3).integers(0, cells.shape[1], size=(5_000, cells.shape[1]))
+    prompts_only = cells[0][draws].mean(axis=1)  # the older rows' prompts-only bootstrap, the same draws
+    assert np.allclose(crossed_means(cells, draws=5_000, seed=3), prompts_only, rtol=0, atol=1e-12)
+
+
+def test_crossed_bootstrap_is_deterministic_and_draws_seeds_and_prompts_together():
+    cells = _seeds_by_prompts([0.0, 0.05, -0.03, 0.08])
+    first, again = crossed_means(cells, 2_000, seed=7), crossed_means(cells, 2_000, seed=7)
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, crossed_means(cells, 2_000, seed=8))
+    # every leading array gets the same draws: the replicate of a sum is the sum of the replicates
+    both = crossed_means(np.stack([cells, 2 * cells + 1]), 2_000, seed=7)
+    assert np.allclose(both[0], first) and np.allclose(both[1], 2 * first + 1)
+
+
+def test_crossed_interval_is_wider_when_seeds_disagree_and_its_variance_is_the_exact_one():
+    agreeing = _seeds_by_prompts([0.02, 0.02, 0.02])
+    disagreeing = _seeds_by_prompts([-0.03, 0.02, 0.07])  # the same prompts and noise, seeds apart
+    width = {name: np.ptp(np.quantile(crossed_means(c, 20_000), [0.025, 0.975]))
+             for name, c in (("agree", agreeing), ("disagree", disagreeing))}
+    assert width["disagree"] > 2 * width["agree"]
+    # Resampling S seeds and P prompts independently, the replicates' variance is exactly
+    # mean(seed effect^2)/S + mean(prompt effect^2)/P + mean(interaction^2)/(S P) (two-way decomposition)
+    for cells in (agreeing, disagreeing):
+        n_seeds, n_prompts = cells.shape
+        seed_effect = cells.mean(axis=1) - cells.mean()
+        prompt_effect = cells.mean(axis=0) - cells.mean()
+        interaction = cells - cells.mean() - seed_effect[:, None] - prompt_effect[None, :]
+        exact = ((seed_effect ** 2).mean() / n_seeds + (prompt_effect ** 2).mean() / n_prompts
+                 + (interaction ** 2).mean() / (n_seeds * n_prompts))
+        assert crossed_means(cells, 40_000, seed=1).var() == pytest.approx(exact, rel=0.05)

@@ -106,7 +106,8 @@ def test_the_relevance_source_column(tmp_path):
 
 @pytest.mark.parametrize("locate", ["replay", "both"])
 def test_the_token_advantage_is_linear_in_beta(policy, locate):
-    # closed_loop.py trains MRTPO at beta 1 from a beta-0.5 run as 2 A_mrtpo - A_gdpo (beta 0): this is why
+    # bench/compare_designs/hypotheses.toml trains MRTPO at beta 1 from a beta-0.5 run as 2 A_mrtpo - A_gdpo (beta 0):
+    # this is why
     at = {beta: credit(policy, locate, beta)[0] for beta in (0.0, 0.5, 1.0)}
     for zero, half, one in zip(at[0.0], at[0.5], at[1.0]):
         assert torch.tensor(one.credit.mrtpo_sum) == pytest.approx(
