@@ -61,11 +61,11 @@ def run_compare(design: Design, out: Path, runner: str = "threads", dev_only: bo
     the pools, the start policy's scores, then seed by seed every arm trained (each round's policy scored on the
     dev prompts) and scored on the held-out prompts. With `dev_only`, no held-out record is loaded or scored.
     The registration."""
-    registration = register(design, out, design_inputs(design))
     dev = dev_records(design)
-    if dev_only and not dev:
+    if dev_only and not dev:  # refused before the folder is registered
         raise ValueError(f"--dev-only: the design has no dev prompts (the train split's records after [prompts] "
                          f"train_limit = {design.prompts['train_limit']} per task)")
+    registration = register(design, out, design_inputs(design))
     # a design without held-out records is refused before its pools are annotated
     records = None if dev_only else heldout_records(design)
     used = {arm.pool for arm in design.arms.values()}
