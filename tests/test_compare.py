@@ -669,6 +669,8 @@ def dev_result(arm, seed, r, rewards: dict) -> dict:
 
 
 def test_learning_curve_rows_are_each_arm_s_mean_with_the_variance_components_interval():
+    """With one seed (the rounds pilot's, formerly tested in test_closed_loop.py) a gain's interval is the paired t
+    interval over prompts; with more, the variance-components interval of the held-out rows."""
     from scipy import stats
 
     from tokencredit.pipeline.compare import analysis
@@ -811,3 +813,17 @@ def test_dev_only_trains_the_arms_and_scores_dev_prompts_alone(tmp_path, capsys)
         "tokencredit compare: error: --dev-only: the design has no dev prompts (the train split's records after "
         "[prompts] train_limit = None per task)"]
     assert not (tmp_path / "none").exists()
+
+
+def test_the_rounds_pilot_design_runs_the_regime_of_the_pilot_s_rows():
+    """bench/compare_designs/pilot_rounds.toml (run with --dev-only) replaced bench/pilot_rounds.py: the regime of its
+    GDPO arm is the one compare_pilot.json's first arm records."""
+    design = load_design(ROOT / "bench" / "compare_designs" / "pilot_rounds.toml")
+    regime = json.loads((ROOT / "bench" / "results" / "compare_pilot.json").read_text())["arms"][0]["regime"]
+    pool = design.pools[design.arms["gdpo"].pool]
+    assert (design.prompts["train_limit"], pool.n, pool.temperature, pool.max_new_tokens) == (
+        regime["train_prompts"], regime["n"], regime["temperature"], regime["max_new_tokens"])
+    assert (design.training["steps"], design.training["batch_size"], design.training["lr"], design.training["lora"],
+            design.rounds) == (regime["steps"], regime["batch_size"], regime["lr"], regime["lora"], regime["rounds_done"])
+    assert design.arms["gdpo"].advantage == regime["advantage"] and pool.credit == (regime["credit"],)
+    assert design.dev_limit == 64 and design.prompts["file"].endswith("closed_loop_prompts/prompts.jsonl")
