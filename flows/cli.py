@@ -900,7 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the annotate stage's Prefect task runner; 'none' runs it in this process without Prefect")
     p.add_argument("--report-only", action="store_true", help="analyse the policies scored so far; run nothing")
     p.add_argument("--dev-only", action="store_true", help="train the arms and score their policies on the dev "
-                   "prompts alone (a pilot: learning curves); no held-out record is loaded or scored")
+                   "prompts alone (a pilot: learning curves); no held-out record is scored, written or logged")
     _verbose(p)
     p.add_argument("--status", action="store_true", help="what --out holds (pools, policies scored) and the hours "
                    "left at its measured pace; reads no reward, runs nothing")

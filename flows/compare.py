@@ -59,7 +59,8 @@ def arm_done(design: Design, arm: Arm, seed: int, out: Path, dev: list, dev_only
 def run_compare(design: Design, out: Path, runner: str = "threads", dev_only: bool = False) -> dict:
     """Every stage of the design into `out`, in an order that leaves whole seeds when stopped: the registration,
     the pools, the start policy's scores, then seed by seed every arm trained (each round's policy scored on the
-    dev prompts) and scored on the held-out prompts. With `dev_only`, no held-out record is loaded or scored.
+    dev prompts) and scored on the held-out prompts. With `dev_only`, no held-out record is scored (the registration
+    hashes the prompt file, as any run's).
     The registration."""
     dev = dev_records(design)
     if dev_only and not dev:  # refused before the folder is registered

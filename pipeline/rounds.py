@@ -16,8 +16,9 @@ iteration, iterated offline RL), every round's folders kept and its policy score
 Round r samples with seed `sampling.seed + r` and trains with seed `train.seed + r` on the same prompt set. Every
 file is written atomically and each stage skips what is there, so a run killed at any point (kill -9 included)
 resumes at the stage it was in with the rows an uninterrupted run writes. `compare`'s arms with [training] rounds
-run the same rounds without dev prompts (a round is finished once its policy is written), round 0 training on the
-comparison's shared pool (`first_run`) rather than on a run of its own.
+run the same rounds without dev prompts of their own (a round is finished once its policy is written; compare scores
+it on its dev prompts after the round and then deletes the policy of the round before, `prune_policies`), round 0
+training on the comparison's shared pool (`first_run`) rather than on a run of its own.
 """
 from __future__ import annotations
 

@@ -123,8 +123,8 @@ def arm_train_config(design: Design, arm: Arm, seed: int, data: Path, folder: Pa
 def rounds_config(design: Design, arm: Arm, seed: int, pool: Path, out: Path):
     """(arm, seed)'s rounds (`[training] rounds`, tokencredit.pipeline.rounds) in DIR/train/ARM-SEED: round 0 trains
     on the shared pool, each later round annotates the arm's pool settings from the arm's policy (with the credit
-    the arm trains on alone, `arm_credit`) and trains on it; no dev prompts (the last round's policy is scored on
-    the held-out ones)."""
+    the arm trains on alone, `arm_credit`) and trains on it; no dev prompts of the rounds' own (compare scores each
+    round's policy on the design's, `dev_records`; the last round's on the held-out ones too)."""
     from tokencredit.pipeline.rounds import RoundsConfig
 
     folder = within(out, "train", f"{arm.name}-{seed}")
