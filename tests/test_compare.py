@@ -656,7 +656,8 @@ def test_the_dev_prompts_are_train_records_no_pool_samples_and_never_held_out(tm
     assert not set(dev) & set(pool) and not set(dev) & set(held_out) and len(pool) == 8
     fewer = load_design(write(tmp_path / "d.toml", TINY.replace("dev_limit = 4", "dev_limit = 1000")))
     assert [r.id for r in dev_records(fewer)] == [f"train-{i:03d}" for i in range(8, 256)]  # all that is left
-    every = load_design(write(tmp_path / "d.toml", TINY.replace("train_limit = 8\n", "").replace("dev_limit = 4\n", "")))
+    every = load_design(write(tmp_path / "d.toml", TINY.replace("train_limit = 8\n", "").replace("dev_limit = 4\n",
+                                                                                                "")))
     assert dev_records(every) == []  # every train record is in the pool: no dev prompt
     with pytest.raises(ValueError, match=r"^design \[prompts\] dev_limit: 4; the train split 'train' of .* has no "
                                          r"record after the first train_limit = None per task"):
@@ -757,7 +758,8 @@ def test_each_round_is_scored_on_dev_prompts_and_the_round_before_s_policy_is_de
     assert {p for s in scores.values() for p in s["greedy"]} == {f"train-{i:03d}" for i in range(4, 8)}
     for label in ("gdpo-0", "mrtpo-1"):
         folder = tmp_path / "whole" / "train" / label
-        assert not (folder / "round-000" / "policy").exists() and (folder / "round-000" / "checkpoint" / "final").is_dir()
+        assert not (folder / "round-000" / "policy").exists()
+        assert (folder / "round-000" / "checkpoint" / "final").is_dir()  # the adapter stays
         assert (folder / "round-001" / "policy" / "model.safetensors").is_file()  # the last: scored on held-out
     curve = json.loads((tmp_path / "whole" / "compare.json").read_text())["learning_curve"]
     assert [(r["arm"], r["round"], r["seeds"]) for r in curve] == [
@@ -823,7 +825,8 @@ def test_the_rounds_pilot_design_runs_the_regime_of_the_pilot_s_rows():
     pool = design.pools[design.arms["gdpo"].pool]
     assert (design.prompts["train_limit"], pool.n, pool.temperature, pool.max_new_tokens) == (
         regime["train_prompts"], regime["n"], regime["temperature"], regime["max_new_tokens"])
-    assert (design.training["steps"], design.training["batch_size"], design.training["lr"], design.training["lora"],
-            design.rounds) == (regime["steps"], regime["batch_size"], regime["lr"], regime["lora"], regime["rounds_done"])
+    training = design.training
+    assert (training["steps"], training["batch_size"], training["lr"], training["lora"], design.rounds) == (
+        regime["steps"], regime["batch_size"], regime["lr"], regime["lora"], regime["rounds_done"])
     assert design.arms["gdpo"].advantage == regime["advantage"] and pool.credit == (regime["credit"],)
     assert design.dev_limit == 64 and design.prompts["file"].endswith("closed_loop_prompts/prompts.jsonl")
