@@ -809,6 +809,9 @@ def test_dev_only_trains_the_arms_and_scores_dev_prompts_alone(tmp_path, capsys)
     assert main(["compare", str(design), "--out", str(out), "--report-only"]) == 0
     shown = capsys.readouterr().out
     assert "learning curves (dev prompts, greedy):" in shown and "| mrtpo | 1 | " in shown
+    assert (out / "learning_curve.png").is_file() and not (out / "compare.png").exists()  # no held-out row
+    assert "dev points scored: 5 of 5 (the start, and each arm and seed after each round)" in status(
+        load_design(design), out)
     no_dev = write(tmp_path / "none.toml", TINY.replace("train_limit = 8\n", "").replace("dev_limit = 4\n", ""))
     assert main(["compare", str(no_dev), "--out", str(tmp_path / "none"), "--dev-only"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
