@@ -673,12 +673,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         from tokencredit.flows.compare import run_compare
 
-        registration = run_compare(design, out, runner=args.runner)
+        registration = run_compare(design, out, runner=args.runner, dev_only=args.dev_only)
     rows = write_report(out, design, registration)
     print(table(rows, len(design.seeds)))
     for row in rows:
         print(f"{row['method']} - {row['baseline']}: {verdict(row)}")
-    print(f"wrote {out}/compare.json, {out}/report.md" + (f", {out}/compare.png" if rows else ""))
+    from tokencredit.pipeline.compare.curves import curve_rows, curve_table, load_dev
+
+    curve = curve_rows(load_dev(out))
+    if any(r["arm"] != "start" for r in curve):
+        print("\n".join(["learning curves (dev prompts, greedy):", *curve_table(curve)]))
+    figure = out / "learning_curve.png"
+    print(f"wrote {out}/compare.json, {out}/report.md" + (f", {out}/compare.png" if rows else "")
+          + (f", {figure}" if figure.is_file() else ""))
     return 0
 
 
@@ -892,6 +899,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runner", choices=["threads", "none"], default="threads",
                    help="the annotate stage's Prefect task runner; 'none' runs it in this process without Prefect")
     p.add_argument("--report-only", action="store_true", help="analyse the policies scored so far; run nothing")
+    p.add_argument("--dev-only", action="store_true", help="train the arms and score their policies on the dev "
+                   "prompts alone (a pilot: learning curves); no held-out record is scored, written or logged")
     _verbose(p)
     p.add_argument("--status", action="store_true", help="what --out holds (pools, policies scored) and the hours "
                    "left at its measured pace; reads no reward, runs nothing")

@@ -10,13 +10,16 @@ from tokencredit.pipeline.rounds import (RoundsConfig, annotate_config, check_se
                                          policy_after, round_folder, run_of, score_dev, train_round)
 
 
-def run_rounds(config: RoundsConfig, out: Path, runner: str = "threads") -> list[dict]:
+def run_rounds(config: RoundsConfig, out: Path, runner: str = "threads", after_round=None) -> list[dict]:
     """Every round not finished in `out`; each round's dev result, the start policy's first (none without dev
-    prompts)."""
+    prompts). Without dev prompts, `after_round(r)` is called once round r is finished (a finished round too: what
+    it does must skip what is done): compare scores the round's policy on its own dev prompts there."""
     check_settings(config, out)
     if config.dev_split is None:
         for r in range(config.rounds):
             run_round(config, out, r, runner)
+            if after_round is not None:
+                after_round(r)
         return []
     records = dev_records(config)  # a prompt file without dev records is refused before any round runs
     start = score_dev(config, config.annotate.model, records, out / "start" / "dev.json", "start")

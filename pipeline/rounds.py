@@ -10,12 +10,15 @@ iteration, iterated offline RL), every round's folders kept and its policy score
     OUT/round-000/policy/       the round's policy, the one it started from with final/ merged in: round 1 samples
                                 and trains from it (absent where the round trained nothing: the policy stays)
     OUT/round-000/dev.json      the round's policy's dev reward: written last, it marks the round finished
+    OUT/round-000/policy-deleted.json  with `prune_policies` (compare's rounds), in place of policy/ once a later
+                                round wrote its own: the round is finished, its checkpoint kept
 
 Round r samples with seed `sampling.seed + r` and trains with seed `train.seed + r` on the same prompt set. Every
 file is written atomically and each stage skips what is there, so a run killed at any point (kill -9 included)
 resumes at the stage it was in with the rows an uninterrupted run writes. `compare`'s arms with [training] rounds
-run the same rounds without dev prompts (a round is finished once its policy is written), round 0 training on the
-comparison's shared pool (`first_run`) rather than on a run of its own.
+run the same rounds without dev prompts of their own (a round is finished once its policy is written; compare scores
+it on its dev prompts after the round and then deletes the policy of the round before, `prune_policies`), round 0
+training on the comparison's shared pool (`first_run`) rather than on a run of its own.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from tokencredit.pipeline.scoring import (UNTRAINED, decode_rewards, load_merged
                                           train_or_base)
 
 SETTINGS = "rounds.json"
+PRUNED = "policy-deleted.json"  # in a round's folder: its merged policy was deleted, a later round's replacing it
 
 
 def log(message: str) -> None:
@@ -97,21 +101,43 @@ def run_of(config: RoundsConfig, out: Path, r: int) -> Path:
 
 def finished(config: RoundsConfig, out: Path, r: int) -> bool:
     """Whether round r is finished: its dev.json written, or without dev prompts its policy (or its checkpoint's
-    untrained.json)."""
+    untrained.json, or PRUNED: its policy deleted once a later round's was written)."""
     folder = round_folder(out, r)
     if config.dev_split is not None:
         return (folder / "dev.json").is_file()
-    return (folder / "policy").is_dir() or (folder / "checkpoint" / UNTRAINED).is_file()
+    return any((folder / name).exists() for name in ("policy", PRUNED, f"checkpoint/{UNTRAINED}"))
 
 
 def policy_after(config: RoundsConfig, out: Path, r: int) -> str | None:
     """The policy round r leaves (r = -1: the start policy): its merged policy folder, or, where it trained nothing,
     the policy it started from."""
     while r >= 0:
-        if (round_folder(out, r) / "policy").is_dir():
-            return str(round_folder(out, r) / "policy")
+        folder = round_folder(out, r)
+        if (folder / PRUNED).is_file():  # checked first: a deletion cut short leaves part of the folder
+            raise ValueError(f"{folder / 'policy'} was deleted once a later round's policy was written, and is needed "
+                             f"again; delete {folder} and the rounds after it to train them again")
+        if (folder / "policy").is_dir():
+            return str(folder / "policy")
         r -= 1
     return config.annotate.model
+
+
+def prune_policies(out: Path, r: int) -> None:
+    """Once round r has written its merged policy, delete the earlier rounds' (each about the size of the model in
+    float32; no later round samples or trains from them): each folder keeps its checkpoint (LoRA: the adapter) and
+    gets PRUNED, written before the deletion so that a kill during it resumes it. Nothing where round r trained
+    nothing (an earlier round's policy is still the current one)."""
+    import shutil
+
+    from tokencredit.pipeline.compare.registry import now, write_json
+
+    if not (round_folder(out, r) / "policy").is_dir():
+        return
+    for q in range(r):
+        folder = round_folder(out, q)
+        if (folder / "policy").is_dir() and not (folder / PRUNED).is_file():
+            write_json(folder / PRUNED, {"replaced_by": f"round-{r:03d}", "at": now()})
+        shutil.rmtree(folder / "policy", ignore_errors=True)
 
 
 def annotate_config(config: RoundsConfig, out: Path, r: int) -> AnnotateConfig:

@@ -202,20 +202,3 @@ def test_the_powered_prompt_set_is_the_builders_and_fresh():
     assert len(held_out) == 1024 and sum(r["id"].startswith("unseen-") for r in held_out) == 256
     assert len({r["prompt"] for r in held_out}) == 1024
     assert not {r["prompt"] for r in held_out} & {r["prompt"] for r in final}  # none the older runs scored
-
-
-def test_the_rounds_pilot_s_gain_interval_is_scipy_s_paired_t_interval():
-    """bench/pilot_rounds.py: a round's gain over the start policy, paired by prompt, with the t interval scipy gives."""
-    spec = importlib.util.spec_from_file_location("pilot_rounds", ROOT / "bench" / "pilot_rounds.py")
-    pilot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pilot)
-    rng = np.random.default_rng(0)
-    start = {f"p{i}": float(v) for i, v in enumerate(rng.uniform(0, 1, 40))}
-    after = {k: v + float(rng.normal(0.1, 0.2)) for k, v in start.items()}
-    after["unscored"] = 1.0  # a prompt the start policy was not scored on is not paired
-    out = pilot.paired_gain(after, start)
-    diffs = [after[k] - start[k] for k in start]
-    low, high = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
-    assert out["prompts"] == 40
-    assert out["gain"] == pytest.approx(np.mean(diffs), abs=1e-4)
-    assert out["ci95"] == pytest.approx([low, high], abs=1e-4)

@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from tokencredit.pipeline.compare.run import design_inputs, status
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"
 
-# 2 arms, 2 seeds, 8 train prompts x 4 responses, 6 held-out prompts, greedy + 1 sampled decode: ~30 s on 2 cores
+# 2 arms, 2 seeds, 8 train prompts x 4 responses, 6 held-out prompts, greedy + 1 sampled decode, 4 dev prompts:
+# ~30 s on 2 cores
 TINY = f"""
 [policy]
 device = "cpu"
@@ -35,6 +37,7 @@ device = "cpu"
 file = "{PROMPTS}"
 train_limit = 8
 heldout_limit = 6
+dev_limit = 4
 
 [pools.flat]
 n = 4
@@ -307,8 +310,8 @@ def test_plan_finds_the_cheapest_design_that_reaches_the_target():
     assert unreachable["cheapest"] is None and unreachable["smallest_mde_in_grid"]["worst_mde"] > 0.001
 
 
-def run_cli(*args: str, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "DO_NOT_TRACK": "1"}
+def run_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "DO_NOT_TRACK": "1", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "tokencredit.flows.cli", "compare", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
@@ -605,3 +608,228 @@ def test_each_arm_trains_its_rounds_on_pools_of_its_own_policy_and_its_last_poli
     assert sorted(scores) == ["gdpo-0", "gdpo-1", "mrtpo-0", "mrtpo-1", "start"]
     assert "mrtpo - gdpo" in printed
     assert "rounds gdpo seed 0" in printed and "round 2 of 2: annotate" in printed
+
+
+OLDER_PROMPT_KEYS = {"file", "format", "train_split", "heldout_split", "train_limit", "heldout_limit", "verifier"}
+
+
+@pytest.mark.parametrize("value, expected", [("0", "0"), ('"4"', "'4'"), ("true", "True"), ("2.5", "2.5")])
+def test_a_bad_dev_limit_is_refused_in_one_line(tmp_path, value, expected):
+    with pytest.raises(ValueError, match=rf"^design \[prompts\] dev_limit: {re.escape(expected)}; expected an "
+                                         r"integer >= 1$"):
+        load_design(write(tmp_path / "d.toml", TINY.replace("dev_limit = 4", f"dev_limit = {value}")))
+
+
+def test_a_folder_registered_before_dev_prompts_existed_accepts_its_design_and_an_amendment(tmp_path):
+    """A design not naming dev_limit registers the content the older code registered (its [prompts] keys), so a
+    registration.json written then accepts the design, and an added arm is an amendment, not a changed design."""
+    older = TINY.replace("dev_limit = 4\n", "")
+    design = load_design(write(tmp_path / "d.toml", older))
+    assert design.dev_limit == 64 and "dev_limit" not in design.prompts
+    out = tmp_path / "out"
+    out.mkdir()
+    registration = {"design_path": "d.toml", "design_hash": "0" * 64, "design_commit": None,
+                    "design_commit_time": None, "registered_at": "2026-12-07T19:22:27+00:00",
+                    "arms": ["gdpo", "mrtpo"], "content": {}, "amendments": [], "inputs": design_inputs(design)}
+    from tokencredit.pipeline.compare.design import without_arms
+    from tokencredit.pipeline.compare.registry import canonical
+
+    registration["content"] = json.loads(canonical(without_arms(design, set())))
+    assert set(registration["content"]["prompts"]) == OLDER_PROMPT_KEYS  # what the older code recorded
+    (out / "registration.json").write_text(json.dumps(registration))
+    amended = registered(write(tmp_path / "d.toml", older + EXTRA_ARM), out)
+    assert [a["arms"] for a in amended["amendments"]] == [["rs"]]
+    write(tmp_path / "d.toml", older.replace("heldout_limit = 6", "heldout_limit = 6\ndev_limit = 8") + EXTRA_ARM)
+    with pytest.raises(ValueError, match="changes more than adding arms"):  # naming it changes the design
+        registered(tmp_path / "d.toml", out)
+
+
+def test_the_dev_prompts_are_train_records_no_pool_samples_and_never_held_out(tmp_path):
+    from tokencredit.pipeline.annotate import load_prompt_set
+    from tokencredit.pipeline.compare.run import annotate_config, dev_records, heldout_records
+
+    design = load_design(write(tmp_path / "d.toml", TINY.replace("dev_limit = 4\n", "")))
+    dev = [r.id for r in dev_records(design)]
+    pool = [r.id for r in load_prompt_set(annotate_config(design, design.pools["flat"], "train", 8))[0]]
+    held_out = [r.id for r in heldout_records(design)]
+    assert len(dev) == 64 == len(set(dev)) and dev[0] == "train-008"  # the default: the 64 after train_limit
+    assert not set(dev) & set(pool) and not set(dev) & set(held_out) and len(pool) == 8
+    fewer = load_design(write(tmp_path / "d.toml", TINY.replace("dev_limit = 4", "dev_limit = 1000")))
+    assert [r.id for r in dev_records(fewer)] == [f"train-{i:03d}" for i in range(8, 256)]  # all that is left
+    every = load_design(write(tmp_path / "d.toml", TINY.replace("train_limit = 8\n", "").replace("dev_limit = 4\n",
+                                                                                                "")))
+    assert dev_records(every) == []  # every train record is in the pool: no dev prompt
+    with pytest.raises(ValueError, match=r"^design \[prompts\] dev_limit: 4; the train split 'train' of .* has no "
+                                         r"record after the first train_limit = None per task"):
+        dev_records(load_design(write(tmp_path / "d.toml", TINY.replace("train_limit = 8\n", ""))))
+
+
+def dev_result(arm, seed, r, rewards: dict) -> dict:
+    return {"arm": arm, "seed": seed, "round": r, "decodes": {"greedy": {p: {"reward": v, "scores": {}}
+                                                                          for p, v in rewards.items()}}}
+
+
+def test_learning_curve_rows_are_each_arm_s_mean_with_the_variance_components_interval():
+    """With one seed (the rounds pilot's, formerly tested in test_closed_loop.py) a gain's interval is the paired t
+    interval over prompts; with more, the variance-components interval of the held-out rows."""
+    from scipy import stats
+
+    from tokencredit.pipeline.compare import analysis
+    from tokencredit.pipeline.compare.curves import curve_rows, curve_table
+
+    rng = np.random.default_rng(0)
+    start = {f"p{i}": float(v) for i, v in enumerate(rng.uniform(0, 1, 40))}
+    cells = {s: {p: v + float(rng.normal(0.1, 0.2)) for p, v in start.items()} for s in (0, 1, 2)}
+    results = [{"arm": None, "seed": None, **dev_result(None, None, 0, start)},
+               *(dev_result("gdpo", s, 1, cells[s]) for s in (0, 1, 2)),
+               dev_result("gdpo", 0, 2, {**cells[0], "unscored": 1.0})]  # a prompt the start did not score
+    rows = curve_rows(results)
+    assert [(r["arm"], r["round"], r["seeds"]) for r in rows] == [("start", 0, []), ("gdpo", 1, [0, 1, 2]),
+                                                                   ("gdpo", 2, [0])]
+    matrix = np.array([[cells[s][p] for p in sorted(start)] for s in (0, 1, 2)])
+    expected = analysis.intervals(matrix)
+    assert rows[1]["mean"] == pytest.approx(matrix.mean())
+    assert [rows[1]["ci_low"], rows[1]["ci_high"]] == pytest.approx([expected["ci_low"], expected["ci_high"]])
+    assert rows[1]["gain"] == pytest.approx(matrix.mean() - np.mean(list(start.values())))
+    # one seed (the rounds pilot's): the gain's interval is the paired t interval over prompts that scipy gives
+    diffs = [cells[0][p] - start[p] for p in start]
+    low, high = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
+    assert rows[2]["prompts"] == 40 and rows[2]["gain"] == pytest.approx(np.mean(diffs))
+    assert [rows[2]["gain_ci_low"], rows[2]["gain_ci_high"]] == pytest.approx([low, high])
+    assert rows[2]["per_seed"] == {"0": pytest.approx(np.mean([cells[0][p] for p in start]))}
+    assert len(curve_table(rows)) == 2 + 3
+
+
+# imported by the compare process (PYTHONPATH): kill -9 once gdpo-0's second round is scored on the dev prompts, before
+# the first round's merged policy is deleted (the one moment between two writes a poll cannot catch)
+KILL_BEFORE_DELETING = """
+import os, signal
+from pathlib import Path
+
+import tokencredit.pipeline.rounds as rounds
+
+real = rounds.prune_policies
+
+
+def prune_policies(out, r):
+    if r == 1 and (Path(out) / "round-000" / "policy").is_dir():
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(out, r)
+
+
+rounds.prune_policies = prune_policies
+"""
+
+
+def dev_scores(out: Path) -> dict:
+    """Every dev score's rewards, by LABEL (start, ARM-SEED/round-NNN)."""
+    dev = out / "scores" / "dev"
+    return {str(p.relative_to(dev).with_suffix("")): json.loads(p.read_text())["decodes"]
+            for p in sorted(dev.rglob("*.json"))}
+
+
+def as_older_code_left_it(out: Path) -> None:
+    """`out` as compare wrote it before dev prompts existed: no dev score, every round's merged policy kept (round
+    0's merged again from its checkpoint, as the rounds flow merged it)."""
+    from tokencredit.pipeline.rounds import PRUNED
+    from tokencredit.pipeline.scoring import load_merged, save_policy
+
+    shutil.rmtree(out / "scores" / "dev")
+    (out / "learning_curve.png").unlink()
+    for marker in (out / "train").glob(f"*/round-000/{PRUNED}"):
+        save_policy(load_merged(None, marker.parent / "checkpoint" / "final"), marker.parent / "policy")
+        marker.unlink()
+
+
+@pytest.mark.slow
+def test_each_round_is_scored_on_dev_prompts_and_the_round_before_s_policy_is_deleted(tmp_path):
+    """Two rounds: the start and every (arm, seed) after each round scored on the dev prompts, the first round's
+    merged policy deleted (its checkpoint kept), the learning curves reported; a kill -9 between a dev score and
+    that deletion resumes to the uninterrupted run's scores and rows, and so does a folder the older code left
+    (its kept policies scored on the dev prompts when it resumes)."""
+    design = write(tmp_path / "design.toml", ROUNDS.replace('device = "cpu"', 'device = "cpu"\nbackend = '
+                                                                               '"transformers"'))
+    whole = run_cli(str(design), "--out", str(tmp_path / "whole"), "--runner", "none")
+    printed, err = whole.communicate(timeout=900)
+    assert whole.returncode == 0, err[-2000:]
+    labels = ["start"] + [f"{arm}-{seed}/round-00{r}" for arm in ("gdpo", "mrtpo") for seed in (0, 1) for r in (0, 1)]
+    scores = dev_scores(tmp_path / "whole")
+    assert sorted(scores) == sorted(labels)
+    assert {p for s in scores.values() for p in s["greedy"]} == {f"train-{i:03d}" for i in range(4, 8)}
+    for label in ("gdpo-0", "mrtpo-1"):
+        folder = tmp_path / "whole" / "train" / label
+        assert not (folder / "round-000" / "policy").exists()
+        assert (folder / "round-000" / "checkpoint" / "final").is_dir()  # the adapter stays
+        assert (folder / "round-001" / "policy" / "model.safetensors").is_file()  # the last: scored on held-out
+    curve = json.loads((tmp_path / "whole" / "compare.json").read_text())["learning_curve"]
+    assert [(r["arm"], r["round"], r["seeds"]) for r in curve] == [
+        ("start", 0, []), ("gdpo", 1, [0, 1]), ("gdpo", 2, [0, 1]), ("mrtpo", 1, [0, 1]), ("mrtpo", 2, [0, 1])]
+    assert (tmp_path / "whole" / "learning_curve.png").is_file() and "| gdpo | 2 | " in printed
+
+    hook = tmp_path / "hook"
+    write(hook.mkdir() or hook / "sitecustomize.py", KILL_BEFORE_DELETING)
+    killed = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none", env={"PYTHONPATH": str(hook)})
+    killed.communicate(timeout=900)
+    assert killed.returncode == -signal.SIGKILL
+    first = tmp_path / "killed" / "train" / "gdpo-0"
+    assert (tmp_path / "killed" / "scores" / "dev" / "gdpo-0" / "round-001.json").is_file()
+    assert (first / "round-000" / "policy").is_dir()  # killed before its deletion
+    resumed = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none")
+    _, err = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, err[-2000:]
+    assert not (first / "round-000" / "policy").exists()
+    assert dev_scores(tmp_path / "killed") == scores and stable(tmp_path / "killed") == stable(tmp_path / "whole")
+
+    as_older_code_left_it(tmp_path / "whole")
+    backfilled = run_cli(str(design), "--out", str(tmp_path / "whole"), "--runner", "none")
+    printed, err = backfilled.communicate(timeout=900)
+    assert backfilled.returncode == 0, err[-2000:]
+    assert "round 1 of 2: train" not in printed and "compare: score gdpo-0\n" not in printed  # nothing retrained
+    assert dev_scores(tmp_path / "whole") == scores
+    assert not list((tmp_path / "whole" / "train").glob("*/round-000/policy"))
+
+
+def test_dev_only_trains_the_arms_and_scores_dev_prompts_alone(tmp_path, capsys):
+    """`--dev-only` (a pilot): one round, so one dev point per (arm, seed); no held-out record is scored, and no file
+    the run writes nor its log names one; `--report-only` then reports the learning curves."""
+    design = write(tmp_path / "d.toml", TINY.replace('device = "cpu"', 'device = "cpu"\nbackend = "transformers"'))
+    run = run_cli(str(design), "--out", str(tmp_path / "run"), "--runner", "none", "--dev-only")
+    printed, err = run.communicate(timeout=600)
+    assert run.returncode == 0, err[-2000:]
+    out = tmp_path / "run"
+    assert not list((out / "scores").glob("*.json"))  # no held-out score, not even the start policy's
+    assert sorted(dev_scores(out)) == ["gdpo-0/round-000", "gdpo-1/round-000", "mrtpo-0/round-000",
+                                       "mrtpo-1/round-000", "start"]
+    held_out = [json.loads(line)["id"] for line in PROMPTS.read_text().splitlines()
+                if json.loads(line)["split"] == "test"]
+    written = "".join(p.read_text() for p in out.rglob("*") if p.suffix in (".json", ".jsonl", ".md"))
+    written += printed + err + "".join(ds.dataset(out / "pools" / "flat" / "responses").to_table(
+        columns=["group_id"]).column(0).to_pylist())
+    assert "train-008" in written and not [i for i in held_out if i in written]
+    assert main(["compare", str(design), "--out", str(out), "--report-only"]) == 0
+    shown = capsys.readouterr().out
+    assert "learning curves (dev prompts, greedy):" in shown and "| mrtpo | 1 | " in shown
+    assert (out / "learning_curve.png").is_file() and not (out / "compare.png").exists()  # no held-out row
+    assert "dev points scored: 5 of 5 (the start, and each arm and seed after each round)" in status(
+        load_design(design), out)
+    no_dev = write(tmp_path / "none.toml", TINY.replace("train_limit = 8\n", "").replace("dev_limit = 4\n", ""))
+    assert main(["compare", str(no_dev), "--out", str(tmp_path / "none"), "--dev-only"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "tokencredit compare: error: --dev-only: the design has no dev prompts (the train split's records after "
+        "[prompts] train_limit = None per task)"]
+    assert not (tmp_path / "none").exists()
+
+
+def test_the_rounds_pilot_design_runs_the_regime_of_the_pilot_s_rows():
+    """bench/compare_designs/pilot_rounds.toml (run with --dev-only) replaced bench/pilot_rounds.py: the regime of its
+    GDPO arm is the one compare_pilot.json's first arm records."""
+    design = load_design(ROOT / "bench" / "compare_designs" / "pilot_rounds.toml")
+    regime = json.loads((ROOT / "bench" / "results" / "compare_pilot.json").read_text())["arms"][0]["regime"]
+    pool = design.pools[design.arms["gdpo"].pool]
+    assert (design.prompts["train_limit"], pool.n, pool.temperature, pool.max_new_tokens) == (
+        regime["train_prompts"], regime["n"], regime["temperature"], regime["max_new_tokens"])
+    training = design.training
+    assert (training["steps"], training["batch_size"], training["lr"], training["lora"], design.rounds) == (
+        regime["steps"], regime["batch_size"], regime["lr"], regime["lora"], regime["rounds_done"])
+    assert design.arms["gdpo"].advantage == regime["advantage"] and pool.credit == (regime["credit"],)
+    assert design.dev_limit == 64 and design.prompts["file"].endswith("closed_loop_prompts/prompts.jsonl")

@@ -2,7 +2,8 @@
 
     [policy]    model (registry name or folder; omitted: the shipped tiny policy), device, backend
     [prompts]   file (any prompt file annotate reads; relative to the design file's folder), format, train_split, heldout_split, train_limit,
-                heldout_limit, verifier (plugin verifiers, as annotate's --verifier)
+                heldout_limit, verifier (plugin verifiers, as annotate's --verifier), dev_limit (dev prompts per task:
+                the train split's records after the first train_limit, which no pool samples; default DEV_LIMIT)
     [pools.NAME]  n or tree (R,L), temperature, top_p, max_new_tokens, seed, credit (kinds), locate, branch
     [arms.NAME]   pool, advantage (anything `train --advantage` takes, a mix too), objective (pg | sft | rs)
     [training]  seeds, steps, batch_size, lr, lora, rounds (each arm's rounds of annotate -> train; default 1)
@@ -27,7 +28,8 @@ OBJECTIVES = ("pg", "sft", "rs")
 BACKENDS = ("auto", "transformers", "vllm")
 SECTIONS = {
     "policy": {"model", "device", "backend"},
-    "prompts": {"file", "format", "train_split", "heldout_split", "train_limit", "heldout_limit", "verifier"},
+    "prompts": {"file", "format", "train_split", "heldout_split", "train_limit", "heldout_limit", "verifier",
+                "dev_limit"},
     "training": {"seeds", "steps", "batch_size", "lr", "lora", "rounds"},
     "scoring": {"greedy", "sampled", "temperature", "seed", "max_new_tokens", "batch_size"},
     "analysis": {"comparisons", "primary"},
@@ -36,6 +38,7 @@ SECTIONS = {
 POOL_KEYS = {"n", "tree", "temperature", "top_p", "max_new_tokens", "seed", "credit", "locate", "branch",
              "shard_size"}
 ARM_KEYS = {"pool", "advantage", "objective"}
+DEV_LIMIT = 64  # dev prompts per task where the design names none (fewer where the train split has fewer left)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,12 @@ class Design:
     def rounds(self) -> int:
         """[training] rounds; absent: 1, and the design's content stays what it was before rounds existed."""
         return self.training.get("rounds", 1)
+
+    @property
+    def dev_limit(self) -> int:
+        """[prompts] dev_limit; absent: DEV_LIMIT, and the design's content stays what it was before dev prompts
+        existed (a folder registered then accepts it)."""
+        return self.prompts.get("dev_limit", DEV_LIMIT)
 
     @property
     def decodes(self) -> list[str]:
@@ -203,6 +212,7 @@ def load_design(path: str | Path) -> Design:
                                                        "lr": float, "lora": bool, "rounds": "positive"})
     _check_types("scoring", raw.get("scoring", {}), {"greedy": bool, "sampled": int, "temperature": float,
                                                      "seed": int, "max_new_tokens": int, "batch_size": int})
+    _check_types("prompts", raw.get("prompts", {}), {"dev_limit": "positive"})
     _check_types("targets", raw.get("targets", {}), {"mde": float, "engine_tokens_per_s": float})
     # the sampling engine of the pools and of scoring; "auto" (annotate's default): the vllm engine where it is
     # installed for the device and a stage samples enough tokens for its start to pay (run.stage_backend)

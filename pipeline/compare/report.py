@@ -1,5 +1,6 @@
 """The report of a compare folder: one row per difference (analysis.difference), the per-kind breakdown
-(exploratory), a plot of the measured points, written as DIR/compare.json, DIR/report.md and DIR/compare.png.
+(exploratory), a plot of the measured points, written as DIR/compare.json, DIR/report.md and DIR/compare.png; the
+learning curves on the dev prompts (curves.py) beside them, DIR/learning_curve.png.
 
 Row keys: method, baseline, diff, ci_low, ci_high, mde, per_seed_diff, seeds, prompts, decodes, design_hash,
 design_commit, exploratory, var_seed, var_prompt, var_cell; beside them var_decode, se, df, the crossed
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokencredit.pipeline.compare import analysis
+from tokencredit.pipeline.compare import analysis, curves
 from tokencredit.pipeline.compare.registry import exploratory_arms, scored_before_commit, temporary, write_json
 from tokencredit.pipeline.interrupts import hold
 
@@ -197,11 +198,13 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def write_report(out: Path, design, registration: dict) -> list[dict]:
-    """DIR/compare.json (rows and per-kind rows), DIR/report.md, DIR/compare.png; the rows."""
+    """DIR/compare.json (rows, per-kind rows, learning-curve rows), DIR/report.md, DIR/compare.png,
+    DIR/learning_curve.png (curves.py: from the dev scores); the rows."""
     scores = load_scores(out)
     rows = rows_for(scores, registration, design.comparisons, design.primary, design.targets.get("mde"))
     kinds = kind_rows(scores, registration, design.comparisons)
-    write_json(out / "compare.json", {"rows": rows, "per_kind_exploratory": kinds,
+    curve = curves.curve_rows(curves.load_dev(out))
+    write_json(out / "compare.json", {"rows": rows, "per_kind_exploratory": kinds, "learning_curve": curve,
                                       "registration": {k: v for k, v in registration.items() if k != "content"}})
     commit = registration["design_commit"] or "none (the design file was not committed: not pre-registered)"
     text = [f"# compare: {design.path}", "",
@@ -212,11 +215,14 @@ def write_report(out: Path, design, registration: dict) -> list[dict]:
               if (m, b) not in {(r["method"], r["baseline"]) for r in rows}), "",
             "## Per reward kind (exploratory)", "", "| difference | kind | prompts | estimate [95%] |", "| --- | --- | --- | --- |",
             *(f"| {k['method']} - {k['baseline']} | {k['kind']} | {k['prompts']} | {k['diff']:+.4f} "
-              f"[{k['ci_low']:+.4f}, {k['ci_high']:+.4f}] |" for k in kinds)]
+              f"[{k['ci_low']:+.4f}, {k['ci_high']:+.4f}] |" for k in kinds), "",
+            "## Learning curves (dev prompts, greedy)", "", *curves.curve_table(curve)]
     tmp = temporary(out / "report.md")
     tmp.write_text("\n".join(text) + "\n")
     hold()
     tmp.replace(out / "report.md")
     if rows:
         plot(rows, out / "compare.png")
+    if any(r["arm"] != "start" for r in curve):
+        curves.plot_curves(curve, out / "learning_curve.png")
     return rows

@@ -5,8 +5,11 @@ training of each (arm, seed), the scoring of every policy.
     DIR/pools/NAME/            an annotate run (the product's, resumable shard by shard)
     DIR/train/ARM-SEED/final   a train checkpoint (LoRA adapter)
     DIR/train/ARM-SEED/round-NNN/{run,checkpoint,policy}   with [training] rounds > 1: the arm's rounds
-                               (tokencredit.pipeline.rounds; round 0 trains on the pool, round-000/ has no run)
+                               (tokencredit.pipeline.rounds; round 0 trains on the pool, round-000/ has no run); a
+                               round's merged policy is deleted once the next round has written its own
     DIR/scores/LABEL.json      one policy's rewards per held-out prompt and decode (LABEL: start or ARM-SEED)
+    DIR/scores/dev/start.json, DIR/scores/dev/ARM-SEED/round-NNN.json   the greedy reward per dev prompt of the
+                               start policy and of each (arm, seed)'s policy after each round (`dev_records`)
 
 Each stage's output is written atomically as it finishes and a re-run skips what is there, so a run killed at any
 point (kill -9 included) resumes with the same rows: an annotate run resumes by shard; a training cut short is
@@ -120,8 +123,8 @@ def arm_train_config(design: Design, arm: Arm, seed: int, data: Path, folder: Pa
 def rounds_config(design: Design, arm: Arm, seed: int, pool: Path, out: Path):
     """(arm, seed)'s rounds (`[training] rounds`, tokencredit.pipeline.rounds) in DIR/train/ARM-SEED: round 0 trains
     on the shared pool, each later round annotates the arm's pool settings from the arm's policy (with the credit
-    the arm trains on alone, `arm_credit`) and trains on it; no dev prompts (the last round's policy is scored on
-    the held-out ones)."""
+    the arm trains on alone, `arm_credit`) and trains on it; no dev prompts of the rounds' own (compare scores each
+    round's policy on the design's, `dev_records`; the last round's on the held-out ones too)."""
     from tokencredit.pipeline.rounds import RoundsConfig
 
     folder = within(out, "train", f"{arm.name}-{seed}")
@@ -159,6 +162,34 @@ def heldout_records(design: Design):
     return records
 
 
+def dev_records(design: Design) -> list:
+    """The dev prompts: per task, the train split's records after the first [prompts] train_limit (none of them in
+    a pool), at most `design.dev_limit`; none where train_limit is unset (every train record is in the pools) or
+    the held-out split is the train split. A design naming dev_limit where there is no such record is refused
+    (ValueError). The held-out split is not read."""
+    from tokencredit.pipeline.annotate import load_prompt_set
+
+    prompts = design.prompts
+    train, limit = prompts["train_split"], prompts["train_limit"]
+    if limit is None or prompts["heldout_split"] == train:
+        chosen = []
+    else:
+        records, _ = load_prompt_set(annotate_config(design, None, train, None))
+        pooled = {r.id for pool in {arm.pool for arm in design.arms.values()}  # a pool rejects by its own lengths
+                  for r in load_prompt_set(annotate_config(design, design.pools[pool], train, limit))[0]}
+        seen: dict[str, int] = {}
+        chosen = []
+        for record in records:
+            seen[record.task] = seen.get(record.task, 0) + 1
+            if limit < seen[record.task] <= limit + design.dev_limit and record.id not in pooled:
+                chosen.append(record)
+    if not chosen and "dev_limit" in prompts:
+        raise ValueError(f"design [prompts] dev_limit: {prompts['dev_limit']}; the train split {train!r} of "
+                         f"{prompts['file']} has no record after the first train_limit = {limit} per task to keep "
+                         "as dev prompts")
+    return chosen
+
+
 def refuse_non_finite_weights(model, label: str, adapter: Path | None) -> None:
     """ValueError (one line) when a weight of the policy to score is NaN or infinite: such a policy failed, and its
     rewards (a NaN model decodes something all the same) must not become a row of the comparison."""
@@ -180,6 +211,16 @@ def training_seconds(train: Path) -> list[Path]:
 
 def scores_path(out: Path, label: str) -> Path:
     return within(out, "scores", f"{label}.json")
+
+
+def dev_label(arm: str, seed: int, r: int) -> str:
+    """(arm, seed)'s policy after round r (0: the first) among the dev scores: ARM-SEED/round-NNN."""
+    return f"{arm}-{seed}/round-{r:03d}"
+
+
+def dev_path(out: Path, label: str) -> Path:
+    """DIR/scores/dev/LABEL.json (LABEL: start or `dev_label`'s)."""
+    return within(out, "scores", "dev", f"{label}.json")
 
 
 def status(design: Design, out: Path) -> list[str]:
@@ -207,6 +248,11 @@ def status(design: Design, out: Path) -> list[str]:
     left = len(labels) - len(done)
     lines.append(f"policies scored: {len(done)} of {len(labels)}"
                  + (f"; next: {next(x for x in labels if x not in done)}" if left else "; complete"))
+    dev = (out / "scores" / "dev")
+    if dev.is_dir():  # counted, not read
+        points = 1 + len(labels[1:]) * design.rounds
+        lines.append(f"dev points scored: {len(list(dev.glob('*.json'))) + len(list(dev.glob('*/round-*.json')))} of "
+                     f"{points} (the start, and each arm and seed after each round)")
     scoring = [json.loads(scores_path(out, label).read_text())["seconds"] for label in done]
     training = [json.loads(p.read_text())["seconds"] for p in training_seconds(out / "train")]
     if left and scoring:  # a policy of R rounds trains R times
@@ -219,43 +265,46 @@ def status(design: Design, out: Path) -> list[str]:
 
 
 def score_policy(design: Design, label: str, adapter: Path | None, records, out: Path,
-                 arm: str | None = None, seed: int | None = None) -> dict:
+                 arm: str | None = None, seed: int | None = None, dev_round: int | None = None) -> dict:
     """DIR/scores/LABEL.json: per held-out prompt and decode, the mean of its rewards and each reward's score;
-    the tokens and seconds the decodes took (the engine's measured speed, which `--plan` reads)."""
+    the tokens and seconds the decodes took (the engine's measured speed, which `--plan` reads). With `dev_round`
+    (the start policy: -1), `records` are the dev prompts, decoded greedily alone, into `dev_path`; `adapter` a
+    train checkpoint or a round's merged policy folder."""
     from tokencredit.pipeline.config import SamplingConfig
     from tokencredit.pipeline.sample import make_sampler, release_sampler
     from tokencredit.verifiers.plugins import resolve
 
-    path = scores_path(out, label)
+    path = scores_path(out, label) if dev_round is None else dev_path(out, label)
     if path.is_file():
         return json.loads(path.read_text())
-    log(f"score {label}")
-    model = design.policy["model"]
-    backend = stage_backend(design, len(records) * len(design.decodes) * design.scoring["max_new_tokens"])
-    policy = load_merged(design.policy["model"], adapter, design.policy["device"])
-    refuse_non_finite_weights(policy[0], label, adapter)
-    if backend == "transformers":
-        sampler = make_sampler(backend, model, device=design.policy["device"], policy=policy)
-    else:  # an engine that loads its own weights: the merged policy in DIR/policies/LABEL until it is scored
-        folder = within(out, "policies", label)
-        if not folder.is_dir():
-            save_policy(policy, folder)
-        sampler = make_sampler(backend, str(folder), device=design.policy["device"])
+    log(f"score {label}" + (" on the dev prompts" if dev_round is not None else ""))
     scoring, refs = design.scoring, resolve(design.prompts["verifier"])
     runs = ([("greedy", SamplingConfig(n=1, temperature=0.0, seed=scoring["seed"],
                                        max_new_tokens=scoring["max_new_tokens"], batch_size=scoring["batch_size"]))]
-            if scoring["greedy"] else [])
-    if scoring["sampled"]:
+            if scoring["greedy"] or dev_round is not None else [])
+    if scoring["sampled"] and dev_round is None:
         runs.append(("sampled", SamplingConfig(n=scoring["sampled"], temperature=scoring["temperature"],
                                                seed=scoring["seed"], max_new_tokens=scoring["max_new_tokens"],
                                                batch_size=scoring["batch_size"])))
+    backend = stage_backend(design, len(records) * sum(c.n for _, c in runs) * scoring["max_new_tokens"])
+    policy = load_merged(design.policy["model"], adapter, design.policy["device"])
+    refuse_non_finite_weights(policy[0], label, adapter)
+    temporary = within(out, "policies", label.replace("/", "-") + ("-dev" if dev_round is not None else ""))
+    if backend == "transformers":
+        sampler = make_sampler(backend, design.policy["model"], device=design.policy["device"], policy=policy)
+    elif adapter is not None and not (adapter / "adapter_config.json").is_file():  # a round's merged policy
+        sampler = make_sampler(backend, str(adapter), device=design.policy["device"])
+    else:  # an engine that loads its own weights: the merged policy in DIR/policies/LABEL until it is scored
+        if not temporary.is_dir():
+            save_policy(policy, temporary)
+        sampler = make_sampler(backend, str(temporary), device=design.policy["device"])
     start = time.perf_counter()
     decodes, tokens = decode_rewards(sampler, records, runs, refs)
     release_sampler(sampler)  # an engine holds its policy's weights and KV cache: the next policy loads its own
-    result = {"label": label, "arm": arm, "seed": seed, "scored_at": now(), "backend": backend,
-              "seconds": round(time.perf_counter() - start, 2), "tokens": tokens, "decodes": decodes}
+    result = {"label": label, "arm": arm, "seed": seed, **({} if dev_round is None else {"round": dev_round + 1}),
+              "scored_at": now(), "backend": backend, "seconds": round(time.perf_counter() - start, 2),
+              "tokens": tokens, "decodes": decodes}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, result)
-    # a merged copy for the engine: scored, not needed
-    shutil.rmtree(within(out, "policies", label), ignore_errors=True)
+    shutil.rmtree(temporary, ignore_errors=True)  # a merged copy for the engine: scored, not needed
     return result
