@@ -381,13 +381,12 @@ def options(quick: bool = False) -> argparse.ArgumentParser:
            targets=tuple(Target(name, op, bound) for name, (op, bound) in TARGETS.items()))
 def run(h) -> dict:
     from tokencredit.pipeline.models.registry import is_pulled
+    from tokencredit.pipeline.sample.vllm_backend import DEFAULT_DTYPE as default  # vllm itself loads lazily
 
     args = options(h.quick).parse_args(h.argv)
     if args.model == MODEL and not is_pulled(MODEL):
         raise Unavailable(f"run `tokencredit models pull {MODEL}` first")
     WORK.mkdir(parents=True, exist_ok=True)
-    default = subprocess.run([sys.executable, "-c", "from tokencredit.pipeline.sample.vllm_backend import "
-                              "DEFAULT_DTYPE; print(DEFAULT_DTYPE)"], capture_output=True, text=True).stdout.strip()
     results = Results(h.results("engine.json"), {"sizes": sizes(args.mode), "mode": args.mode,
                                                  "model": args.model, "vllm_default_dtype": default,
                                                  **commit_of_code(), "torch_threads": THREADS}, args.redo)
