@@ -3,8 +3,8 @@
     python -m bench analysis [--quick]
 
 The table: one `analysis.synthetic_run` shard (realistic distances, parts, gating) replicated by
-DuckDB `COPY ... TO parquet` with a copy suffix on response_id until it holds >= 20M rows (2M with
---quick), under a temporary run directory in /tmp. Seconds per query are medians over repeats on one
+DuckDB `COPY ... TO parquet` with a copy suffix on response_id until it holds >= 20M rows (--quick: a 256-response
+shard, twice), under a temporary run directory in /tmp. Seconds per query are medians over repeats on one
 connection after a warm-up. Target: the top-3-share query under 10 s on 2 cores.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ TARGET_S = 10.0
 BASE_RESPONSES, TOKENS, REWARDS = 4096, 64, 3
 
 
-def build_run(out: Path, rows: int) -> int:
+def build_run(out: Path, rows: int, base_responses: int = BASE_RESPONSES) -> int:
     """Write a run directory with >= `rows` credit rows under `out`; returns the exact count."""
     import duckdb
     import pyarrow.parquet as pq
@@ -29,7 +29,7 @@ def build_run(out: Path, rows: int) -> int:
     from tokencredit.pipeline.dataset.analysis import synthetic_run
     from tokencredit.pipeline.dataset.writer import RunWriter
 
-    base = synthetic_run(out / "base", BASE_RESPONSES, TOKENS, REWARDS, shard_responses=BASE_RESPONSES)
+    base = synthetic_run(out / "base", base_responses, TOKENS, REWARDS, shard_responses=base_responses)
     con = duckdb.connect()
     source = f"read_parquet('{base}/credits/part-*.parquet')"
     per_copy = con.execute(f"SELECT count(*) FROM {source}").fetchall()[0][0]
@@ -51,10 +51,10 @@ def run(h: Harness) -> dict:
     from tokencredit.pipeline.dataset import analysis
     from tokencredit.pipeline.dataset.query import connect
 
-    rows, h.repeats = (200_000, 1) if h.quick else (20_000_000, 3)
+    rows, base, h.repeats = (80_000, 256, 1) if h.quick else (20_000_000, BASE_RESPONSES, 3)
     tmp = Path(tempfile.mkdtemp(prefix="bench_analysis_", dir="/tmp"))
     try:
-        n = build_run(tmp, rows)
+        n = build_run(tmp, rows, base)
         con = connect(tmp / "run")
         threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
         seconds = {name: h.median_time(lambda fn=fn: fn(con), repeats=h.repeats)[0]

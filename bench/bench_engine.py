@@ -22,9 +22,6 @@ Sizes per `--mode` in SIZES (the issue's are `full`); engine.json records the mo
   replay runs through the engine, `credit.engine_replay`). Target <= 1.3.
 - `tree_over_flat_vllm`: one engine sampling 8 prompts as 4x4 trees against 16 flat samples each (start excluded).
   Target <= 0.85.
-- `cpu_block_{flat,tree}_speedup`: the tree measurement's flat and tree sampling at the CPU build's default
-  KV-cache block (128 tokens) over the backend's (`vllm_backend.CPU_BLOCK_TOKENS`), one engine after the other in
-  one process (`measurements.block_size`, with whether the tokens were the same).
 - `scoring_vllm_over_transformers`: greedy held-out scoring (sample + verify) of one LoRA policy (a rank-8 adapter
   on SmolLM2, merged into a saved folder) on 256 held-out prompts, wall with the model's load. Target <= 0.4.
 - `engine_replay_*_{bf16,fp32}`: MRTPO's replay through the engine (`credit.engine_replay`) in each dtype against
@@ -32,11 +29,9 @@ Sizes per `--mode` in SIZES (the issue's are `full`); engine.json records the mo
   the response tokens' log-probs, max |difference| of the `logprob_signed` relevance, the share of (response,
   reward) pairs whose most relevant token is the same, and the engine's replay time over torch's (start excluded).
   tests/test_engine_replay.py takes its float32 bound from these.
-- `workers2_over_workers1_tokens_per_s`: `tokencredit annotate --backend vllm --credit gdpo --runner dask` of the
-  sampling sizes (32 prompts x 4 x 96 tokens), response tokens per second of the whole command, two workers of
-  one core each (`--workers 2 --cpu-threads 1`) over one worker of both cores (`--workers 1 --cpu-threads 2`), the
-  same 2 cores; two interleaved repeats each, medians. No target: expected near 1 on this CPU (the same cores
-  and memory bandwidth, split two ways), the gain is for machines with a device per worker.
+- Final studies, measured before commit 3cfae4c and kept in engine.json: `cpu_block_{flat,tree}_speedup` (the
+  CPU build's default KV-cache block over the backend's, `vllm_backend.CPU_BLOCK_TOKENS`) and
+  `workers2_over_workers1_tokens_per_s` (annotate on two one-core workers over one two-core worker).
 - `one_env_install_s`: the README's install line (`pip install -e ".[test,cpu-engine]" torch==2.13.0 && pip
   uninstall -y torchvision torchaudio torchcodec`) in a fresh virtualenv, wall seconds, with pip's cache as the
   machine has it (`pip_cache` in the measurement says how large it was).
@@ -84,8 +79,12 @@ def sizes(mode: str) -> dict:
     return SIZES[mode]
 
 
-def load_avg() -> float:
+def load_avg() -> float:  # common's, which this script does not import: its children set their own threads
     return os.getloadavg()[0]
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 3)
 
 
 # --- children: one measurement each, in the environment of the backend they measure -------------------------
@@ -129,32 +128,6 @@ def child_sample(args) -> dict:
     return {"start_s": start_s, "seconds": seconds, "tokens": tokens, "responses": len(samples),
             "tokens_per_s": tokens / seconds, "dtype": getattr(sampler, "dtype", None) or str(
                 next(sampler.model.parameters()).dtype).removeprefix("torch."), "load_avg": [before, load_avg()]}
-
-
-def child_blocks(args) -> dict:
-    """The engine's KV-cache block size on CPU: the tree measurement's flat and tree sampling (float32) at the
-    CPU build's default block (128 tokens) and at the backend's (CPU_BLOCK_TOKENS), in this one process."""
-    from tokencredit.pipeline.config import SamplingConfig
-    from tokencredit.pipeline.sample import release_sampler
-    from tokencredit.pipeline.sample.vllm_backend import CPU_BLOCK_TOKENS, VllmSampler
-
-    s = json.loads(args.sizes)
-    records = instruction_records("train", s["tree_prompts"])
-    leaves = s["tree"][0] * s["tree"][1]
-    out, tokens = {"load_avg": [load_avg()]}, {}
-    for block in (128, CPU_BLOCK_TOKENS):
-        sampler = VllmSampler(args.model, dtype="float32", threads=THREADS, progress=False, block_size=block)
-        sampler.sample(instruction_records("train", 2), SamplingConfig(n=1, max_new_tokens=4))
-        for name, config in (("flat", SamplingConfig(n=leaves, max_new_tokens=s["tree_max_new_tokens"])),
-                             ("tree", SamplingConfig(tree=tuple(s["tree"]), max_new_tokens=s["tree_max_new_tokens"]))):
-            begin = time.perf_counter()
-            tokens[name, block] = [x.token_ids for x in sampler.sample(records, config)]
-            out[f"{name}_seconds_block{block}"] = time.perf_counter() - begin
-            out[f"{name}_tokens_block{block}"] = sum(map(len, tokens[name, block]))
-        release_sampler(sampler)
-    out["load_avg"].append(load_avg())
-    out["same_tokens"] = all(tokens[n, 128] == tokens[n, CPU_BLOCK_TOKENS] for n in ("flat", "tree"))
-    return out
 
 
 def child_tree(args) -> dict:
@@ -263,8 +236,7 @@ def child_replay(args) -> dict:
             "start_s": start_s, "load_avg": [before, load_avg()]}
 
 
-CHILDREN = {"sample": child_sample, "tree": child_tree, "scoring": child_scoring, "replay": child_replay,
-            "blocks": child_blocks}
+CHILDREN = {"sample": child_sample, "tree": child_tree, "scoring": child_scoring, "replay": child_replay}
 
 
 # --- the parent: runs the children, writes engine.json as it goes -----------------------------------------
@@ -286,9 +258,6 @@ class Results:
     def put(self, name: str, value: dict) -> None:
         self.data["measurements"][name] = value
         self.save()
-
-    def get(self, name: str) -> dict | None:
-        return self.data["measurements"].get(name)
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -326,38 +295,6 @@ def annotate_wall(python: str, backend: str, credit: str, args: argparse.Namespa
     manifest = json.loads((out / "manifest.json").read_text())
     return {"wall_s": wall, "load_avg": [before, load_avg()], "responses": manifest["totals"]["responses"],
             "backend": manifest["config"]["backend"], "dtype": manifest["config"]["dtype"]}
-
-
-def workers_tokens_per_s(args: argparse.Namespace, repeats: int = 2) -> dict:
-    """Response tokens per second of `annotate --runner dask` on one worker of both cores and on two workers of one
-    core each, interleaved (1, 2, 1, 2): each run's wall, tokens and load, and the medians."""
-    import statistics
-
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-
-    s, runs = sizes(args.mode), {"workers1": [], "workers2": []}
-    for _ in range(repeats):
-        for workers, threads in ((1, 2), (2, 1)):
-            out = WORK / f"workers{workers}"
-            command = [sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(out), "--restart",
-                       "--prompts", str(PROMPTS), "--split", "train", "--limit", str(s["sample_prompts"]),
-                       "--n", str(s["sample_n"]), "--max-new-tokens", str(s["sample_max_new_tokens"]),
-                       "--credit", "gdpo", "--backend", "vllm", "--model", args.model, "--runner", "dask",
-                       "--workers", str(workers), "--cpu-threads", str(threads), "--shard-size", "4"]
-            print(f"[{time.strftime('%H:%M:%S')}] annotate on {workers} worker(s)", flush=True)
-            before, begin = load_avg(), time.perf_counter()
-            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
-                                  env={**os.environ, "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "2"})
-            wall = time.perf_counter() - begin
-            if done.returncode != 0:
-                raise RuntimeError(f"annotate on {workers} workers failed: {done.stderr.strip()[-3000:]}")
-            lengths = pc.list_value_length(ds.dataset(out / "responses").to_table(columns=["token_ids"])["token_ids"])
-            tokens = pc.sum(lengths).as_py()
-            runs[f"workers{workers}"].append({"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
-                                              "load_avg": [before, load_avg()]})
-    medians = {name: statistics.median(r["tokens_per_s"] for r in rows) for name, rows in runs.items()}
-    return {"runs": runs, "tokens_per_s": medians, "ratio": medians["workers2"] / medians["workers1"]}
 
 
 def install_seconds() -> dict:
@@ -419,16 +356,12 @@ def commit_of_code(scripts: tuple[str, ...] = ("bench/bench_engine.py",)) -> dic
     return {"commit": commit, "uncommitted_changes": [line[3:] for line in changed if line.strip()]}
 
 
-def ratio(a: float, b: float) -> float:
-    return round(a / b, 3)
-
-
 def options(quick: bool = False) -> argparse.ArgumentParser:
     """The benchmark's own options (after `--`), and a child's (--child KIND ...)."""
     parser = argparse.ArgumentParser(prog="python -m bench engine --")
     parser.add_argument("--mode", choices=sorted(SIZES), default="quick" if quick else "full",
                         help="full: the issue's sizes; reduced: what fits a session on the shared CPU; quick: a check")
-    parser.add_argument("--only", default="sample" if quick else "sample,replay,tree,annotate,scoring,workers,install",
+    parser.add_argument("--only", default="sample" if quick else "sample,replay,tree,annotate,scoring,install",
                         help="measurements to run (default: all; --quick: sample, one engine: a check of the script)")
     parser.add_argument("--redo", action="store_true", help="measure again what engine.json already holds")
     parser.add_argument("--model", default=MODEL)
@@ -443,18 +376,17 @@ def options(quick: bool = False) -> argparse.ArgumentParser:
 
 @benchmark("engine", measures="The vLLM CPU engine against the transformers backend on SmolLM2-135M-Instruct, each "
            "measurement a subprocess, side by side: sampled tokens/s per dtype, the engine's replay, tree sampling, "
-           "annotate's wall time (gdpo, gdpo + mrtpo), LoRA scoring, 2 workers, the one-environment install; a run "
+           "annotate's wall time (gdpo, gdpo + mrtpo), LoRA scoring, the one-environment install; a run "
            "resumes from engine.json.", results=("engine.json",), needs=("vllm",),
            targets=tuple(Target(name, op, bound) for name, (op, bound) in TARGETS.items()))
 def run(h) -> dict:
     from tokencredit.pipeline.models.registry import is_pulled
+    from tokencredit.pipeline.sample.vllm_backend import DEFAULT_DTYPE as default  # vllm itself loads lazily
 
     args = options(h.quick).parse_args(h.argv)
     if args.model == MODEL and not is_pulled(MODEL):
         raise Unavailable(f"run `tokencredit models pull {MODEL}` first")
     WORK.mkdir(parents=True, exist_ok=True)
-    default = subprocess.run([sys.executable, "-c", "from tokencredit.pipeline.sample.vllm_backend import "
-                              "DEFAULT_DTYPE; print(DEFAULT_DTYPE)"], capture_output=True, text=True).stdout.strip()
     results = Results(h.results("engine.json"), {"sizes": sizes(args.mode), "mode": args.mode,
                                                  "model": args.model, "vllm_default_dtype": default,
                                                  **commit_of_code(), "torch_threads": THREADS}, args.redo)
@@ -485,7 +417,6 @@ def run(h) -> dict:
             measure(f"replay_vllm_{dtype}", lambda: run_child(vpy, "replay", args, model=args.model, dtype=dtype))
     if "tree" in only:
         measure("tree_vllm", lambda: run_child(vpy, "tree", args, model=args.model))
-        measure("block_size", lambda: run_child(vpy, "blocks", args, model=args.model))
     if "annotate" in only:
         measure("annotate_vllm", lambda: annotate_wall(vpy, "vllm", "gdpo,mrtpo", args))
         measure("annotate_vllm_gdpo", lambda: annotate_wall(vpy, "vllm", "gdpo", args))
@@ -494,8 +425,6 @@ def run(h) -> dict:
         folder = lora_policy_folder(args)
         measure("scoring_transformers", lambda: run_child(py, "scoring", args, backend="transformers", model=folder))
         measure("scoring_vllm", lambda: run_child(vpy, "scoring", args, backend="vllm", model=folder))
-    if "workers" in only:
-        measure("workers", lambda: workers_tokens_per_s(args))
     if "install" in only:
         measure("install", install_seconds)
     return summarize(results, default)
@@ -531,7 +460,7 @@ def summarize(results: Results, default: str) -> dict:
         keys["tree_over_flat_vllm"] = ratio(tree["tree_seconds"] + tree["tree_again_seconds"],
                                             tree["flat_seconds"] + tree["flat_again_seconds"])
         loads["tree_over_flat_vllm"] = tree["load_avg"]
-    blocks = m.get("block_size")
+    blocks = m.get("block_size")  # final studies (see the docstring): their measurements stay in engine.json
     if blocks:  # the CPU block the backend uses (CPU_BLOCK_TOKENS) against the CPU build's default
         from tokencredit.pipeline.sample.vllm_backend import CPU_BLOCK_TOKENS  # vllm itself loads lazily
 

@@ -2,7 +2,7 @@
 
     python -m bench fidelity        # unpacks the references first (bench/references.py)
 
-IFEval: (response, instruction) pairs drawn for every one of IFEval's 25 instruction ids, scored by
+IFEval: (response, instruction) pairs for every one of IFEval's 25 instruction ids (`ifeval_cases.jsonl`), scored by
 lm-eval's IFEval checkers (strict and loose) and by tokencredit's `ifeval` / `ifeval-loose`
 semantics (and, for comparison, its own `tokencredit` semantics, on the kinds it has).
 BFCL: model outputs made from BFCL's own simple, multiple, parallel and parallel-multiple records
@@ -37,161 +37,17 @@ from tokencredit.verifiers import ifeval, tools  # noqa: E402
 from tokencredit.verifiers.formats import resolve_db  # noqa: E402
 from tokencredit.verifiers.tasks import load_tasks  # noqa: E402
 
-SEED = 11
+SEED = 11  # the BFCL mutations' draws
 BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")
 
-# ---------------------------------------------------------------- IFEval cases
-
-ENGLISH = [
-    "Mr. and Mrs. Jones came home late.", "The river runs past the old mill, near the stone bridge.",
-    'She said "Stop." Then she left.', "Dr. Lee met us at 5 p.m. on Friday.", "The U.S. team won again!",
-    "Is this the end? No, it is not.", "We planted ten trees in the park.", "Prices rose by 3.5 percent in May.",
-    "Bring water, bread and cheese.", "I love the sea and the warm sand.", "Quick brown foxes jump over lazy dogs.",
-    "The museum opens at nine e.g. on weekdays.", "Our NASA visit was short but fun.", "Rain fell all night.",
-    "He finished the race... and then he slept.", "The report (see page 4) is ready.",
-]
-GERMAN = ["Das Wetter ist heute sehr schön und wir gehen im Park spazieren.",
-          "Morgen fahren wir mit dem Zug nach Berlin zu unseren Freunden."]
-SPANISH = ["El tiempo es muy bueno hoy y vamos a caminar por el parque.",
-           "Mañana viajamos en tren a Madrid para ver a nuestros amigos."]
-WORDS = ["river", "stone", "garden", "light", "music", "winter", "coffee", "bridge"]
+IFEVAL_CASES = Path(__file__).with_name("ifeval_cases.jsonl")
 
 
-def text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.sample(ENGLISH, n))
-
-
-def edge(rng: random.Random) -> str:
-    return rng.choice(["", "   \n  ", "\n"])
-
-
-def with_word(rng: random.Random, word: str, times: int) -> str:
-    parts = [text(rng, 2)]
-    for _ in range(times):
-        parts.append(rng.choice([f"The {word} was there.", f"A {word.upper()} appeared!", f"({word}) again."]))
-    return " ".join(parts)
-
-
-def paragraphs(rng: random.Random, n: int, sep: str) -> str:
-    return sep.join(text(rng, rng.randint(1, 2)) for _ in range(n))
-
-
-def ifeval_cases(rng: random.Random) -> list[tuple[str, dict, str, str]]:
-    """(instruction id, kwargs, prompt, response): 7 to 8 per id, passing, failing and edge cases."""
-    cases = []
-
-    def add(iid, kwargs, response, prompt="Write something."):
-        cases.append((iid, kwargs, prompt, response))
-
-    for _ in range(3):
-        kw = rng.sample(WORDS, 2)
-        add("keywords:existence", {"keywords": kw}, with_word(rng, kw[0], 1) + " " + with_word(rng, kw[1], 1))
-        add("keywords:existence", {"keywords": kw}, with_word(rng, kw[0], 1) + f" {kw[1]}s everywhere.")
-    add("keywords:existence", {"keywords": ["sea"]}, edge(rng))
-    add("keywords:existence", {"keywords": ["Sea"]}, "The SEASON is long.")
-    for n, rel in ((2, "at least"), (3, "less than"), (1, "at least"), (2, "less than")):
-        w = rng.choice(WORDS)
-        add("keywords:frequency", {"keyword": w, "frequency": n, "relation": rel}, with_word(rng, w, rng.randint(0, 3)))
-    add("keywords:frequency", {"keyword": "sun", "frequency": 2, "relation": "less than"}, edge(rng))
-    add("keywords:frequency", {"keyword": "sun", "frequency": 2, "relation": "at least"}, "Sunny sun, sunset.")
-    add("keywords:frequency", {"keyword": "art", "frequency": 2, "relation": "at least"}, "Start the art party.")
-    for _ in range(3):
-        banned = rng.sample(WORDS, 2)
-        add("keywords:forbidden_words", {"forbidden_words": banned}, with_word(rng, rng.choice(WORDS), 1))
-    add("keywords:forbidden_words", {"forbidden_words": ["stone"]}, "Stones and milestones.")
-    add("keywords:forbidden_words", {"forbidden_words": ["stone"]}, "A STONE fell.")
-    add("keywords:forbidden_words", {"forbidden_words": ["stone"]}, edge(rng))
-    add("keywords:forbidden_words", {"forbidden_words": ["mill"]}, text(rng, 4))
-    for letter, n, rel in (("e", 10, "at least"), ("z", 2, "less than"), ("a", 5, "at least"), ("q", 1, "less than"),
-                           ("E", 3, "at least"), ("o", 30, "less than")):
-        add("keywords:letter_frequency", {"letter": letter, "let_frequency": n, "let_relation": rel}, text(rng, rng.randint(1, 4)))
-    add("keywords:letter_frequency", {"letter": "z", "let_frequency": 3, "let_relation": "less than"}, edge(rng))
-    for lang, sentences in (("de", GERMAN), ("es", SPANISH), ("en", ENGLISH)):
-        add("language:response_language", {"language": lang}, " ".join(sentences[:2]))
-        add("language:response_language", {"language": "de" if lang != "de" else "es"}, " ".join(sentences[:2]))
-    add("language:response_language", {"language": "en"}, "12345 !!!")
-    add("language:response_language", {"language": "en"}, edge(rng))
-    for n, rel in ((2, "less than"), (3, "at least"), (4, "less than"), (1, "at least"), (5, "at least")):
-        add("length_constraints:number_sentences", {"num_sentences": n, "relation": rel}, text(rng, rng.randint(1, 4)))
-    add("length_constraints:number_sentences", {"num_sentences": 2, "relation": "less than"}, ENGLISH[0])
-    add("length_constraints:number_sentences", {"num_sentences": 3, "relation": "less than"}, edge(rng))
-    for n in (2, 3, 3):
-        add("length_constraints:number_paragraphs", {"num_paragraphs": n}, paragraphs(rng, rng.choice([2, 3]), "\n***\n"))
-    add("length_constraints:number_paragraphs", {"num_paragraphs": 2}, paragraphs(rng, 2, "\n\n"))
-    add("length_constraints:number_paragraphs", {"num_paragraphs": 2}, "***\n" + paragraphs(rng, 2, " *** "))
-    add("length_constraints:number_paragraphs", {"num_paragraphs": 3}, paragraphs(rng, 2, "\n***\n***\n"))
-    add("length_constraints:number_paragraphs", {"num_paragraphs": 1}, edge(rng))
-    for n, rel in ((20, "at least"), (15, "less than"), (40, "less than"), (8, "at least")):
-        add("length_constraints:number_words", {"num_words": n, "relation": rel}, text(rng, rng.randint(1, 5)))
-    add("length_constraints:number_words", {"num_words": 5, "relation": "less than"}, "It's a well-known fact.")
-    add("length_constraints:number_words", {"num_words": 50, "relation": "less than"}, edge(rng))
-    add("length_constraints:number_words", {"num_words": 3, "relation": "at least"}, "one two")
-    for n, nth, word, resp in (
-            (2, 2, "then", "We ate.\n\nThen we slept."), (2, 2, "then", "We ate.\n\n\"Then,\" he said."),
-            (3, 1, "we", "We ate.\n\nThen.\n\nNow."), (2, 1, "we", "We ate.\nThen we slept."),
-            (2, 2, "then", "We ate.\n\nLater we slept."), (3, 3, "now", "A.\n\n\n\nB.\n\nNow!"),
-            (2, 2, "then", edge(rng))):
-        add("length_constraints:nth_paragraph_first_word",
-            {"num_paragraphs": n, "nth_paragraph": nth, "first_word": word}, resp)
-    for n in (1, 2, 3):
-        add("detectable_content:number_placeholders", {"num_placeholders": n}, "Meet [name] at [place] on [day].")
-    add("detectable_content:number_placeholders", {"num_placeholders": 2}, "Meet [name].")
-    add("detectable_content:number_placeholders", {"num_placeholders": 1}, "Meet [] now.")
-    add("detectable_content:number_placeholders", {"num_placeholders": 1}, "[a\nb] split")
-    add("detectable_content:number_placeholders", {"num_placeholders": 1}, edge(rng))
-    for marker, resp in (("P.S.", "Hi.\n\nP.S. See you."), ("P.S.", "Hi. p.s. see you."), ("P.P.S", "Hi.\nP.P.S later"),
-                         ("P.S.", "Hi.\nPS see you."), ("P.P.S", "Hi.\nP.S. later"), ("P.S.", edge(rng)),
-                         ("P.S.", "Hi.\n\nP. S. See you.")):
-        add("detectable_content:postscript", {"postscript_marker": marker}, resp)
-    for n, resp in ((3, "* a\n* b\n* c"), (2, "- a\n- b"), (2, "* a\n- b\n* c"), (3, "* a\n** b\n* c\n* d"),
-                    (1, "Intro\n  * only one"), (2, edge(rng)), (2, "*a\n*b")):
-        add("detectable_format:number_bullet_lists", {"num_bullets": n}, resp)
-    for resp in ("My answer is yes.", "My answer is no, because it rains.", "my answer is maybe.",
-                 "Well. My answer is maybe.", "Yes.", edge(rng), "My answer is yes. My answer is no."):
-        add("detectable_format:constrained_response", {}, resp)
-    for n, resp in ((2, "Some *first* and *second* parts."), (2, "Some **bold** text."), (1, "An * * empty one."),
-                    (3, "*a* *b*"), (1, "**x**"), (2, edge(rng)), (1, "*multi\nline*")):
-        add("detectable_format:number_highlighted_sections", {"num_highlights": n}, resp)
-    for spl, n, resp in (("SECTION", 2, "SECTION 1\na\nSECTION 2\nb"), ("Section", 2, "Section 1\na"),
-                         ("SECTION", 2, "SECTION 2\nb\nSECTION 1\na"), ("PARAGRAPH", 1, "PARAGRAPH 1 text"),
-                         ("Section", 3, "Section 1 a Section 2 b Section 3 c"), ("SECTION", 1, "section 1 lower"),
-                         ("SECTION", 1, edge(rng))):
-        add("detectable_format:multiple_sections", {"section_spliter": spl, "num_sections": n}, resp)
-    for resp in ('{"a": 1}', '```json\n{"a": [1, 2]}\n```', '```\n[1, 2]\n```', "a: 1", '{"a": 1} trailing',
-                 '```JSON\n{"b": true}\n```', edge(rng), "```json\n{'a': 1}\n```"):
-        add("detectable_format:json_format", {}, resp)
-    for resp in ("<<Title>>\nBody.", "<Title>\nBody.", "<<  >>\nBody.", "Body <<A title>> here.", "<<multi\nline>>",
-                 edge(rng), "<<<Nested>>>"):
-        add("detectable_format:title", {}, resp)
-    for resp in ("Yes, gladly.\n******\nNo, sorry.", "Same.\n******\nSame.", "One.\n******\n******\nTwo.",
-                 "******\nOne.\n******\nTwo.", "Only one answer.", "A ****** B ****** C", edge(rng)):
-        add("combination:two_responses", {}, resp)
-    for prompt, resp in (("Write a poem about rain.", "Write a poem about rain. Drops fall."),
-                         ("Write a poem about rain.", "write a poem about RAIN. Drops."),
-                         ("Write a poem about rain.", "Here: Write a poem about rain."),
-                         ("List two fruits.", "  List two fruits.\nApple, pear."), ("List two fruits.", edge(rng)),
-                         ("List two fruits.", "List 2 fruits. Apple.")):
-        add("combination:repeat_prompt", {"prompt_to_repeat": prompt}, resp, prompt)
-    for phrase, resp in (("That is all.", "Bye. That is all."), ("That is all.", "Bye. that is all."),
-                         ("That is all.", '"Bye. That is all."'), ("Any other questions?", "Done. Any other questions? "),
-                         ("That is all.", "That is all. Bye."), ("That is all.", edge(rng)),
-                         ("Is there anything else I can help with?", "Ok. Is there anything else I can help with")):
-        add("startend:end_checker", {"end_phrase": phrase}, resp)
-    for n, rel, resp in ((2, "at least", "The USA and NASA and EU."), (3, "less than", "WE ARE LOUD TODAY."),
-                         (1, "at least", "no capitals here."), (2, "less than", "I am here."),
-                         (1, "at least", "U.S.A. is big."), (3, "less than", edge(rng)), (2, "at least", "DON'T STOP.")):
-        add("change_case:capital_word_frequency", {"capital_frequency": n, "capital_relation": rel}, resp)
-    for resp in ("THE STORM HIT THE COAST AT NIGHT AND THE BOATS STAYED HOME.", "THE STORM hit.", "123 !!!",
-                 "DAS WETTER IST HEUTE SEHR SCHÖN UND WIR GEHEN IM PARK SPAZIEREN.", edge(rng), "OK"):
-        add("change_case:english_capital", {}, resp)
-    for resp in ("the storm hit the coast at night and the boats stayed home.", "the storm Hit.", "123 !!!",
-                 "das wetter ist heute sehr schön und wir gehen im park spazieren.", edge(rng), "ok"):
-        add("change_case:english_lowercase", {}, resp)
-    for resp in ("No commas here.", "One, two.", "Full\uff0cwidth.", edge(rng), text(rng, 3), "1,000 people."):
-        add("punctuation:no_comma", {}, resp)
-    for resp in ('"quoted"', ' "quoted" ', '"', 'no quotes', '"half', edge(rng), '\u201csmart\u201d'):
-        add("startend:quotation", {}, resp)
-    return cases
+def ifeval_cases() -> list[tuple[str, dict, str, str]]:
+    """(instruction id, kwargs, prompt, response) of ifeval_cases.jsonl: 6 to 8 per IFEval instruction id, passing,
+    failing and edge cases (empty and blank responses among them), written once from fixed sentences and seed 11."""
+    rows = [json.loads(line) for line in IFEVAL_CASES.read_text(encoding="utf-8").splitlines()]
+    return [(r["id"], r["kwargs"], r["prompt"], r["response"]) for r in rows]
 
 
 def ifeval_agreement(cases, reference) -> dict:
@@ -390,7 +246,7 @@ def run(h: Harness) -> dict:
     reference = references.ifeval()
     checker = references.bfcl()
     data = references.bfcl_data()
-    cases = ifeval_cases(rng)
+    cases = ifeval_cases()
     kinds = {c[0] for c in cases}
     assert kinds == set(ifeval.IFEVAL_IDS), sorted(set(ifeval.IFEVAL_IDS) - kinds)
     iv = ifeval_agreement(cases, reference)

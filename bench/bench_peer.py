@@ -48,12 +48,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, Harness  # noqa: I001 - first: it puts the repository on the path
-from bench_engine import commit_of_code
+from common import Harness, load_avg, ratio  # noqa: I001 - first: it puts the repository on the path
+from bench_engine import MODEL, PROMPTS, commit_of_code
 from registry import Target, Unavailable, benchmark
 
-MODEL = "smollm2-135m-instruct"
-PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"
 THREADS = 2  # --cpu-threads, the peer's --threads and the GEMM's: the machine's 2 cores
 SIZES = {"full": {"prompts": 64, "n": 4, "max_new_tokens": 96, "repeats": 3},
          "quick": {"prompts": 4, "n": 2, "max_new_tokens": 16, "repeats": 1}}
@@ -76,10 +74,6 @@ for _ in range(7):
     best = max(best, 5 * 2 * n ** 3 / (time.perf_counter() - begin))
 print(json.dumps(best))
 """
-
-
-def load_avg() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def env() -> dict:
@@ -118,9 +112,9 @@ def timed(command: list[str], log: Path, timeout: float) -> tuple[float, list[fl
 
 
 def run_peer(s: dict, args, log: Path) -> dict:
-    command = [sys.executable, str(ROOT / "bench" / "peer_script.py"), "--prompts", str(PROMPTS), "--split", "train",
-               "--limit", str(s["prompts"]), "--n", str(s["n"]), "--max-new-tokens", str(s["max_new_tokens"]),
-               "--model", args.model, "--dtype", "float32", "--threads", str(THREADS)]
+    command = [sys.executable, str(Path(__file__).with_name("peer_script.py")), "--prompts", str(PROMPTS),
+               "--split", "train", "--limit", str(s["prompts"]), "--n", str(s["n"]),
+               "--max-new-tokens", str(s["max_new_tokens"]), "--model", args.model, "--dtype", "float32", "--threads", str(THREADS)]
     wall, loads = timed(command, log, args.timeout)
     report = json.loads(log.read_text().strip().splitlines()[-1])
     return {"wall_s": round(wall, 2), "load_avg": loads, "phases": report["phases"], "total_s": report["total"],
@@ -154,10 +148,6 @@ def run_annotate(arm: str, s: dict, args, log: Path) -> dict:
 def median(values) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else round(a / b, 3)
 
 
 def where(runs: dict) -> dict:

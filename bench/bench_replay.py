@@ -41,7 +41,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from common import THREADS, Harness, interleaved_times, median_time, model_paths, peak_extra_bytes
+from common import THREADS, Harness, demo_records, interleaved_times, median_time, model_paths, peak_extra_bytes
 from registry import Target, benchmark
 
 TARGET_FORWARD = 1.25
@@ -231,7 +231,7 @@ def model_annotation_ratio(h: Harness, model_path: str, max_new_tokens: int) -> 
 
 def overheads(h: Harness, profile_replay: bool) -> dict:
     """(a), (b) and (c) on the tiny policy and the demo prompts."""
-    from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set, verify_samples
+    from tokencredit.pipeline.annotate import verify_samples
     from tokencredit.pipeline.config import SamplingConfig
     from tokencredit.pipeline.credit.replay import ReplayStats, replay_distances
     from tokencredit.pipeline.models.loading import load_policy
@@ -242,8 +242,7 @@ def overheads(h: Harness, profile_replay: bool) -> dict:
     prompts, h.repeats, annotate_limit, annotate_repeats = (2, 1, 1, 1) if h.quick else (12, 3, 2, 3)
     batch_size, chunk_size = 16, 128
     sampling = SamplingConfig(n=4, max_new_tokens=24 if h.quick else 96)
-    records, _ = load_prompt_set(AnnotateConfig(limit=None))
-    records = records[:: max(1, len(records) // prompts)][:prompts]  # spread over the tasks present
+    records = demo_records(prompts)
     by_id = {r.id: r for r in records}
     sampler = TransformersSampler(model, tokenizer, "bench", progress=False)
     samples = sampler.sample(records, sampling)
@@ -287,8 +286,9 @@ def roofline_and_memory(h: Harness) -> dict:
     """(d) and (e); the full run's figures go to speed.json."""
     roofline = matmul_roofline(512 if h.quick else 2048, 2 if h.quick else 10)
     replayed = roofline_fraction(None if h.quick else "smollm2-135m-instruct", roofline, 4 if h.quick else None)
-    T = 256 if h.quick else 4096
-    peak = h.run_child(__file__, ["--peak-child", str(T)])["peak"]
+    # a full run measures in a fresh process, whose allocator has kept nothing of earlier work to hide the peak
+    T = 64 if h.quick else 4096
+    peak = peak_memory(T, 4) if h.quick else h.run_child(__file__, ["--peak-child", str(T)])["peak"]
     figures = {"replay_roofline_fraction": round(replayed["fraction"], 3), "replay_peak_mib_T4096": round(peak / 2**20, 1)}
     h.update_figures({"model": "tiny" if h.quick else "smollm2-135m-instruct", **figures})
     return {**figures, "roofline_gflops": round(roofline / 1e9, 1), "replayed_responses": replayed["items"],

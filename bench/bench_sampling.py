@@ -9,9 +9,9 @@ Hugging Face: `model.generate(do_sample=True, top_k=0)` on the left-padded rows 
 then the same raw log-probs and decoded responses. Draws differ (each side's own RNG), so responses
 differ in length: the ratio is of seconds per generated token (eos included), medians of interleaved
 runs. Both the given model (default: SmolLM2-135M-Instruct, target <= 0.9x) and the shipped tiny
-policy are run; the model's ratio goes to bench/results/speed.json as `sampling_over_generate`.
-Also times the decoding helpers on one 2,048-token response: `token_spans` and stop-string checks
-against the prefix decodes they replaced.
+policy are run; the model's ratio goes to bench/results/speed.json as `sampling_over_generate`. (Until commit
+3cfae4c it also timed `token_spans` and stop-string checks against the prefix decodes they replaced: a final study,
+its figures in its rows.)
 """
 from __future__ import annotations
 
@@ -20,18 +20,11 @@ from pathlib import Path
 
 import torch
 
-from common import Harness, interleaved_times
+from common import Harness, demo_records, interleaved_times
 from registry import Target, benchmark
 
 SMOLLM2 = "smollm2-135m-instruct"  # the registry's name (`tokencredit models pull smollm2-135m-instruct`)
 TARGET = 0.9
-
-
-def demo_records(count: int):
-    from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set
-
-    records, _ = load_prompt_set(AnnotateConfig(limit=None))
-    return records[:: max(1, len(records) // count)][:count]
 
 
 class GenerateRun:
@@ -84,40 +77,6 @@ def compare(model_path, records, config, repeats: int) -> dict:
             "ratio": per_token["tokencredit"] / per_token["generate"]}
 
 
-def decoding_helpers(model_path, length: int = 2048) -> dict[str, float]:
-    """Seconds of `token_spans` and of stop checks over one `length`-token response, against the
-    prefix decodes they replaced (one run each: the old ones take seconds)."""
-    import time
-
-    from tokencredit.pipeline.sample.detokenize import StopChecker
-    from tokencredit.pipeline.sample.detokenize import token_spans
-    from tokencredit.pipeline.models.loading import load_tokenizer
-
-    tokenizer = load_tokenizer(model_path)
-    text = " ".join(r.prompt for r in demo_records(200))
-    ids = (tokenizer(text, add_special_tokens=False)["input_ids"] * 8)[:length]
-    stop = ["never in the text", "\n\n\n\n"]
-
-    def prefix_spans():
-        return [len(tokenizer.decode(ids[:t + 1], skip_special_tokens=True)) for t in range(len(ids))]
-
-    def prefix_stops():
-        return [any(s in tokenizer.decode(ids[:t + 1], skip_special_tokens=True) for s in stop)
-                for t in range(len(ids))]
-
-    def windowed_stops():
-        checker = StopChecker(tokenizer, stop)
-        return [checker.add(token) for token in ids]
-
-    seconds = {}
-    for name, fn in {"token_spans": lambda: token_spans(tokenizer, ids), "prefix_spans": prefix_spans,
-                     "stop_checks": windowed_stops, "prefix_stop_checks": prefix_stops}.items():
-        start = time.perf_counter()
-        fn()
-        seconds[name] = time.perf_counter() - start
-    return seconds
-
-
 @benchmark("sampling", measures="`TransformersSampler.sample` over `model.generate(do_sample=True, top_k=0, "
            "output_logits=True)` plus the same raw log-probs and decoded responses, same rows and settings: seconds per "
            "generated token (the draws, hence lengths, differ), medians of interleaved runs; SmolLM2 and the tiny policy.",
@@ -136,14 +95,11 @@ def run(h: Harness) -> dict:
     results = {name: compare(model, records, config, h.repeats)}
     if model:
         results["tiny policy"] = compare(None, records, config, h.repeats)
-    length = 256 if h.quick else 2048
-    helpers = decoding_helpers(model, length)
     figures = {"model": name, "rows": prompts * config.n, "max_new_tokens": max_new,
                "sampling_over_generate": round(results[name]["ratio"], 3)}
     for label, r in results.items():
         key = label.replace(" ", "_")
         figures |= {f"{key}_ms_per_token": round(r["per_token"]["tokencredit"] * 1e3, 2),
                     f"{key}_generate_ms_per_token": round(r["per_token"]["generate"] * 1e3, 2)}
-    figures |= {"decoded_tokens": length} | {f"{k}_s": round(v, 4) for k, v in helpers.items()}
     h.update_figures({"model": name, "sampling_over_generate": figures["sampling_over_generate"]})
     return figures

@@ -18,20 +18,13 @@ import argparse
 import json
 import statistics
 
-from common import Harness, interleaved_times
+from common import Harness, demo_records, interleaved_times
 from registry import Target, benchmark
 
 SMOLLM2 = "smollm2-135m-instruct"
 TARGET_TREE, TARGET_BATCH = 0.85, 1.2
 BATCHES = (16, 32, 64, 128, 256)
 BRANCHES = ("sentence", "fraction:0.25", "entropy:0.1")
-
-
-def demo_records(count: int):
-    from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set
-
-    records, _ = load_prompt_set(AnnotateConfig(limit=None))
-    return records[:: max(1, len(records) // count)][:count]
 
 
 def counted(sampler, fn) -> tuple[int, int, list]:

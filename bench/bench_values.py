@@ -137,8 +137,8 @@ def tiny_run(folder: Path) -> str:
            targets=(Target("ratio", "<=", 1.2),))
 def run(h: Harness) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench values --")
-    parser.add_argument("--run", default=None, help="a complete run (default: bench/.own/both, which bench/own_runs.py "
-                        "writes; --quick: a tiny-policy run of the demo set)")
+    parser.add_argument("--run", default=None, help="a complete run (default: bench/.own/both, as bench/own_runs.py, "
+                        "removed after 3cfae4c, wrote it; --quick: a tiny-policy run of the demo set)")
     parser.add_argument("--pairs", type=int, default=2 if h.quick else TARGET["pairs"])
     parser.add_argument("--k", type=int, default=2 if h.quick else TARGET["k"])
     parser.add_argument("--cuts", type=int, default=2 if h.quick else TARGET["cuts"])

@@ -18,25 +18,25 @@ from tokencredit import verifiers
 from tokencredit.schemas.records import Constraint, InstructionSpec, TaskRecord, ToolCall, ToolSpec
 
 TARGET_S = 1.0
-M = 2_000_000
+M = 2_000_000  # characters of a response (--quick: a tenth)
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                  "required": ["city"]}}
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
-def tool_shapes() -> dict[str, str]:
+def tool_shapes(size: int) -> dict[str, str]:
     def call(value: str) -> str:
         return '<tool_call>{"name": "get_weather", "arguments": {"city": ' + value + "}}</tool_call>"
     return {
-        "unclosed tags": "<tool_call>" * (M // 11),
-        "unclosed tags with text": "<tool_call>x" * (M // 12),
-        "closing tags": "</tool_call>" * (M // 12),
-        "nested tags": "<tool_call>" * (M // 30) + CALL + "</tool_call>" * (M // 30),
-        "huge string": call(json.dumps("a" * M)),
-        "deep nesting": call("[" * (M // 2) + "]" * (M // 2)),
-        "huge integer": call("9" * M),
-        f"{M // 24:,} bad blocks": "<tool_call>{</tool_call>" * (M // 24),
-        f"{M // len(CALL):,} good blocks": CALL * (M // len(CALL)),
+        "unclosed tags": "<tool_call>" * (size // 11),
+        "unclosed tags with text": "<tool_call>x" * (size // 12),
+        "closing tags": "</tool_call>" * (size // 12),
+        "nested tags": "<tool_call>" * (size // 30) + CALL + "</tool_call>" * (size // 30),
+        "huge string": call(json.dumps("a" * size)),
+        "deep nesting": call("[" * (size // 2) + "]" * (size // 2)),
+        "huge integer": call("9" * size),
+        f"{size // 24:,} bad blocks": "<tool_call>{</tool_call>" * (size // 24),
+        f"{size // len(CALL):,} good blocks": CALL * (size // len(CALL)),
     }
 
 
@@ -45,12 +45,12 @@ def tool_shapes() -> dict[str, str]:
            "replaced took 87.6 s on 12,000 unclosed tags (132 KB).", results=("speed.json",),
            targets=(Target("verifier_inputs_worst_verify_s", "<", TARGET_S), Target("verifier_inputs_worst_parts_s", "<", TARGET_S)))
 def run(h: Harness) -> dict:
-    h.repeats = 1 if h.quick else 3
+    h.repeats, size = (1, M // 10) if h.quick else (3, M)
     tools = TaskRecord("t", "tools", "p", None, ToolSpec((WEATHER,), (ToolCall("get_weather", {"city": "Paris"}),)))
     sentences = TaskRecord("i", "instructions", "p", None,
                            InstructionSpec((Constraint("sentence_count", {"min": 2, "max": 3}),)))
-    cases = [(tools, name, text) for name, text in tool_shapes().items()]
-    cases.append((sentences, '"A. " under sentence_count', "A. " * (M // 3)))
+    cases = [(tools, name, text) for name, text in tool_shapes(size).items()]
+    cases.append((sentences, '"A. " under sentence_count', "A. " * (size // 3)))
     verify_s, parts_s = {}, {}
     for record, name, text in cases:
         verify_s[name] = h.median_time(lambda: verifiers.verify(record, text), h.repeats)[0]

@@ -112,6 +112,16 @@ def run_child(script: str | Path, args: Sequence[str], timeout: float = 900) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def load_avg() -> float:
+    """The 1-minute load average, beside a figure: a ratio is only as steady as the load it was measured under."""
+    return round(os.getloadavg()[0], 2)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b to 3 decimals; None where either is missing."""
+    return None if a is None or not b else round(a / b, 3)
+
+
 def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -163,10 +173,17 @@ class Harness:
     results_dir: Path
     argv: list[str] = field(default_factory=list)
     repeats: int | None = None
-    median_time = staticmethod(median_time)
-    interleaved_times = staticmethod(interleaved_times)
     peak_extra_bytes = staticmethod(peak_extra_bytes)
     run_child = staticmethod(run_child)
+
+    def median_time(self, fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> tuple[float, list[float]]:
+        """`median_time`; a quick run makes no warm-up call."""
+        return median_time(fn, repeats, 0 if self.quick else warmup)
+
+    def interleaved_times(self, fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1,
+                          setup: dict[str, Callable[[], object]] | None = None) -> dict[str, float]:
+        """`interleaved_times`; a quick run makes no warm-up call."""
+        return interleaved_times(fns, repeats, 0 if self.quick else warmup, setup)
 
     @property
     def mode(self) -> str:
@@ -215,6 +232,14 @@ def update_figures(values: dict, path: Path = SPEED_JSON) -> dict:
 
 
 # --- models ---------------------------------------------------------------------------------------
+
+
+def demo_records(count: int) -> list:
+    """`count` demo task records spread over the tasks present (every len // count-th)."""
+    from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set
+
+    records, _ = load_prompt_set(AnnotateConfig(limit=None))
+    return records[:: max(1, len(records) // count)][:count]
 
 
 def model_paths() -> tuple[str | None, str | None, str]:

@@ -1,17 +1,17 @@
-"""Replay, P2T and vLLM sampling throughput of a ~1.5B-parameter Qwen2-style model on one CUDA GPU.
+"""Replay and P2T throughput of a ~1.5B-parameter Qwen2-style model on one CUDA GPU, and the product's paths there.
 
     python -m bench gpu [--quick] [-- --peak-tflops 790]     # on a CUDA machine; figures to $OUT too if set
-    python -m bench gpu --quick                               # without a CUDA device: the script on CPU, tiny config
-    python -m bench gpu -- --gpus 4                           # also annotate on 4 engine workers, a GPU each
+    python -m bench gpu --quick                               # no CUDA device: the torch part on CPU, tiny config
 
 The model is built from a Qwen2-1.5B-shaped config with random weights in bf16 (nothing is
 downloaded). Inputs are random token ids: N responses of T tokens after a P-token task prompt and
 K feedback sections. Reported per benchmark: seconds, tokens per second (every token through the
 model: prompt + response of every sequence forwarded), and the fraction of the FLOP ceiling
 2 x parameters x tokens / peak (790 TFLOP/s by default). P2T's backward roughly doubles its FLOPs, so
-its fraction of the forward ceiling can reach ~1/3 at most. vLLM sampling runs when vllm imports.
+its fraction of the forward ceiling can reach ~1/3 at most.
 
-The product's own paths on the device (`--engine`, on by default where vllm imports): the same shape saved as a
+The product's own paths on the device (where vllm imports, unless `--no-engine`; never on CPU, where the `engine`
+benchmark measures them): the same shape saved as a
 model folder with the shipped tiny policy's tokenizer (vocabulary 2,210, so the LM head is small and the body
 dominates), then, side by side in this process: flat sampling through `TransformersSampler` and `VllmSampler`
 (`--backend vllm --device cuda`, bf16; engine start given apart), 4x4 tree against 16 flat samples on the engine,
@@ -130,31 +130,6 @@ def bench_p2t(rm, items, device, repeats, params, peak, batch_size=8) -> dict:
     return {**figure(seconds, tokens, params, peak), "plain_forward_seconds": plain, "over_plain": seconds / plain}
 
 
-def bench_vllm(model, items, samples: int, response: int, params, peak) -> dict:
-    """vLLM generation of `samples` responses of exactly `response` tokens per item's P_all prompt."""
-    from vllm import LLM, SamplingParams
-
-    torch.cuda.empty_cache()  # the policy is on the CPU now; vLLM sizes its KV cache from free memory
-    folder = Path(tempfile.mkdtemp(prefix="gpu_bench_model_"))
-    try:
-        model.save_pretrained(folder, safe_serialization=True)
-        llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype="bfloat16", gpu_memory_utilization=0.6,
-                  seed=0)
-        params_ = SamplingParams(n=samples, max_tokens=response, min_tokens=response, ignore_eos=True,
-                                 temperature=1.0, detokenize=False, seed=0)
-        prompts = [{"prompt_token_ids": it.all_prompt_ids} for it in items]
-        llm.generate(prompts[:2], params_)  # warm-up
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params_)
-        seconds = time.perf_counter() - start
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    generated = sum(len(o.token_ids) for out in outputs for o in out.outputs)
-    prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
-    return {**figure(seconds, generated + prompt_tokens, params, peak), "generated_tokens": generated,
-            "generated_per_s": generated / seconds}
-
-
 TINY_TOKENIZER = Path(__file__).resolve().parent.parent / "pipeline" / "models" / "tiny-policy"
 
 
@@ -171,7 +146,7 @@ def engine_folder(shape: dict, dtype: torch.dtype) -> Path:
     return folder
 
 
-def bench_engine(folder: Path, smoke: bool, prompts: int, n: int, max_new: int) -> dict:
+def bench_engine(folder: Path, prompts: int, n: int, max_new: int) -> dict:
     """The product's paths on one device: sampling on both backends, tree vs flat on the engine, the engine's
     replay against torch's. Sizes in the returned dict."""
     from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set
@@ -180,17 +155,16 @@ def bench_engine(folder: Path, smoke: bool, prompts: int, n: int, max_new: int) 
     from tokencredit.pipeline.credit.replay import replay
     from tokencredit.pipeline.sample import make_sampler
 
-    device = "cpu" if smoke else "cuda"
+    device = "cuda"
     records = load_prompt_set(AnnotateConfig(tasks=("instructions",), limit=prompts))[0]
     config = SamplingConfig(n=n, max_new_tokens=max_new)
     out: dict = {"sizes": f"{len(records)} instruction prompts x {n}, max_new_tokens {max_new}, bf16, {device}"}
 
     def sampled(sampler, cfg) -> dict:
-        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-        sync()
+        torch.cuda.synchronize()
         begin = time.perf_counter()
         samples = sampler.sample(records, cfg)
-        sync()
+        torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
         tokens = sum(len(x.token_ids) for x in samples)
         return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
@@ -212,11 +186,10 @@ def bench_engine(folder: Path, smoke: bool, prompts: int, n: int, max_new: int) 
     out["tree_over_flat_vllm"] = out["tree4x4"]["seconds"] / out["flat16"]["seconds"]
     items = random_items(prompts * n, 128, 16, 3, max_new, policy.tokenizer.vocab_size if hasattr(
         policy.tokenizer, "vocab_size") else 2000)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
+    torch.cuda.synchronize()
     begin = time.perf_counter()
     reference = replay(policy.model, items)
-    sync()
+    torch.cuda.synchronize()
     torch_s = time.perf_counter() - begin
     begin = time.perf_counter()
     through = engine_replay(engine, items)
@@ -229,7 +202,7 @@ def bench_engine(folder: Path, smoke: bool, prompts: int, n: int, max_new: int) 
     return out
 
 
-def annotate_walls(folder: Path, smoke: bool, prompts: int, n: int, max_new: int) -> dict:
+def annotate_walls(folder: Path, prompts: int, n: int, max_new: int) -> dict:
     """`tokencredit annotate --credit gdpo,mrtpo` on each backend as a fresh command: wall seconds, start included."""
     out = {}
     for backend in ("transformers", "vllm"):
@@ -237,7 +210,7 @@ def annotate_walls(folder: Path, smoke: bool, prompts: int, n: int, max_new: int
         command = [sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(run / "run"),
                    "--tasks", "instructions", "--limit", str(prompts), "--n", str(n), "--max-new-tokens",
                    str(max_new), "--credit", "gdpo,mrtpo", "--backend", backend, "--model", str(folder),
-                   "--device", "cpu" if smoke else "cuda", "--dtype", "bfloat16", "--runner", "none"]
+                   "--device", "cuda", "--dtype", "bfloat16", "--runner", "none"]
         begin = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
         out[backend] = ({"wall_s": time.perf_counter() - begin} if done.returncode == 0
@@ -248,82 +221,47 @@ def annotate_walls(folder: Path, smoke: bool, prompts: int, n: int, max_new: int
     return out
 
 
-def annotate_on_workers(folder: Path, smoke: bool, prompts: int, n: int, max_new: int, gpus: int) -> dict:
-    """`tokencredit annotate --runner dask --workers W` on the engine, W = 1 then `gpus` (one GPU per worker; --smoke:
-    one CPU core each): wall seconds each, start included, and the ratio. The runs' rows must be equal."""
-    import pyarrow.dataset as ds
-
-    out, rows = {}, {}
-    for workers in (1, gpus):
-        run = Path(tempfile.mkdtemp(prefix=f"gpu_bench_workers{workers}_")) / "run"
-        command = [sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(run), "--tasks",
-                   "instructions", "--limit", str(prompts), "--n", str(n), "--max-new-tokens", str(max_new),
-                   "--credit", "gdpo", "--backend", "vllm", "--model", str(folder), "--device",
-                   "cpu" if smoke else "cuda", "--dtype", "float32" if smoke else "bfloat16", "--runner", "dask",
-                   "--workers", str(workers), "--shard-size", str(max(1, prompts // (4 * gpus))), "--cpu-threads", "1"]
-        begin = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            return {"failed": f"--workers {workers} ({done.returncode}): {done.stderr.strip()[-500:]}"}
-        out[f"workers{workers}_wall_s"] = time.perf_counter() - begin
-        rows[workers] = sorted(ds.dataset(run / "responses").to_table().column("response").to_pylist())
-        shutil.rmtree(run.parent, ignore_errors=True)
-    out[f"workers{gpus}_over_workers1_wall"] = out[f"workers{gpus}_wall_s"] / out["workers1_wall_s"]
-    out["same_responses"] = rows[1] == rows[gpus]
-    return out
-
-
-@benchmark("gpu", measures="Replay, P2T and vLLM sampling throughput of a random-weight bf16 Qwen2-1.5B-shaped model "
-           "on one CUDA GPU (tokens/s over every forwarded token, the fraction of the FLOP ceiling 2 x params x tokens "
-           "/ peak), and the product's paths on the device: both samplers, tree sampling, the engine replay, annotate "
-           "on each backend. Without a CUDA device, --quick checks the script on CPU with a tiny config.",
+@benchmark("gpu", measures="Replay and P2T throughput of a random-weight bf16 Qwen2-1.5B-shaped model on one CUDA "
+           "GPU (tokens/s over every forwarded token, the fraction of the FLOP ceiling 2 x params x tokens / peak), "
+           "and "
+           "the product's paths on the device: both samplers (vLLM's sampling), tree sampling, the engine replay, "
+           "annotate on each backend. Without a CUDA device, --quick checks the torch part on CPU with a tiny config.",
            results=("gpu_bench.json",))
 def run(h: Harness) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench gpu --")
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense peak of the GPU")
     parser.add_argument("--no-engine", action="store_true",
                         help="skip the product's paths on the engine (sampling, tree, engine replay, annotate)")
-    parser.add_argument("--gpus", type=int, default=1, help="with more than 1: also annotate on that many engine "
-                        "workers, one GPU each (`--runner dask --workers N`), against one worker")
     args = parser.parse_args(h.argv)
     smoke = not torch.cuda.is_available()
     if smoke and not h.quick:
         raise Unavailable("no CUDA device here (torch.cuda.is_available() is False); --quick checks the script on CPU")
 
     device, dtype, shape = ("cpu", torch.float32, SMOKE) if smoke else ("cuda", torch.bfloat16, QWEN2_1_5B)
-    n, prompt, section, k, response, samples = (8, 32, 8, 3, 32, 2) if smoke else (
-        (32, 256, 32, 3, 512, 4) if h.quick else (64, 256, 32, 3, 512, 4))
+    n, prompt, section, k, response = (8, 32, 8, 3, 32) if smoke else (
+        (32, 256, 32, 3, 512) if h.quick else (64, 256, 32, 3, 512))
     h.repeats = 1 if smoke else (2 if h.quick else 3)
     peak = args.peak_tflops * 1e12
     policy = build(shape, device, dtype)
     params = sum(p.numel() for p in policy.parameters())
     items = random_items(n, prompt, section, k, response, shape["vocab_size"])
     results: dict = {"params": params, "sizes": {"responses": n, "response_tokens": response, "prompt_tokens": prompt,
-                                                 "feedback_sections": k, "section_tokens": section, "samples": samples},
+                                                 "feedback_sections": k, "section_tokens": section},
                      "peak_tflops": args.peak_tflops}
     results["replay"] = bench_replay(policy, items, device, h.repeats, params, peak)
     rm = build(shape, device, dtype, reward_model=True)
     results["p2t"] = bench_p2t(rm, items, device, h.repeats, params, peak)
     del rm
-    engine = importlib.util.find_spec("vllm") is not None
-    if not engine:
-        results["vllm"] = results["engine"] = "vllm not importable: skipped"
-    else:
-        try:
-            results["vllm"] = bench_vllm(policy.cpu(), items, samples, response, params, peak)
-            results["replay_over_vllm_sampling"] = results["replay"]["seconds"] / results["vllm"]["seconds"]
-        except Exception as error:  # noqa: BLE001 - keep the other figures when vLLM fails to start
-            results["vllm"] = f"failed: {type(error).__name__}: {error}"
     results["machine"] = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"
-    if engine and not args.no_engine:
+    if smoke or args.no_engine or importlib.util.find_spec("vllm") is None:
+        results["engine"] = "not measured: " + ("no CUDA device" if smoke else "--no-engine or vllm not importable")
+    else:
         del policy
         folder = engine_folder(shape, dtype)
-        e_prompts, e_n, e_new = (2, 2, 8) if smoke else ((16, 4, 128) if h.quick else (64, 4, 256))
+        e_prompts, e_n, e_new = (16, 4, 128) if h.quick else (64, 4, 256)
         try:
-            results["engine"] = bench_engine(folder, smoke, e_prompts, e_n, e_new)
-            results["annotate"] = annotate_walls(folder, smoke, e_prompts, e_n, e_new)
-            if args.gpus > 1:
-                results["workers"] = annotate_on_workers(folder, smoke, e_prompts, e_n, e_new, args.gpus)
+            results["engine"] = bench_engine(folder, e_prompts, e_n, e_new)
+            results["annotate"] = annotate_walls(folder, e_prompts, e_n, e_new)
         except Exception as error:  # noqa: BLE001 - keep the figures measured before
             results.setdefault("engine", f"failed: {type(error).__name__}: {error}")
         finally:
@@ -335,4 +273,4 @@ def run(h: Harness) -> dict:
     return {"params": params, "replay_tokens_per_s": r["tokens_per_s"], "replay_ceiling_fraction": r["ceiling_fraction"],
             "replay_over_plain": r["over_plain"], "p2t_tokens_per_s": p["tokens_per_s"],
             "p2t_ceiling_fraction": p["ceiling_fraction"], "p2t_over_plain": p["over_plain"],
-            "replay_over_vllm_sampling": results.get("replay_over_vllm_sampling"), "machine": results["machine"]}
+            "machine": results["machine"]}

@@ -3,8 +3,9 @@ committed file differs from its rendering).
 
 One section per registered benchmark: what it measures, its targets, the latest row per machine and mode of
 bench/results/runs.jsonl (the runner's rows), then its rows from before the runner (markdown_rows.jsonl: the log each
-script assembled by hand, kept as written); then the earlier sections no registered benchmark owns (finished
-studies, the closed-loop experiments).
+script assembled by hand, kept as written); then one per final study whose script was removed (REMOVED, beside the
+rows: its name -> what it measured, its results files, the last commit that holds its script), rendered from its rows
+alike; then the earlier sections no benchmark owns (older finished studies, the closed-loop experiments).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 from pathlib import Path
 
 from common import MARKDOWN_ROWS, RUNS
-from registry import Benchmark
+from registry import Benchmark, Target
 
 TITLE = """# Benchmark results
 
@@ -25,6 +26,7 @@ ratio comes from runs interleaved in one process (medians), so that their load f
 seconds vary with it.
 """
 OLD_COLUMNS = ("machine", "date", "mode", "sizes", "figures", "targets")
+REMOVED = "removed.json"  # final studies whose scripts were removed, in the results folder
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -85,23 +87,38 @@ def old_sections(rows: list[dict]) -> list[str]:
     return lines
 
 
-def section(bench: Benchmark, runs: list[dict], old: list[dict]) -> list[str]:
+def section(bench: Benchmark, runs: list[dict], old: list[dict], last_commit: str | None = None) -> list[str]:
+    """A registered benchmark's section; with `last_commit`, a final study's, whose script that commit last holds."""
     targets = ", ".join(f"`{t}`" for t in bench.targets) or "none (a study: its figures are read, not checked)"
     files = ", ".join(f"`bench/results/{f}`" for f in bench.results) or "its rows only"
-    lines = [f"## {bench.name}", "", bench.measures, "", f"Run: `python -m bench {bench.name}`. Targets: {targets}. "
-             f"Figures: {files}.", ""]
-    lines += runs_table(runs) + [""] if runs else ["No row from the runner yet.", ""]
+    script = f"bench/{bench.module}.py"
+    heading, run = ((f"{bench.name} (final study; script removed after commit {last_commit})",
+                     f"Script: `git show {last_commit}:{script}`") if last_commit else
+                    (bench.name, f"Run: `python -m bench {bench.name}`"))
+    lines = [f"## {heading}", "", bench.measures, "", f"{run}. Targets: {targets}. Figures: {files}.", ""]
+    lines += runs_table(runs) + [""] if runs else [f"No row from the runner{'' if last_commit else ' yet'}.", ""]
     if old:
         lines += ["### Rows before the runner", ""] + old_sections(old)
     return lines
 
 
+def removed(results_dir: Path) -> dict[str, tuple[Benchmark, str]]:
+    """name -> (the final study as a Benchmark without a run, the last commit holding its script), from REMOVED."""
+    path = results_dir / REMOVED
+    studies = json.loads(path.read_text()) if path.is_file() else {}
+    return {name: (Benchmark(name, s["measures"], None, s["module"], tuple(s["results"]),
+                             tuple(Target(*t) for t in s["targets"])), s["last_commit"])
+            for name, s in studies.items()}
+
+
 def render(benchmarks: dict[str, Benchmark], results_dir: Path) -> str:
     runs, old = read_rows(results_dir / RUNS), read_rows(results_dir / MARKDOWN_ROWS)
+    final = {name: study for name, study in removed(results_dir).items() if name not in benchmarks}
     lines = [TITLE]
-    for name, bench in benchmarks.items():
-        lines += section(bench, [r for r in runs if r["benchmark"] == name], [r for r in old if r["benchmark"] == name])
-    orphans = [r for r in old if r["benchmark"] not in benchmarks]
+    for name, (bench, last_commit) in {**{n: (b, None) for n, b in benchmarks.items()}, **final}.items():
+        lines += section(bench, [r for r in runs if r["benchmark"] == name], [r for r in old if r["benchmark"] == name],
+                         last_commit)
+    orphans = [r for r in old if r["benchmark"] not in benchmarks and r["benchmark"] not in final]
     if orphans:
         lines += ["## Earlier studies and experiments", "", "Sections of finished studies and of the closed-loop "
                   "experiments (`bench/closed_loop.py`, removed after 3cfae4c: their runs are `tokencredit compare` "

@@ -3,7 +3,8 @@ rots between its full runs, which stay manual. A benchmark that cannot run here 
 unpacked, SmolLM2 not pulled, no CUDA device) is skipped with the runner's reason. The benchmarks that start vLLM
 engines are marked slow.
 
-Each runs as `python -m bench NAME --quick` in a child process: importing bench/common sets torch's thread count."""
+They run as `python -m bench NAME ... --quick` in child processes (importing bench/common sets torch's thread count):
+those that start no engine all in one, in turn, so that the imports and the tiny models load once; an engine's alone."""
 from __future__ import annotations
 
 import json
@@ -16,8 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-# they start vLLM engines (minutes on the shared CPU; gpu's CPU check too where vllm imports), like tests/test_vllm.py
-ENGINE = {"engine", "engine_choice", "peer", "gpu"}
+# they start vLLM engines (minutes on the shared CPU), like tests/test_vllm.py; gpu's CPU check starts none
+ENGINE = {"engine", "peer"}
 OWN_TEST = {"peer": "tests/test_bench_peer.py"}  # run --quick there, with every key of its row checked
 
 
@@ -27,10 +28,13 @@ def registered() -> list[str]:
                   for name in re.findall(r'^@benchmark\("(\w+)"', path.read_text(), re.MULTILINE))
 
 
+SHARED = [n for n in registered() if n not in ENGINE | set(OWN_TEST)]  # in one process
+
+
 def marks(name: str) -> list:
     if name not in ENGINE:
         return []
-    return [pytest.mark.vllm, pytest.mark.slow]  # without vllm the runner skips them (gpu runs its torch part)
+    return [pytest.mark.vllm, pytest.mark.slow]  # without vllm the runner skips them
 
 
 def results_state() -> dict[str, int]:
@@ -44,17 +48,32 @@ def test_the_smoke_list_is_the_registry():
     assert listed == registered()
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n)) for n in registered() if n not in OWN_TEST])
-def test_the_quick_run_writes_its_row_and_nothing_in_bench_results(name, tmp_path):
+def quick_run(names: list[str], folder: Path) -> tuple[subprocess.CompletedProcess, bool]:
+    """`python -m bench NAMES --quick` into `folder`; (the run, whether bench/results stayed as it was)."""
     before = results_state()
-    done = subprocess.run([sys.executable, "-m", "bench", name, "--quick", "--results-dir", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "bench", *names, "--quick", "--results-dir", str(folder)],
                           capture_output=True, text=True, cwd=ROOT, timeout=1800)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert results_state() == before
+    return done, results_state() == before
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("quick")
+    return (*quick_run(SHARED, folder), folder)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n)) for n in registered() if n not in OWN_TEST])
+def test_the_quick_run_writes_its_row_and_nothing_in_bench_results(name, request, tmp_path):
+    done, untouched, folder = (request.getfixturevalue("shared_run") if name in SHARED
+                               else (*quick_run([name], tmp_path), tmp_path))
+    assert f"{name}: failed:" not in done.stdout, done.stdout[done.stdout.index(f"{name}: failed:"):][:4000]
+    assert untouched
     if f"{name}: skipped: " in done.stdout:
-        pytest.skip(done.stdout.split(f"{name}: skipped: ")[1].strip())
-    rows = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    assert len(rows) == 1
+        pytest.skip(done.stdout.split(f"{name}: skipped: ")[1].splitlines()[0].strip())
+    runs = folder / "runs.jsonl"
+    rows = [json.loads(line) for line in runs.read_text().splitlines()] if runs.is_file() else []
+    rows = [row for row in rows if row["benchmark"] == name]
+    assert len(rows) == 1, done.stdout[-2000:] + done.stderr[-3000:]
     row = rows[0]
-    assert row["benchmark"] == name and row["mode"] == "quick" and row["figures"]
+    assert row["mode"] == "quick" and row["figures"]
     assert all(t["met"] in (True, False, None) for t in row["targets"])

@@ -209,6 +209,10 @@ sys.path.insert(0, str(BENCH))
 import bfcl_edge_cases  # noqa: E402 - plain data, no torch
 
 
+def array(item: str, kind: str = "array") -> dict:
+    return {"type": kind, "items": {"type": item}}
+
+
 def one_call(params: dict, answer: dict, given: dict, semantics: str, required=()) -> float:
     """correctness of `f(**given)` against BFCL's `answer` for `f(params)`, loaded as `--format bfcl` does."""
     function = bfcl_edge_cases.fn("f", tuple(required), **params)
@@ -217,13 +221,13 @@ def one_call(params: dict, answer: dict, given: dict, semantics: str, required=(
     return tools.verify(TaskRecord("r", "tools", "Call f.", None, spec), block("f", given))[1].score
 
 
-ROUTES = {"routes": bfcl_edge_cases.array("array")}
+ROUTES = {"routes": array("array")}
 
 
 @pytest.mark.parametrize("params,answer,given,bfcl,tokencredit", [
     # a list in a list is compared exactly by BFCL: no normalization below the array's items
     (ROUTES, {"routes": [[["New York"]]]}, {"routes": [["new york"]]}, 0.0, 0.0),
-    ({"cities": bfcl_edge_cases.array("string")}, {"cities": [["New York"]]}, {"cities": ["new-york"]}, 1.0, 0.0),
+    ({"cities": array("string")}, {"cities": [["New York"]]}, {"cities": ["new-york"]}, 1.0, 0.0),
     ({"trip": "dict"}, {"trip": [{"cities": [["Paris"]]}]}, {"trip": {"cities": ["paris"]}}, 0.0, 0.0),
     ({"trip": "dict"}, {"trip": [{"city": ["Paris"]}]}, {"trip": {"city": "PARIS"}}, 1.0, 0.0),
 ])
@@ -249,9 +253,9 @@ def test_bfcl_reads_an_any_parameter_as_a_string(answer, given, bfcl, tokencredi
     ({"unit": "string"}, {"unit": [""]}, {"unit": ""}, 1.0, 0.0),          # tokencredit: an extra argument
     ({"unit": "string"}, {"unit": [""]}, {"unit": "cm"}, 0.0, 0.0),
     ({"n": "integer"}, {"n": [5, ""]}, {"n": ""}, 0.0, 0.0),               # but not for an integer
-    ({"tags": bfcl_edge_cases.array("string")}, {"tags": [["a"], ""]}, {"tags": []}, 1.0, 0.0),
-    ({"xs": bfcl_edge_cases.array("float")}, {"xs": [[1.0], ""]}, {"xs": [1]}, 1.0, 1.0),  # no item check
-    ({"xs": bfcl_edge_cases.array("float")}, {"xs": [[1.0]]}, {"xs": [1]}, 0.0, 1.0),       # item check
+    ({"tags": array("string")}, {"tags": [["a"], ""]}, {"tags": []}, 1.0, 0.0),
+    ({"xs": array("float")}, {"xs": [[1.0], ""]}, {"xs": [1]}, 1.0, 1.0),  # no item check
+    ({"xs": array("float")}, {"xs": [[1.0]]}, {"xs": [1]}, 0.0, 1.0),       # item check
     ({"size": "dict"}, {"size": [{"w": [1], "u": ["cm", ""]}]}, {"size": {"w": 1, "u": ""}}, 1.0, 0.0),
     ({"unit": "string"}, {"unit": ["cm", ""]}, {}, 1.0, 1.0),
 ])
@@ -264,7 +268,7 @@ def test_bfcl_takes_an_empty_string_as_a_passed_optional_value(params, answer, g
     ({"o": "dict"}, {"o": [{"flag": [True]}]}, {"o": {"flag": 1}}, 1.0),
     ({"o": "dict"}, {"o": [{"n": [0]}]}, {"o": {"n": False}}, 1.0),
     ({"o": "dict"}, {"o": [{"ids": [[1, 2]]}]}, {"o": {"ids": [True, 2]}}, 1.0),
-    ({"rows": bfcl_edge_cases.array("dict")}, {"rows": [[{"k": [1]}]]}, {"rows": [{"k": True}]}, 1.0),
+    ({"rows": array("dict")}, {"rows": [[{"k": [1]}]]}, {"rows": [{"k": True}]}, 1.0),
     ({"o": "dict"}, {"o": [{"n": [2]}]}, {"o": {"n": True}}, 0.0),
     ({"on": "boolean"}, {"on": [True]}, {"on": 1}, 0.0),   # at the top level BFCL checks the type
 ])

