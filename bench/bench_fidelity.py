@@ -10,7 +10,7 @@ BFCL: model outputs made from BFCL's own simple, multiple, parallel and parallel
 float, wrong values, missing and extra arguments, wrong and extra calls), judged by bfcl-eval's
 AST checker and by tokencredit's tool verifier (`bfcl` semantics; a case agrees when BFCL's
 valid equals correctness == 1). BFCL edge cases: fresh cases on the rules where BFCL's checker reads
-values its own way (`bfcl_edge_cases.py`: normalization depth, `any`, "" as a value, True == 1 inside
+values its own way (`bfcl_edge_cases.jsonl`: normalization depth, `any`, "" as a value, True == 1 inside
 dicts, greedy matching of parallel calls), loaded through the `bfcl` format. Also: how many BFCL
 records of those categories load, and how many hostile `db` paths escape the databases folder (target 0).
 Figures go to bench/results/fidelity.json and the Fidelity section of bench/RESULTS.md.
@@ -235,7 +235,7 @@ def path_escapes() -> tuple[int, int]:
 
 @benchmark("fidelity", measures="Fresh cases scored by tokencredit and by the reference checkers themselves "
            "(lm-eval 0.4.13's IFEval checkers, bfcl-eval 2026.3.23's AST checker, unpacked from their wheels by "
-           "`bench/references.py`): mutations of BFCL's own answers, BFCL edge cases (`bench/bfcl_edge_cases.py`), "
+           "`bench/references.py`): mutations of BFCL's own answers, BFCL edge cases (`bench/bfcl_edge_cases.jsonl`), "
            "hostile database paths.", results=("fidelity.json",),
            targets=(Target("ifeval_agree", ">=", 0.98), Target("bfcl_agree", ">=", 0.98), Target("path_escapes", "==", 0),
                     Target("bfcl_edge_all_agree", "==", True), Target("bfcl_all_loaded", "==", True)))

@@ -312,7 +312,7 @@ def edge_scores(tmp_path, semantics: str) -> list[float]:
 
 
 def test_bfcl_edge_cases_score_as_bfcls_rules_say(tmp_path):
-    """Every fresh edge case (bench/bfcl_edge_cases.py) gets BFCL's verdict, worked out by hand from its checker."""
+    """Every fresh edge case (bench/bfcl_edge_cases.jsonl) gets BFCL's verdict, worked out by hand from its checker."""
     cases = bfcl_edge_cases.CASES
     assert len(cases) >= 40 and all(sum(c.kind == k for c in cases) >= 8 for k in bfcl_edge_cases.KINDS)
     got = [score >= 1.0 for score in edge_scores(tmp_path / "bfcl", "bfcl")]
