@@ -22,7 +22,7 @@ from tokencredit.pipeline.compare.design import load_design
 from tokencredit.pipeline.compare.plan import Costs, plan
 from tokencredit.pipeline.compare.registry import git_commit, register, scored_before_commit
 from tokencredit.pipeline.compare.report import rows_for, table
-from tokencredit.pipeline.compare.run import design_inputs, status
+from tokencredit.pipeline.compare.run import design_inputs, policy_seconds, status
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"
@@ -351,8 +351,13 @@ def test_compare_end_to_end_resumes_after_kill_and_refuses_a_changed_design(tmp_
         assert any(expected in line for line in lines), lines
         assert not any("reward" in line for line in lines)
     assert lines == [f"{tmp_path / 'none'}: not started (no registration.json)"] and not (tmp_path / "none").exists()
-    assert re.fullmatch(r"about \d+\.\d h left: 3 policies x \(\d+ s scoring \+ \d+ s training, "
-                        r"this folder's medians\)", status(load_design(design), tmp_path / "killed")[-1])
+    # the hours left: the finished policy's recorded seconds per stage (one round: no later rounds' sampling)
+    spent = policy_seconds(tmp_path / "killed", "gdpo-0")
+    assert spent["scoring"] > 0 and spent["training"] > 0 and spent["dev scoring"] > 0
+    assert status(load_design(design), tmp_path / "killed")[-1] == (
+        f"about {3 * sum(spent.values()) / 3600:.1f} h left: 3 policies x ({spent['scoring']:.0f} s scoring + "
+        f"{spent['training']:.0f} s training + {spent['dev scoring']:.0f} s dev scoring; the medians of the 1 "
+        "finished here)")
     # resumed, then interrupted (SIGTERM) in seed 1: one line, exit 143, nothing half-written
     interrupted = run_cli(str(design), "--out", str(tmp_path / "killed"), "--runner", "none")
     seed_one = tmp_path / "killed" / "scores" / "gdpo-1.json"

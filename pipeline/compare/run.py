@@ -253,15 +253,31 @@ def status(design: Design, out: Path) -> list[str]:
         points = 1 + len(labels[1:]) * design.rounds
         lines.append(f"dev points scored: {len(list(dev.glob('*.json'))) + len(list(dev.glob('*/round-*.json')))} of "
                      f"{points} (the start, and each arm and seed after each round)")
-    scoring = [json.loads(scores_path(out, label).read_text())["seconds"] for label in done]
-    training = [json.loads(p.read_text())["seconds"] for p in training_seconds(out / "train")]
-    if left and scoring:  # a policy of R rounds trains R times
-        score_s = statistics.median(scoring)
-        train_s = design.rounds * statistics.median(training) if training else 0.0
+    costs = [policy_seconds(out, label) for label in done if label != "start"]
+    if left and costs:
+        median = {stage: statistics.median(c[stage] for c in costs) for stage in costs[0]}
         policies = "policy" if left == 1 else "policies"
-        lines.append(f"about {left * (score_s + train_s) / 3600:.1f} h left: {left} {policies} x ({score_s:.0f} s "
-                     f"scoring + {train_s:.0f} s training, this folder's medians)")
+        lines.append(f"about {left * sum(median.values()) / 3600:.1f} h left: {left} {policies} x ("
+                     + " + ".join(f"{s:.0f} s {stage}" for stage, s in median.items() if s)
+                     + f"; the medians of the {len(costs)} finished here)")
     return lines
+
+
+def policy_seconds(out: Path, label: str) -> dict[str, float]:
+    """The seconds a finished (arm, seed), LABEL, took in DIR by stage, as each stage recorded them: held-out scoring,
+    training (each round's), the later rounds' annotate runs, dev scoring."""
+    from tokencredit.pipeline.dataset.writer import stage_seconds
+
+    folder = out / "train" / label
+
+    def total(paths) -> float:
+        return sum(json.loads(p.read_text())["seconds"] for p in paths if p.is_file())
+
+    return {"scoring": total([scores_path(out, label)]),
+            "training": total([folder / "seconds.json", *folder.glob("round-*/checkpoint/seconds.json")]),
+            "later rounds' sampling": sum(stage_seconds(str(run))[0].get("total", 0.0)
+                                          for run in folder.glob("round-*/run")),
+            "dev scoring": total((out / "scores" / "dev" / label).glob("*.json"))}
 
 
 def score_policy(design: Design, label: str, adapter: Path | None, records, out: Path,
