@@ -17,8 +17,7 @@ import numpy as np
 from scipy import stats
 
 from tokencredit.pipeline.compare import analysis
-from tokencredit.pipeline.compare.registry import temporary
-from tokencredit.pipeline.interrupts import hold
+from tokencredit.pipeline.compare.registry import save_figure
 
 
 def load_dev(out: Path) -> list[dict]:
@@ -118,8 +117,4 @@ def plot_curves(rows: list[dict], path: Path) -> None:
     ax.set_title("each arm's mean over seeds (95% interval); thin lines: each seed", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = temporary(path, ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    hold()
-    tmp.replace(path)
+    save_figure(fig, path)

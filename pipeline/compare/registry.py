@@ -43,6 +43,17 @@ def write_json(path: Path, value) -> None:
     os.replace(tmp, path)
 
 
+def save_figure(fig, path: Path) -> None:
+    """A matplotlib figure as a PNG at `path`, closed, atomically as `write_json` writes."""
+    import matplotlib.pyplot as plt
+
+    tmp = temporary(path, ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    hold()
+    tmp.replace(path)
+
+
 def git_commit(path: str | Path) -> tuple[str | None, str | None]:
     """(commit, its UTC time) of the last commit touching `path`, when it is tracked and unmodified in a git
     repository; (None, None) otherwise (not in a repository, untracked, or changed since its last commit)."""

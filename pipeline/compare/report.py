@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from tokencredit.pipeline.compare import analysis, curves
-from tokencredit.pipeline.compare.registry import exploratory_arms, scored_before_commit, temporary, write_json
+from tokencredit.pipeline.compare.registry import (exploratory_arms, save_figure, scored_before_commit, temporary,
+                                                     write_json)
 from tokencredit.pipeline.interrupts import hold
 
 KEYS = ("method", "baseline", "diff", "ci_low", "ci_high", "mde", "per_seed_diff", "seeds", "prompts", "decodes",
@@ -190,11 +191,7 @@ def plot(rows: list[dict], path: Path) -> None:
                                      for r in rows])
     ax.set_xlabel("held-out reward difference (95% interval; x: per seed)")
     fig.tight_layout()
-    tmp = temporary(path, ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    hold()
-    tmp.replace(path)
+    save_figure(fig, path)
 
 
 def write_report(out: Path, design, registration: dict) -> list[dict]:
