@@ -79,7 +79,8 @@ def test_a_window_partly_written_is_resampled_whole_and_resumes_to_the_same_byte
 
 
 def repair_cli(run, out, **popen):
-    args = ["repair", str(run), "--out", str(out), "--n", "2", "--shard-size", "1", "--limit", "8", "--seed", "3",
+    # 64 resamples of each failure, one failure a shard: 8 shards of 64 rows, in 2 windows of 4 (the CPU engine's 256)
+    args = ["repair", str(run), "--out", str(out), "--n", "64", "--shard-size", "1", "--limit", "8", "--seed", "3",
             "--backend", "vllm"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.Popen([sys.executable, "-m", "tokencredit.flows.cli", *args], env=env, **popen)
@@ -100,8 +101,8 @@ def uninterrupted(run, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
 def test_a_fed_repair_stopped_mid_run_resumes_to_the_uninterrupted_pairs(run, uninterrupted, tmp_path, signum):
-    """8 shards of one failure, one window: `signum` lands once the first shard is written (the others are being
-    verified or waiting); the resumed run resamples the window whole and writes the rest."""
+    """`signum` lands once the first shard is written (the rest of its window being verified, or the next window
+    sampled); the resumed run resamples a window partly written whole and writes the rest."""
     out = tmp_path / "stopped"
     proc = repair_cli(run, out, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
