@@ -57,6 +57,29 @@ def test_a_window_of_shards_is_one_engine_call_and_every_runner_writes_its_bytes
     assert job.windows("transformers", "cpu") == [[0], [1], [2], [3]]  # its batches are its own (batch_size)
 
 
+def test_the_window_draws_the_resamples_a_shard_at_a_time_drew(run, tmp_path):
+    """The same tokens as before the window (each shard's rows in batches of `batch_size`, one call each): the
+    draws are the rows' own seeds, and the batch a row shares moves no draw here."""
+    from tokencredit.pipeline.repair import resample
+    from tokencredit.pipeline.sample import load_sampler
+
+    engine, _ = load_sampler("vllm", None, "cpu")
+    job = prepare_repair(str(run), str(tmp_path / "pairs"), CONFIG)
+    window = [t for shard in job.shards for t in shard]
+    before = [row for shard in job.shards for row in resample(engine, shard, [t.cut for t in shard], job.sampling,
+                                                             CONFIG.n, CONFIG.seed, CONFIG.batch_size)]
+    assert resample(engine, window, [t.cut for t in window], job.sampling, CONFIG.n, CONFIG.seed, None) == before
+
+
+@pytest.mark.slow
+def test_a_dask_worker_resamples_the_window_to_the_in_process_bytes(prefect_harness, run, tmp_path):
+    from tokencredit.flows.derived import run_derived_flow
+
+    run_derived(REPAIR, str(run), str(tmp_path / "local"), CONFIG, progress=False, backend="vllm")
+    run_derived_flow(REPAIR, str(run), str(tmp_path / "dask"), CONFIG, progress=False, backend="vllm", runner="dask")
+    assert markers(tmp_path / "local") == markers(tmp_path / "dask")
+
+
 def test_windows_fill_the_engine_batch():
     from tokencredit.pipeline.repair import RepairJob
 
