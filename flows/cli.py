@@ -798,7 +798,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0, help="resampling seed")
     p.add_argument("--limit", type=int, default=None, help="failures to repair (default: all)")
     p.add_argument("--shard-size", type=int, default=16, help="failures per shard (the unit of resumption)")
-    p.add_argument("--batch-size", type=int, default=32, help="resampled rows per forward")
+    p.add_argument("--batch-size", type=int, default=32, help="resampled rows per forward of the transformers "
+                   "backend (the vllm engine resamples a window of consecutive shards, as many as fill its batch, "
+                   "in one call)")
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--backend", choices=["auto", "transformers", "vllm"], default="auto", help="sampler of the "
                    "resamples; auto: the vllm engine where it is installed for --device, else transformers")

@@ -1,5 +1,6 @@
-"""Prefect flow for folders derived from a run (`repair`, `values`): one Prefect task per shard, like the
-annotate flow. Each shard writes its parts and then its marker, so a re-run skips the shards whose marker
+"""Prefect flow for folders derived from a run (`repair`, `values`): one Prefect task per window of shards
+(`DerivedJob.windows`: one shard, or with the engine as many of repair's as fill its batch), like the annotate
+flow. Each shard writes its parts and then its marker, so a re-run skips the shards whose marker
 matches their files and a killed run resumes where it stopped. Shards run on threads (one policy copy per
 process, loaded once) or on a local Dask cluster of one-core workers, each with its own engine."""
 from __future__ import annotations
@@ -37,36 +38,46 @@ def _load_models(model: str | None, device: str, backend: str = "transformers"):
     return load_sampler(backend, model, device)
 
 
-@task(name="derived-shard", cache_policy=NONE)
-def shard_task(job, shard: int, records: dict, refs: tuple, device: str, backend: str = "transformers") -> dict[str, Any]:
-    """Fill and write one shard; returns its marker (rows, checksums, counts)."""
-    return job.run_shard(shard, records, refs, _models(job.model, device, backend))
+@task(name="derived-window", cache_policy=NONE)
+def window_task(job, window: list[int], records: dict, refs: tuple, device: str, backend: str) -> list[dict[str, Any]]:
+    """Fill and write the shards of one window (`DerivedJob.run_window`); returns their markers (rows, checksums,
+    counts). The policy loads only when a shard of it is not done."""
+    store = job.store(job.out, job.run, job.config)
+    done = [store.done(s) for s in window]
+    if all(marker is not None for marker in done):
+        return done
+    return job.run_window(window, records, refs, _models(job.model, device, backend), backend)
 
 
 @flow(name="derived", log_prints=True)
 def derived_flow(kind: str, run: str, out: str, config, device: str = "cpu", progress: bool = True,
                  backend: str = "transformers") -> dict[str, Any]:
-    """Every shard of `KINDS[kind]` not yet done under `out`; returns the summary (OUT/<kind>.json)."""
+    """Every shard of `KINDS[kind]` not yet done under `out`, a window of shards per task; returns the summary
+    (OUT/<kind>.json)."""
     from tokencredit.pipeline.dataset.export import run_records
+    from tokencredit.pipeline.sample.choice import resolved_backend
 
     derived = KINDS[kind]
     job = derived.prepare(run, out, config)
     records, _, refs = run_records(run)
-    get_run_logger().info("%s of %s: %d %ss in %d shards", kind, run, sum(map(len, job.shards)), derived.unit,
-                          len(job.shards))
-    named = shard_task.with_options(name=f"{kind}-shard")
-    futures = [named.submit(job, s, records, refs, device, backend) for s in range(len(job.shards))]
+    backend = resolved_backend(backend, device)
+    windows = job.windows(backend, device)
+    get_run_logger().info("%s of %s: %d %ss in %d shards (%d windows)", kind, run, sum(map(len, job.shards)),
+                          derived.unit, len(job.shards), len(windows))
+    named = window_task.with_options(name=f"{kind}-window")
+    futures = [named.submit(job, window, records, refs, device, backend) for window in windows]
     markers = []
     with Progress(kind, total=sum(map(len, job.shards)), unit=derived.unit, enabled=progress) as bar:
         for future in as_completed(futures):
-            markers.append(future.result())
-            bar.update(len(job.shards[markers[-1]["shard"]]), tokens=derived.tokens(markers[-1]))
+            for marker in future.result():
+                markers.append(marker)
+                bar.update(len(job.shards[marker["shard"]]), tokens=derived.tokens(marker))
     return derived.finish(job, markers)
 
 
 def run_derived_flow(kind: DerivedKind, run: str, out: str, config, device: str = "cpu", workers: int = 1,
                      progress: bool = True, backend: str = "transformers", runner: str = "threads") -> dict[str, Any]:
-    """The flow (named after `kind`), `workers` shards at a time on threads, or on `workers` Dask workers of one
+    """The flow (named after `kind`), `workers` windows at a time on threads, or on `workers` Dask workers of one
     core (or GPU) each, whose engines then compute the same floats whatever their number; the inputs are checked
     before Prefect starts (the flow reads the run again)."""
     kind.prepare(run, out, config)

@@ -290,15 +290,12 @@ def use_cpu_threads(config: AnnotateConfig) -> None:
 
 
 def windows_of(n_shards: int, config: AnnotateConfig) -> list[list[int]]:
-    """The shards sampled together, consecutive: with the vllm backend as many as fill the engine's batch
-    (`engine_window`), with transformers one (its batches are its own). Fixed by the config alone: a resumed run
-    samples each window as the uninterrupted run did, the same requests batched together, so it writes the same
-    bytes (the engine's log-probs depend in their last bits on what shares a batch)."""
-    from tokencredit.pipeline.sample.engine_loop import engine_window
+    """The shards sampled together (`engine_loop.shard_windows`): with the vllm backend as many as fill the
+    engine's batch (`config.engine_batch`, else the device's), with transformers one."""
+    from tokencredit.pipeline.sample.engine_loop import shard_windows
 
-    size = (engine_window(config.shard_size * config.sampling.n, config.device, config.engine_batch)
-            if config.backend == "vllm" else 1)
-    return [list(range(start, min(start + size, n_shards))) for start in range(0, n_shards, size)]
+    return shard_windows(n_shards, config.shard_size * config.sampling.n, config.backend, config.device,
+                         config.engine_batch)
 
 
 def annotate_window(shards: Sequence[Sequence[TaskRecord]], window: Sequence[int], config: AnnotateConfig,

@@ -18,13 +18,20 @@ lowering another. A repair and its original are a preference pair (chosen, rejec
 `cut="decisive"` (`repair --cut decisive --values DIR`) cuts instead at the start of the decisive segment of the
 failure's value curve (`tokencredit values`: where V_k falls most), for the failures measured there.
 
+Shards are the unit of writing and resuming, not of sampling: with the vllm engine a window of consecutive shards
+(`RepairJob.windows`: as many as fill the engine's batch, fixed by the config and device) is resampled in one
+engine call, then each shard is verified and written; with transformers a window is one shard, resampled in
+batches of `batch_size` rows.
+
 A resume skips the shards whose marker exists and whose part file matches the marker's checksum, so a killed
 run ends with the same preference pairs as an uninterrupted one: the resamples of a failure depend only on
-(seed, response, reward, j), as sampling's do (`sampling.row_seed`).
+(seed, response, reward, j), as sampling's do (`sampling.row_seed`), and a window partly written is resampled
+whole, its requests batched together as they were.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,7 +77,7 @@ class RepairConfig:
     n: int = 4  # resamples per failed (response, reward)
     seed: int = 0
     shard_size: int = 16  # failures per shard (the unit of resumption)
-    batch_size: int = 32  # resampled rows per forward
+    batch_size: int = 32  # resampled rows per forward (transformers; the engine takes a window of shards at once)
     limit: int | None = None  # failures to repair, in response order (None: all)
     cut: str = "penalty"  # CUTS: before the credit's top penalty, or at the start of the decisive segment
     values: str | None = None  # the run's values folder (`tokencredit values`), for cut="decisive"
@@ -160,23 +167,26 @@ def is_repair(before: Sequence[float], after: Sequence[float], k: int) -> bool:
 
 
 def resample(sampler, targets: Sequence[Target], cuts: Sequence[int], sampling: SamplingConfig, n: int,
-             seed: int, batch_size: int, tag: str = "") -> list[list[list[int]]]:
+             seed: int, batch_size: int | None, tag: str = "") -> list[list[list[int]]]:
     """Per target, n suffixes sampled after prompt + y_<cut (ids), each at most max_new_tokens - cut long.
 
-    Rows are batched by cut so that a batch decodes no further than its longest budget needs."""
+    `batch_size` rows per `generate` call (the transformers sampler), batched by cut so that a batch decodes no
+    further than its longest budget needs; None: every row in one call, each to its own budget (`limits`: the vllm
+    engine, which batches them itself)."""
     from tokencredit.pipeline.sample.rows import row_seed
 
     rows = sorted(((i, j) for i in range(len(targets)) for j in range(n)), key=lambda r: cuts[r[0]])
     out: list[list[list[int]]] = [[[] for _ in range(n)] for _ in targets]
-    for start in range(0, len(rows), batch_size):
-        batch = rows[start:start + batch_size]
-        budget = {i: max(1, sampling.max_new_tokens - cuts[i]) for i, _ in batch}
-        config = dataclasses.replace(sampling, max_new_tokens=max(budget.values()))
+    step = batch_size or max(len(rows), 1)
+    for start in range(0, len(rows), step):
+        batch = rows[start:start + step]
+        budgets = [max(1, sampling.max_new_tokens - cuts[i]) for i, _ in batch]
+        config = dataclasses.replace(sampling, max_new_tokens=max(budgets))
         prompts = [list(targets[i].prompt_token_ids) + list(targets[i].token_ids[:cuts[i]]) for i, _ in batch]
         seeds = [row_seed(seed, f"{targets[i].key}{tag}", j) for i, j in batch]
-        tokens, _ = sampler.generate(prompts, seeds, config)
-        for (i, j), new in zip(batch, tokens):
-            out[i][j] = new[:budget[i]]
+        tokens, _ = sampler.generate(prompts, seeds, config, **({} if batch_size else {"limits": budgets}))
+        for (i, j), new, budget in zip(batch, tokens, budgets):
+            out[i][j] = new[:budget]
     return out
 
 
@@ -196,14 +206,13 @@ def verify_texts(targets: Sequence[Target], texts: Sequence[Sequence[str]], reco
     return [scores[a:b] for a, b in zip(starts, starts[1:])]
 
 
-def repair_shard(targets: Sequence[Target], records: dict[str, TaskRecord], sampler, tokenizer,
-                 sampling: SamplingConfig, config: RepairConfig, refs=(), timeout_s: float = 5.0,
-                 memory_bytes: int = AnnotateConfig.verifier_memory_bytes) -> tuple[pa.Table, dict[str, dict[str, int]]]:
-    """Resample, verify and keep the repairs of one shard -> (PAIRS table, per-reward counts)."""
+def keep_repairs(targets: Sequence[Target], suffixes: Sequence[Sequence[list[int]]], records: dict[str, TaskRecord],
+                 tokenizer, refs=(), timeout_s: float = 5.0, memory_bytes: int = AnnotateConfig.verifier_memory_bytes
+                 ) -> tuple[pa.Table, dict[str, dict[str, int]]]:
+    """Verify one shard's resamples (`resample`'s suffixes) and keep the repairs -> (PAIRS table, per-reward
+    counts)."""
     from tokencredit.verifiers import stored_reward
 
-    cuts = [t.cut for t in targets]
-    suffixes = resample(sampler, targets, cuts, sampling, config.n, config.seed, config.batch_size)
     ids = [[list(t.token_ids[:t.cut]) + s for s in row] for t, row in zip(targets, suffixes)]
     texts = [[tokenizer.decode(x, skip_special_tokens=True) for x in row] for row in ids]
     scores = verify_texts(targets, texts, records, refs, timeout_s, memory_bytes)
@@ -290,9 +299,25 @@ class RepairJob(DerivedJob):
 
     store = RepairStore
 
-    def fill(self, targets: list[Target], records: dict[str, TaskRecord], refs, sampler, tokenizer):
-        return repair_shard(targets, records, sampler, tokenizer, self.sampling, self.config, refs, self.timeout_s,
-                            self.memory_bytes)
+    def windows(self, backend: str, device: str) -> list[list[int]]:
+        """With the engine, as many consecutive shards as fill its batch (a shard of 16 failures x 4 resamples is
+        a quarter of the CPU engine's 256); with transformers one (`engine_loop.shard_windows`)."""
+        from tokencredit.pipeline.sample.engine_loop import shard_windows
+
+        return shard_windows(len(self.shards), self.config.shard_size * self.config.n, backend, device)
+
+    def fill_window(self, window: Sequence[int], todo: Sequence[int], records: dict[str, TaskRecord], refs, models,
+                    backend: str):
+        """The failures of the whole window resampled in one engine call (transformers: in batches of
+        `batch_size`), then each shard of `todo` verified and its repairs kept."""
+        sampler, tokenizer = models
+        targets = [t for s in window for t in self.shards[s]]
+        suffixes = resample(sampler, targets, [t.cut for t in targets], self.sampling, self.config.n,
+                            self.config.seed, None if backend == "vllm" else self.config.batch_size)
+        starts = dict(zip(window, itertools.accumulate((len(self.shards[s]) for s in window), initial=0)))
+        for s in todo:
+            mine = suffixes[starts[s]:starts[s] + len(self.shards[s])]
+            yield s, keep_repairs(self.shards[s], mine, records, tokenizer, refs, self.timeout_s, self.memory_bytes)
 
 
 def prepare_repair(run: str, out: str, config: RepairConfig) -> RepairJob:

@@ -2,15 +2,16 @@
 written atomically and the marker last, under the config that made them; and the loop that fills one.
 
 A kind of derived folder (`DerivedKind`) plans a job from the run (`prepare`: its shards of items, the
-policy, `run_shard`), and sums the shards' markers into OUT's summary (`finish`). `run_derived` runs the
-shards in this process; `flows/derived.py` runs them as Prefect tasks.
+policy, `run_window`), and sums the shards' markers into OUT's summary (`finish`). Shards are the unit of writing
+and resuming; a window of consecutive shards (`DerivedJob.windows`) the unit of sampling. `run_derived` runs the
+windows in this process; `flows/derived.py` runs them as Prefect tasks.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -171,14 +172,30 @@ class DerivedJob:
         return cls(run, out, config, shards, sampling, settings.get("model"), settings.get("verifier_timeout_s", 5.0),
                    settings.get("verifier_memory_bytes", AnnotateConfig.verifier_memory_bytes))
 
-    def run_shard(self, shard: int, records: dict, refs, models) -> dict:
-        """Fill and write one shard unless its marker says it is done; its marker."""
+    def windows(self, backend: str, device: str) -> list[list[int]]:
+        """The shards filled together (`fill_window`), consecutive: one each. A kind whose shards are too small to
+        fill the engine's batch (`repair`) takes windows of several (`engine_loop.shard_windows`). `backend`: the
+        sampler's, resolved (`choice.resolved_backend`)."""
+        return [[s] for s in range(len(self.shards))]
+
+    def run_window(self, window: Sequence[int], records: dict, refs, models, backend: str) -> list[dict]:
+        """Fill and write the shards of `window` not yet done, each marker last as it is filled; every shard's
+        marker, in window order. A window partly written is filled whole (`fill_window` samples its written shards
+        too): its requests are then batched as in the uninterrupted run, which makes the same bytes."""
         store = self.store(self.out, self.run, self.config)
-        marker = store.done(shard)
-        if marker is not None:
-            return marker
-        written, counts = self.fill(self.shards[shard], records, refs, *models)
-        return store.write_shard(shard, written, counts)
+        markers = {s: store.done(s) for s in window}
+        todo = [s for s in window if markers[s] is None]
+        if todo:
+            for s, (written, counts) in self.fill_window(window, todo, records, refs, models, backend):
+                markers[s] = store.write_shard(s, written, counts)
+        return [markers[s] for s in window]
+
+    def fill_window(self, window: Sequence[int], todo: Sequence[int], records: dict, refs, models,
+                    backend: str) -> Iterator[tuple[int, tuple[Any, dict]]]:
+        """(shard, what `fill` returns) for each shard of `todo`, each yielded once filled (it is written before
+        the next is filled); here one `fill` per shard."""
+        for s in todo:
+            yield s, self.fill(self.shards[s], records, refs, *models)
 
     def fill(self, items: list, records: dict, refs, sampler, tokenizer) -> tuple[Any, dict]:
         raise NotImplementedError
@@ -195,19 +212,21 @@ class DerivedKind:
 
 def run_derived(kind: DerivedKind, run: str, out: str, config, device: str = "cpu", progress: bool = True,
                 backend: str = "transformers") -> dict:
-    """Every shard of `kind` not yet done under `out`, in this process; returns the summary. `backend`: the
-    sampler's (`sample.load_sampler`)."""
+    """Every shard of `kind` not yet done under `out`, in this process, a window at a time (`DerivedJob.windows`);
+    returns the summary. `backend`: the sampler's (`sample.load_sampler`)."""
     from tokencredit.pipeline.dataset.export import run_records
     from tokencredit.pipeline.progress import Progress
     from tokencredit.pipeline.sample import load_sampler
+    from tokencredit.pipeline.sample.choice import resolved_backend
 
     job = kind.prepare(run, out, config)
     records, _, refs = run_records(run)
-    store, models, markers = job.store(out, run, config), None, []
+    store, models, markers, backend = job.store(out, run, config), None, [], resolved_backend(backend, device)
     with Progress(kind.name, total=sum(map(len, job.shards)), unit=kind.unit, enabled=progress) as bar:
-        for shard, items in enumerate(job.shards):
-            if models is None and store.done(shard) is None:  # load the policy only when a shard needs it
+        for window in job.windows(backend, device):
+            if models is None and any(store.done(s) is None for s in window):  # load the policy only when needed
                 models = load_sampler(backend, job.model, device)
-            markers.append(job.run_shard(shard, records, refs, models))
-            bar.update(len(items), tokens=kind.tokens(markers[-1]))
+            for marker in job.run_window(window, records, refs, models, backend):
+                markers.append(marker)
+                bar.update(len(job.shards[marker["shard"]]), tokens=kind.tokens(marker))
     return kind.finish(job, markers)

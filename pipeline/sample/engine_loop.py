@@ -7,7 +7,8 @@ one call at a time.
 One call at a time, on purpose: the engine's float32 log-probs depend in their last bits on which requests share
 a batch (1e-7 measured, tests/test_engine_fed.py), so a call batched with whatever another thread added would
 make a run's bytes depend on thread timing. What the engine batches together is chosen by the caller instead:
-`annotate` hands it the records of a whole window of shards (`engine_window`), enough to fill its batch.
+`annotate` and `repair` hand it the requests of a whole window of shards (`shard_windows`), enough to fill its
+batch.
 Against `LLM.generate`: progress per finished request, and a call that is interrupted aborts its requests, so
 the engine is left empty for the next one.
 """
@@ -24,6 +25,16 @@ def engine_window(sequences_per_shard: int, device: str, batch: int | None = Non
     `device`); at least one shard."""
     batch = batch or ENGINE_SEQUENCES.get(device.split(":")[0], 256)
     return max(batch // max(sequences_per_shard, 1), 1)
+
+
+def shard_windows(n_shards: int, sequences_per_shard: int, backend: str, device: str,
+                  batch: int | None = None) -> list[list[int]]:
+    """The shards sampled together, consecutive: with the vllm backend as many as fill the engine's batch
+    (`engine_window`), with transformers one (its batches are its own). Fixed by the config alone: a resumed run
+    samples each window as the uninterrupted run did, the same requests batched together, so it writes the same
+    bytes (the engine's log-probs depend in their last bits on what shares a batch)."""
+    size = engine_window(sequences_per_shard, device, batch) if backend == "vllm" else 1
+    return [list(range(start, min(start + size, n_shards))) for start in range(0, n_shards, size)]
 
 
 class EngineLoop:
