@@ -546,7 +546,7 @@ def test_one_round_is_the_design_as_before_rounds_and_more_are_a_changed_design(
         registered(tmp_path / "d.toml", tmp_path / "out")
 
 
-def test_plan_prices_each_round_s_training_and_sampling():
+def test_plan_prices_each_round_s_training_sampling_and_dev_decodes():
     pilot = [{"method": "mrtpo", "baseline": "gdpo", "var_seed": 1e-4, "var_prompt": 0.01, "var_cell": 0.05,
               "decodes": 1}]
     costs = Costs(tokens_per_response=50, tokens_per_s=100, train_seconds=600, source="test")
@@ -558,6 +558,10 @@ def test_plan_prices_each_round_s_training_and_sampling():
     assert three["tokens"] == one["tokens"] + extra_tokens
     assert three["hours"] == pytest.approx(one["hours"] + (extra_tokens / 100 + 3 * 4 * 2 * 600) / 3600)
     assert three["mde"] == one["mde"]  # rounds change what the policies are, not how they are measured
+    dev = plan(pilot, 1.0, arms=3, costs=costs, fixed=fixed, rounds=3, round_responses=256, dev_prompts=64)["cheapest"]
+    dev_tokens = (3 * 4 * 3 + 1) * 64 * 50  # the start and each (arm, seed) after each of 3 rounds, greedily
+    assert dev["tokens"] == three["tokens"] + dev_tokens
+    assert dev["hours"] == pytest.approx(three["hours"] + dev_tokens / 100 / 3600)
 
 
 ROUNDS = TINY.replace("train_limit = 8", "train_limit = 4").replace("heldout_limit = 6", "heldout_limit = 4").replace(

@@ -6,7 +6,8 @@ Detectable difference of S seeds x P prompts x D decodes: analysis.mde_for with 
 largest over the differences planned for). Cost: every policy (arms x seeds + the start) decodes P x D responses
 of the pilot's measured tokens per response at the engine's measured tokens/s, and every (arm, seed) trains for
 the pilot's measured seconds; with [training] rounds R, R times, and it samples its pool's responses again in each
-round after the first (at the same tokens per response and tokens/s). Units: tokens, seconds, hours.
+round after the first (at the same tokens per response and tokens/s). The start policy and every (arm, seed) after
+each round decode the dev prompts greedily (run.dev_records). Units: tokens, seconds, hours.
 """
 from __future__ import annotations
 
@@ -120,12 +121,12 @@ def cautious(components: list[dict]) -> list[dict]:
 
 def plan(components: list[dict], target: float, arms: int, costs: Costs, *, seeds=range(2, 21),
          prompts=(256, 512, 1024, 1536, 2048, 3072, 4096), decodes=(1, 2, 3, 4, 6, 8), max_prompts: int | None = None,
-         fixed: dict | None = None, rounds: int = 1, round_responses: float = 0.0) -> dict:
+         fixed: dict | None = None, rounds: int = 1, round_responses: float = 0.0, dev_prompts: int = 0) -> dict:
     """The cheapest (seeds, prompts, decodes) whose detectable difference is at most `target` for every
     difference of `components` (rows with var_seed, var_prompt, var_cell, var_decode, decodes), with its
     cost, and the cheapest for each seed count; `fixed` pins any of seeds/prompts/decodes. Each (arm, seed) trains
     `rounds` times (`[training] rounds`), and samples `round_responses` responses (its pool's) in each round after
-    the first."""
+    the first; the start policy and each (arm, seed) after each round decode `dev_prompts` greedily."""
     fixed = fixed or {}
     grid = {"seeds": [fixed["seeds"]] if "seeds" in fixed else list(seeds),
             "prompts": [fixed["prompts"]] if "prompts" in fixed else [p for p in prompts
@@ -137,7 +138,8 @@ def plan(components: list[dict], target: float, arms: int, costs: Costs, *, seed
             c["var_seed"], c["var_prompt"], c["var_cell"], s, p, var_decode=c.get("var_decode"),
             pilot_decodes=len(c["decodes"]) if isinstance(c["decodes"], list) else c["decodes"], decodes=d))
             for c in components}
-        tokens = ((arms * s + 1) * p * d + arms * s * (rounds - 1) * round_responses) * costs.tokens_per_response
+        tokens = ((arms * s + 1) * p * d + arms * s * (rounds - 1) * round_responses
+                  + (arms * s * rounds + 1) * dev_prompts) * costs.tokens_per_response
         seconds = tokens / costs.tokens_per_s + arms * s * rounds * costs.train_seconds
         options.append({"seeds": s, "prompts": p, "decodes": d, "mde": mdes, "worst_mde": max(mdes.values()),
                         "tokens": round(tokens), "hours": seconds / 3600})
@@ -147,6 +149,7 @@ def plan(components: list[dict], target: float, arms: int, costs: Costs, *, seed
         per_seeds.setdefault(o["seeds"], o)
     closest = min(options, key=lambda o: o["worst_mde"])
     return {"target_mde": target, "arms": arms, "rounds": rounds, "round_responses": round_responses,
+            "dev_prompts": dev_prompts,
             "costs": vars(costs),
             "cheapest": feasible[0] if feasible else None,
             "cheapest_per_seed_count": sorted(per_seeds.values(), key=lambda o: o["seeds"]),
@@ -156,11 +159,15 @@ def plan(components: list[dict], target: float, arms: int, costs: Costs, *, seed
 
 
 def _rounds(result: dict) -> str:
-    """What the plan's cost adds for rounds: every training `rounds` times, and each later round's annotate run."""
-    if result["rounds"] == 1:
-        return ""
-    return (f" x {result['rounds']} rounds, and {result['round_responses']:.0f} responses sampled per (arm, seed) in "
-            f"each round after the first")
+    """What the plan's cost adds for rounds: every training `rounds` times, each later round's annotate run, and the
+    dev prompts' greedy decodes."""
+    added = "" if result["rounds"] == 1 else (
+        f" x {result['rounds']} rounds, and {result['round_responses']:.0f} responses sampled per (arm, seed) in each "
+        "round after the first")
+    if result["dev_prompts"]:
+        added += (f"; {result['dev_prompts']} dev prompts decoded greedily by the start policy and by every (arm, "
+                  "seed) after each round")
+    return added
 
 
 def plan_lines(result: dict) -> list[str]:
@@ -243,7 +250,10 @@ def cli_plan(design, args) -> list[str]:
     components = [rows[p] if args.var_decode is None or rows[p].get("var_decode") is not None
                   else {**rows[p], "var_decode": args.var_decode} for p in wanted]
     target = float(design.targets["mde"])
-    rounds = {"rounds": design.rounds, "round_responses": round_responses(design) if design.rounds > 1 else 0.0}
+    from tokencredit.pipeline.compare.run import dev_records
+
+    rounds = {"rounds": design.rounds, "round_responses": round_responses(design) if design.rounds > 1 else 0.0,
+              "dev_prompts": len(dev_records(design))}
     lines = plan_lines(plan(components, target, len(design.arms), costs, max_prompts=args.max_prompts, **rounds))
     if args.from_shipped:  # which shipped experiment each component comes from
         lines[1:1] = ["components: " + ", ".join(
