@@ -74,7 +74,14 @@ def run_cli(out, *extra, **popen):
 def stop_after_first_shard(out, signum: int) -> int:
     """Start the run (9 shards of 4 sequences: one window, sampled in one engine call), send `signum` once its first
     shard is written (the others are being credited or waiting then); the number of shards written when it ended."""
-    proc = run_cli(out, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop_once_a_shard_is_written(run_cli(out, start_new_session=True, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL), out, signum)
+    return len(list((out / "_shards").glob("*.json")))
+
+
+def stop_once_a_shard_is_written(proc: subprocess.Popen, out, signum: int) -> None:
+    """Send `signum` to the command `proc` (started in a session of its own) once OUT/_shards has a marker; check
+    it ended as that signal ends it, and kill what it left (its Prefect server)."""
     deadline = time.time() + 600
     while not list((out / "_shards").glob("*.json")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -84,7 +91,6 @@ def stop_after_first_shard(out, signum: int) -> int:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    return len(list((out / "_shards").glob("*.json")))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -18,6 +17,8 @@ from tokencredit.pipeline.annotate import AnnotateConfig, run_annotation
 from tokencredit.pipeline.config import SamplingConfig
 from tokencredit.pipeline.dataset.derived import run_derived
 from tokencredit.pipeline.repair import PAIRS, REPAIR, RepairConfig, prepare_repair
+
+from tests.test_engine_fed import stop_once_a_shard_is_written
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -127,16 +128,8 @@ def test_a_fed_repair_stopped_mid_run_resumes_to_the_uninterrupted_pairs(run, un
     """`signum` lands once the first shard is written (the rest of its window being verified, or the next window
     sampled); the resumed run resamples a window partly written whole and writes the rest."""
     out = tmp_path / "stopped"
-    proc = repair_cli(run, out, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while not list((out / "_shards").glob("*.json")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    os.kill(proc.pid, signum)  # Ctrl-C reaches the command alone; it ends what it started (pipeline.interrupts)
-    assert proc.wait(timeout=120) == (-signal.SIGKILL if signum == signal.SIGKILL else 130)
-    try:  # what a killed command leaves (its Prefect server)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    stop_once_a_shard_is_written(repair_cli(run, out, start_new_session=True, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL), out, signum)
     written = len(markers(out))
     assert 1 <= written < 8, f"the stop should land mid-run ({written} of 8 shards written)"
     resumed = repair_cli(run, out, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
