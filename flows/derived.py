@@ -27,8 +27,14 @@ _MODELS_LOCK = threading.Lock()  # shards on threads ask at once: one load
 
 
 def _models(model: str | None, device: str, backend: str = "transformers"):
+    from tokencredit.pipeline.sample import is_stopped
+
     with _MODELS_LOCK:
-        return _load_models(model, device, backend)
+        models = _load_models(model, device, backend)
+        if is_stopped(models[0]):  # e.g. an in-process `run_derived` since started the engine again
+            _load_models.cache_clear()
+            models = _load_models(model, device, backend)
+        return models
 
 
 @functools.lru_cache(maxsize=2)

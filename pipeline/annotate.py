@@ -31,7 +31,7 @@ from tokencredit.verifiers.plugins import PluginRef, tasks_of
 from tokencredit.pipeline.sample.bounds import BoundedCaller, CallAborted, CallTimeout, render_bounded
 from tokencredit.pipeline.config import AnnotateConfig
 from tokencredit.pipeline.credit.assign import assign_credit
-from tokencredit.pipeline.sample import engine_starts, make_sampler
+from tokencredit.pipeline.sample import engine_starts, is_stopped, make_sampler
 from tokencredit.pipeline.dataset.tables import credits_table, nodes_table, responses_table
 from tokencredit.pipeline.dataset.writer import RECORD_HASHES, RunWriter, check_restartable, read_manifest, run_files
 from tokencredit.pipeline.devices import worker_identity
@@ -149,7 +149,7 @@ def load_models(config: AnnotateConfig) -> Models:
         if key in _PRELOAD_ERRORS:  # a second try would fail the same way, after as long
             raise _PRELOAD_ERRORS[key]
         models = _load_models(*key)
-        if getattr(models.sampler, "llm", True) is None:  # its engine was stopped since (another engine started)
+        if is_stopped(models.sampler):
             _load_models.cache_clear()
             models = _load_models(*key)
         return models

@@ -224,6 +224,18 @@ def test_values_and_repair_sample_on_the_engine(runs, tmp_path):
     assert values and repair
 
 
+def test_the_derived_flow_starts_its_engine_again_once_it_was_stopped():
+    """An in-process `run_derived` (or any engine's start) stops the engine the flow's model cache kept; the flow's
+    next run on threads then starts it again instead of failing on a stopped engine (CI's test_interrupts)."""
+    from tokencredit.flows.derived import _models
+
+    sampler, _ = _models(None, "cpu", "vllm")
+    release_sampler(sampler)
+    again, _ = _models(None, "cpu", "vllm")
+    assert again is not sampler and again.llm is not None
+    assert _models(None, "cpu", "vllm")[0] is again
+
+
 def test_a_dask_worker_starts_one_engine_and_writes_the_in_process_rows(prefect_harness, runs, tmp_path):
     from tokencredit.flows.annotate import run_annotate_flow
 

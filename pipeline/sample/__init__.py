@@ -71,6 +71,12 @@ def _stop_engines() -> None:
         other.close()
 
 
+def is_stopped(sampler) -> bool:
+    """Whether `sampler` is a vllm engine stopped since it was made (another engine started, or
+    `release_sampler`): a cache that kept it must make it again."""
+    return getattr(sampler, "llm", True) is None
+
+
 def release_sampler(sampler) -> None:
     """Stop a vllm engine `make_sampler` keeps and free its weights and KV cache (a process that scores many
     policies, each on its own engine, releases each after use); a transformers sampler needs nothing."""
