@@ -35,6 +35,7 @@ import math
 import os
 import sys
 import threading
+from concurrent.futures import Future
 
 from tokencredit.pipeline.interrupts import interruptible
 from tokencredit.pipeline.sample.engine_output import VERBOSE_ENV, quiet_cpp_log
@@ -375,6 +376,28 @@ def _prefect_server(args: argparse.Namespace):
         yield server
 
 
+def _preload_models(config, runner: str) -> Future:
+    """Start a thread that imports what the run's models need (the vllm engine's modules, torch, transformers: what
+    the input checks import too) while the inputs are checked, then loads the models (`annotate.preload_models`,
+    the engine first) once the returned future says True, beside Prefect's start. False (a refused input, a run
+    with nothing to do) ends it with no model loaded. A Dask worker loads its own: no thread. Not a daemon: an
+    engine is never stopped from under its start."""
+    checked: Future = Future()
+
+    def load() -> None:
+        from tokencredit.pipeline.annotate import preload_models
+
+        if config.backend == "vllm":
+            with contextlib.suppress(Exception):  # a broken engine install is said by the load, in one line
+                import vllm  # noqa: F401 - the part of the engine's start that needs no checked input
+        if checked.result():
+            preload_models(config)
+
+    if runner != "dask":
+        threading.Thread(target=load, name="preload-models").start()
+    return checked
+
+
 def _annotate(args: argparse.Namespace, done: dict | None, server) -> int:
     """`annotate` once `_found_complete` found `done` (None: a run to do) and `_prefect_server` started `server`."""
     from tokencredit.pipeline.progress import Phase
@@ -382,13 +405,18 @@ def _annotate(args: argparse.Namespace, done: dict | None, server) -> int:
     notes: list[str] = []
     if done is None:
         with Phase(f"annotate: loading torch, reading the prompt set, checking {args.out}"):
-            from tokencredit.pipeline.annotate import check_inputs, complete_run, rejection_lines
-            from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
-
             config = annotate_config(args, notes)
-            rejected = check_inputs(config, args.out, args.restart)
-            done = None if args.restart else complete_run(config, args.out)
-            mark("inputs_checked")
+            checked, to_run = _preload_models(config, args.runner), False
+            try:
+                from tokencredit.pipeline.annotate import check_inputs, complete_run, rejection_lines
+                from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
+
+                rejected = check_inputs(config, args.out, args.restart)
+                done = None if args.restart else complete_run(config, args.out)
+                to_run = done is None
+                mark("inputs_checked")
+            finally:
+                checked.set_result(to_run)
     if done:  # found again: no model, no Prefect, nothing written
         print(f"{args.out}: complete with this config and these inputs ({done['totals']}, checksum "
               f"{done['dataset_checksum'][:16]}); nothing to do")
@@ -403,10 +431,6 @@ def _annotate(args: argparse.Namespace, done: dict | None, server) -> int:
 
         manifest = run_annotation(config, args.out, run_id=args.run_id, restart=args.restart)
     else:
-        if args.runner == "threads":  # the shards' models load in this process: start them now, beside Prefect's
-            from tokencredit.pipeline.annotate import preload_models
-
-            preload_models(config)
         with Phase(f"annotate: the Prefect flow ({args.runner} runner)"):
             manifest = _run_flow(config, args, server)
     stats = manifest["stats"]

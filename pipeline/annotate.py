@@ -155,19 +155,14 @@ def load_models(config: AnnotateConfig) -> Models:
         return models
 
 
-def preload_models(config: AnnotateConfig) -> threading.Thread:
-    """Start `load_models(config)` on a thread and return it, so that the run's models (the vllm engine first) load
-    while Prefect's server and flow start; the flow's `load_models` waits for them, or raises what they raised. The
-    thread is not a daemon: a process that fails meanwhile exits once the engine is up, never from under it."""
-    def load() -> None:
-        try:
-            load_models(config)
-        except BaseException as error:  # noqa: BLE001 - raised again where the run asks for its models
-            with _LOAD_LOCK:
-                _PRELOAD_ERRORS[_models_key(config)] = error
-    thread = threading.Thread(target=load, name="preload-models")
-    thread.start()
-    return thread
+def preload_models(config: AnnotateConfig) -> None:
+    """`load_models(config)` ahead of the run, on a thread of its own (`flows.cli` starts it before the inputs are
+    checked); what it raises is kept, and the run's own `load_models` raises it."""
+    try:
+        load_models(config)
+    except BaseException as error:  # noqa: BLE001 - raised again where the run asks for its models
+        with _LOAD_LOCK:
+            _PRELOAD_ERRORS[_models_key(config)] = error
 
 
 @functools.lru_cache(maxsize=2)

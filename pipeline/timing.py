@@ -5,7 +5,8 @@ credit_p2t, write) and the manifest sums them over the shards. They are each sha
 shards that run at once (threads, or requests that share one engine) each count the time they waited, so the sums
 can exceed the run's wall time. The run's wall times are the manifest's `run_seconds`, measured from the run's
 start (a command's process start, else the call that prepared the run): `startup` (to the first sampling request),
-`engine_start` (starting the vllm engine, its import included; for the transformers backend, loading the policy),
+`engine_start` (starting the vllm engine, its import included unless the command imported it while the inputs
+were checked; for the transformers backend, loading the policy),
 `sampling` (from the first shard's sampling to the last one's end: the engine's span, idle gaps included), `total`
 (to the manifest), and `marks`,
 the moment of each event this process marked (`mark`) since that start. Under a Dask runner the models load and

@@ -47,6 +47,24 @@ def test_a_task_with_no_record_in_the_prompt_set_is_rejected(tmp_path, capsys):
     assert main(["annotate", "--out", str(tmp_path / "run"), "--tasks", "sql,math", "--runner", "none"]) == 2
     err = "\n".join(without_phases(capsys.readouterr().err))
     assert len(err.splitlines()) == 1 and "demo has no record of tasks math (its tasks: instructions, sql, tools)" in err, err
+
+
+def test_a_refused_input_loads_no_model(tmp_path):
+    """annotate imports its models' modules on a thread while the inputs are checked (the engine's start overlaps
+    the checks); a refused input ends that thread before any model loads."""
+    import threading
+
+    from tokencredit.pipeline import annotate
+
+    loads = annotate._load_models.cache_info()
+    assert main(["annotate", "--out", str(tmp_path / "run"), "--tasks", "sql,math", "--backend", "transformers",
+                 "--runner", "none"]) == 2  # refused by the checks (auto's choice would read the prompts before)
+    for thread in [t for t in threading.enumerate() if t.name == "preload-models"]:
+        thread.join(timeout=300)
+        assert not thread.is_alive()
+    after = annotate._load_models.cache_info()
+    assert (after.hits, after.misses) == (loads.hits, loads.misses)
+    assert not (tmp_path / "run").exists()
     assert not (tmp_path / "run" / "manifest.json").exists()
 
 
