@@ -86,7 +86,10 @@ def run_derived_flow(kind: DerivedKind, run: str, out: str, config, device: str 
     """The flow (named after `kind`), `workers` windows at a time on threads, or on `workers` Dask workers of one
     core (or GPU) each, whose engines then compute the same floats whatever their number; the inputs are checked
     before Prefect starts (the flow reads the run again)."""
-    kind.prepare(run, out, config)
+    from tokencredit.pipeline.sample.choice import resolved_backend
+
+    job = kind.prepare(run, out, config)
+    job.store(out, run, config).claim_sampler(resolved_backend(backend, device), device)
     tie_temporary_server()
     configured = derived_flow.with_options(name=kind.name, task_runner=task_runner(runner, None, workers, device, 1))
     return configured(kind.name, run, out, config, device=device, progress=progress, backend=backend)

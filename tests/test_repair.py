@@ -107,6 +107,22 @@ def test_a_killed_repair_resumes_to_the_same_pairs(run, repaired, tmp_path):
         run_repair(str(run), str(out), RepairConfig(n=2), progress=False)
 
 
+def test_a_folder_is_resumed_by_the_sampler_that_filled_it(run, repaired, capsys):
+    """The engine batches a window of shards where transformers batches its own rows: a resume on another sampler
+    would mix two runs' bytes, so OUT records its sampler and refuses another in one line."""
+    assert json.loads((repaired / "config.json").read_text())["sampler"] == {"backend": "transformers",
+                                                                            "device": "cpu"}
+    before = sorted(p.name for p in repaired.rglob("*"))
+    args = ["repair", str(run), "--out", str(repaired), "--n", "3", "--shard-size", "4", "--seed", "1",
+            "--runner", "none", "--backend", "vllm"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"tokencredit repair: error: {repaired} holds shards sampled by transformers on cpu, this run "
+                       "would sample with vllm on cpu; give --backend transformers --device cpu to resume it, or "
+                       "another --out")
+    assert sorted(p.name for p in repaired.rglob("*")) == before
+
+
 def test_the_prefect_flow_writes_the_same_pairs(run, repaired, tmp_path, prefect_harness):
     from tokencredit.flows.derived import run_derived_flow
     from tokencredit.pipeline.repair import REPAIR

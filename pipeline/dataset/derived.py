@@ -126,6 +126,20 @@ class DerivedStore:
             self.write_json("config.json", {"run": run, "identity": identity, "config": dataclasses.asdict(config),
                                             "digest": self.digest})
 
+    def claim_sampler(self, backend: str, device: str) -> None:
+        """Record in config.json the sampler that fills OUT's shards (their continuations, and with the engine its
+        windows, depend on it), or refuse another one: a folder of shards from two samplers is no run's bytes.
+        `backend`: resolved (`choice.resolved_backend`); `device`: its type counts (cuda:1 resumes cuda:0)."""
+        sampler = {"backend": backend, "device": str(device).split(":")[0]}
+        known = _read_json(self.fs, f"{self.root}/config.json")
+        was = known.get("sampler")
+        if was is None:  # a new folder, or one written before samplers were recorded
+            self.write_json("config.json", {**known, "sampler": sampler})
+        elif was != sampler:
+            raise ValueError(f"{self.out} holds shards sampled by {was['backend']} on {was['device']}, this run would "
+                             f"sample with {backend} on {device}; give --backend {was['backend']} --device "
+                             f"{was['device']} to resume it, or another --out")
+
     def write_json(self, relpath: str, obj: dict) -> None:
         payload = json.dumps(obj, indent=2, sort_keys=True).encode()
 
@@ -222,6 +236,7 @@ def run_derived(kind: DerivedKind, run: str, out: str, config, device: str = "cp
     job = kind.prepare(run, out, config)
     records, _, refs = run_records(run)
     store, models, markers, backend = job.store(out, run, config), None, [], resolved_backend(backend, device)
+    store.claim_sampler(backend, device)
     with Progress(kind.name, total=sum(map(len, job.shards)), unit=kind.unit, enabled=progress) as bar:
         for window in job.windows(backend, device):
             if models is None and any(store.done(s) is None for s in window):  # load the policy only when needed
