@@ -258,7 +258,8 @@ def child(kind: str, args: argparse.Namespace, **options) -> dict:
     print(f"[{time.strftime('%H:%M:%S')}] {kind} {options}", flush=True)
     return run_child(__file__, ["--child", kind, "--sizes", json.dumps(SIZES[args.mode]), *(
         f"--{key.replace('_', '-')}={value}" for key, value in options.items() if value is not None)],
-        args.timeout, env={"BENCH_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"})
+        args.timeout, env={"BENCH_THREADS": str(THREADS), "OMP_NUM_THREADS": str(THREADS),
+                           "TOKENIZERS_PARALLELISM": "false"})
 
 
 def annotate(backend: str, credit: str, args: argparse.Namespace) -> dict:
@@ -269,8 +270,7 @@ def annotate(backend: str, credit: str, args: argparse.Namespace) -> dict:
         "--restart", "--prompts", str(PROMPTS), "--split", "train", "--limit", str(s["annotate_prompts"]),
         "--n", str(s["annotate_n"]), "--max-new-tokens", str(s["annotate_max_new_tokens"]), "--credit", credit,
         "--backend", backend, "--model", args.model, "--device", args.device, "--cpu-threads", str(THREADS)],
-        args.timeout,
-        env={"OMP_NUM_THREADS": str(THREADS)})
+        args.timeout, env={"OMP_NUM_THREADS": str(THREADS)})
 
 
 def install_seconds() -> dict:
