@@ -190,7 +190,8 @@ def figure6_seconds(h: Harness, run: str) -> dict:
            "(`analysis.top_share`, `analysis.part_share`) on its large-shard layout.",
            results=("read_check.json",),
            targets=(Target("worst_check_over_query", "<", TARGET),
-                    Target("worst_first_read_check_over_query", "<", TARGET), Target("top_share_s", "<", TARGET_TOP_SHARE_S)))
+                    Target("worst_first_read_check_over_query", "<", TARGET),
+                    Target("top_share_s", "<", TARGET_TOP_SHARE_S)))
 def run(h: Harness) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench read_check --")
     parser.add_argument("--rows", type=int, default=None, help="credit rows of the run (default 20M; --quick 20k)")
