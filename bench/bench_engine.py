@@ -39,6 +39,7 @@ Sizes per `--mode` in SIZES (the issue's are `full`); engine.json records the mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -47,20 +48,27 @@ import sys
 import time
 from pathlib import Path
 
+from common import annotate_wall, load_avg, ratio, run_child, run_command
 from registry import Target, Unavailable, benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ROOT / "bench" / "closed_loop_prompts" / "prompts.jsonl"  # instruction prompts, train and test splits
 WORK = Path("/tmp/bench_engine")
-THREADS = 2
-TARGETS = {"vllm_over_transformers_tokens_per_s": (">=", 2.5), "annotate_vllm_over_transformers_wall": ("<=", 0.6),
-           "mrtpo_over_gdpo_vllm": ("<=", 1.3), "tree_over_flat_vllm": ("<=", 0.85),
-           "scoring_vllm_over_transformers": ("<=", 0.4)}
+THREADS = 2  # a child's torch threads (BENCH_THREADS, set by bench/common) and annotate's --cpu-threads
+TARGETS = (Target("vllm_over_transformers_tokens_per_s", ">=", 2.5),
+           Target("annotate_vllm_over_transformers_wall", "<=", 0.6), Target("mrtpo_over_gdpo_vllm", "<=", 1.3),
+           Target("tree_over_flat_vllm", "<=", 0.85), Target("scoring_vllm_over_transformers", "<=", 0.4))
+SHORT = {"bfloat16": "bf16", "float32": "fp32"}
+# figure: (numerator, denominator measurement, their names in load_avg): ratios of wall seconds
+WALLS = {"annotate_vllm_over_transformers_wall": ("annotate_vllm", "annotate_transformers", "vllm", "transformers"),
+         "mrtpo_over_gdpo_vllm": ("annotate_vllm", "annotate_vllm_gdpo", "gdpo,mrtpo", "gdpo"),
+         "scoring_vllm_over_transformers": ("scoring_vllm", "scoring_transformers", "vllm", "transformers")}
 
 
-# The issue's sizes (full), sizes that fit a session on the shared CPU (reduced: the sampling speed at the issue's
-# size, the rest smaller), and a check of the script (quick).
+# What each measurement runs (a stored figure is reused only for the same sizes): the issue's sizes (full), sizes
+# that fit a session on the shared CPU (reduced: the sampling speed at the issue's size, the rest smaller), and a
+# check of the script (quick).
 SIZES = {
     "full": {"sample_prompts": 32, "sample_n": 4, "sample_max_new_tokens": 96, "annotate_prompts": 64,
              "annotate_n": 4, "annotate_max_new_tokens": 96, "tree_prompts": 8, "tree": [4, 4],
@@ -72,19 +80,6 @@ SIZES = {
               "annotate_n": 2, "annotate_max_new_tokens": 16, "tree_prompts": 1, "tree": [2, 2],
               "tree_max_new_tokens": 16, "scoring_prompts": 4, "scoring_max_new_tokens": 16},
 }
-
-
-def sizes(mode: str) -> dict:
-    """What each measurement runs; a stored figure is reused only for the same sizes."""
-    return SIZES[mode]
-
-
-def load_avg() -> float:  # common's, which this script does not import: its children set their own threads
-    return os.getloadavg()[0]
-
-
-def ratio(a: float, b: float) -> float:
-    return round(a / b, 3)
 
 
 # --- children: one measurement each, in the environment of the backend they measure -------------------------
@@ -99,16 +94,13 @@ def instruction_records(split: str, count: int):
     return [r for r in records if r.split == split][:count]
 
 
-def make(backend: str, model: str, dtype: str | None):
-    """(sampler, seconds to load it and run a 2-prompt warm-up)."""
-    import torch
-
+def make(args, backend: str):
+    """(sampler of args.model on args.device in args.dtype, seconds to load it and run a 2-prompt warm-up)."""
     from tokencredit.pipeline.config import SamplingConfig
     from tokencredit.pipeline.sample import make_sampler
 
-    torch.set_num_threads(THREADS)
     start = time.perf_counter()
-    sampler = make_sampler(backend, model, dtype=dtype)
+    sampler = make_sampler(backend, args.model, dtype=args.dtype, device=args.device)
     sampler.progress = False
     sampler.sample(instruction_records("train", 2), SamplingConfig(n=1, max_new_tokens=4))
     return sampler, time.perf_counter() - start
@@ -119,7 +111,7 @@ def child_sample(args) -> dict:
 
     s = json.loads(args.sizes)
     records = instruction_records("train", s["sample_prompts"])
-    sampler, start_s = make(args.backend, args.model, args.dtype)
+    sampler, start_s = make(args, args.backend)
     before = load_avg()
     begin = time.perf_counter()
     samples = sampler.sample(records, SamplingConfig(n=s["sample_n"], max_new_tokens=s["sample_max_new_tokens"]))
@@ -135,15 +127,13 @@ def child_tree(args) -> dict:
 
     s = json.loads(args.sizes)
     records = instruction_records("train", s["tree_prompts"])
-    sampler, start_s = make("vllm", args.model, args.dtype)
+    sampler, start_s = make(args, "vllm")
     before = load_avg()
     out = {"start_s": start_s}
-    leaves = s["tree"][0] * s["tree"][1]
-    for name, config in (("flat", SamplingConfig(n=leaves, max_new_tokens=s["tree_max_new_tokens"])),
-                         ("tree", SamplingConfig(tree=tuple(s["tree"]), max_new_tokens=s["tree_max_new_tokens"])),
-                         ("flat_again", SamplingConfig(n=leaves, max_new_tokens=s["tree_max_new_tokens"], seed=1)),
-                         ("tree_again", SamplingConfig(tree=tuple(s["tree"]), max_new_tokens=s["tree_max_new_tokens"],
-                                                       seed=1))):
+    flat = SamplingConfig(n=s["tree"][0] * s["tree"][1], max_new_tokens=s["tree_max_new_tokens"])
+    tree = SamplingConfig(tree=tuple(s["tree"]), max_new_tokens=s["tree_max_new_tokens"])
+    for name, config in (("flat", flat), ("tree", tree), ("flat_again", dataclasses.replace(flat, seed=1)),
+                         ("tree_again", dataclasses.replace(tree, seed=1))):
         begin = time.perf_counter()
         samples = sampler.sample(records, config)
         out[f"{name}_seconds"] = time.perf_counter() - begin
@@ -163,7 +153,7 @@ def child_scoring(args) -> dict:
     s = json.loads(args.sizes)
     records = instruction_records("test", s["scoring_prompts"])
     before = load_avg()
-    sampler, start_s = make(args.backend, args.model, args.dtype)
+    sampler, start_s = make(args, args.backend)
     samples = sampler.sample(records, SamplingConfig(n=1, temperature=0.0, max_new_tokens=s["scoring_max_new_tokens"]))
     by_id = {r.id: r for r in records}
     rewards = []
@@ -179,20 +169,17 @@ def child_scoring(args) -> dict:
 def replay_cases(tokenizer, every: int = 1):
     """ReplayItems of the localization benchmark's responses (bench/localization; every `every`-th), every reward
     ungated, with the `logprob_signed` sign of each reward (a failed reward -1, a passed one +1)."""
+    from bench_localization import load_cases
     from tokencredit import verifiers
     from tokencredit.pipeline.credit.probe import response_ids
     from tokencredit.pipeline.credit.replay import build_replay_item
     from tokencredit.pipeline.sample.prompts import feedback_text
 
-    cases = ROOT / "bench" / "localization"
-    records = {r.id: r for r in verifiers.load_tasks(cases / "tasks.jsonl")[0]}
     items, signs = [], []
-    for line in (cases / "cases.jsonl").read_text().splitlines()[::every]:
-        case = json.loads(line)
-        record = records[case["record_id"]]
-        scores = verifiers.verify(record, case["response"])
-        items.append(build_replay_item(tokenizer, record.prompt, [(x.name, feedback_text(x)) for x in scores],
-                                       response_ids(tokenizer, case["response"]), [True] * len(scores)))
+    for case in load_cases()[::every]:
+        scores = verifiers.verify(case.record, case.response)
+        items.append(build_replay_item(tokenizer, case.record.prompt, [(x.name, feedback_text(x)) for x in scores],
+                                       response_ids(tokenizer, case.response), [True] * len(scores)))
         signs.append([1.0 if x.score >= 1 else -1.0 for x in scores])
     return items, signs
 
@@ -210,14 +197,13 @@ def child_replay(args) -> dict:
     from tokencredit.pipeline.credit.replay import replay
     from tokencredit.pipeline.models.loading import load_policy
 
-    torch.set_num_threads(THREADS)
-    model, tokenizer = load_policy(args.model)
+    model, tokenizer = load_policy(args.model, device=args.device)
     items, signs = replay_cases(tokenizer, REPLAY_EVERY)
     before = load_avg()
     begin = time.perf_counter()
     reference = replay(model, items)
     torch_s = time.perf_counter() - begin
-    sampler, start_s = make("vllm", args.model, args.dtype)
+    sampler, start_s = make(args, "vllm")
     begin = time.perf_counter()
     engine = engine_replay(sampler, items)
     engine_s = time.perf_counter() - begin
@@ -265,36 +251,26 @@ class Results:
         tmp.replace(self.path)
 
 
-def run_child(python: str, kind: str, args: argparse.Namespace, **options) -> dict:
-    command = [python, str(Path(__file__).resolve()), "--child", kind, "--sizes", json.dumps(sizes(args.mode))]
-    command += [f"--{key.replace('_', '-')}={value}" for key, value in options.items() if value is not None]
+def child(kind: str, args: argparse.Namespace, **options) -> dict:
+    """One measurement in a child process of this script (its last line of output: the figures' JSON), of args.model
+    on args.device unless `options` say otherwise."""
+    options = {"model": args.model, "device": args.device, **options}
     print(f"[{time.strftime('%H:%M:%S')}] {kind} {options}", flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"{kind} {options} failed ({done.returncode}): {done.stderr.strip()[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(__file__, ["--child", kind, "--sizes", json.dumps(SIZES[args.mode]), *(
+        f"--{key.replace('_', '-')}={value}" for key, value in options.items() if value is not None)],
+        args.timeout, env={"BENCH_THREADS": str(THREADS), "OMP_NUM_THREADS": str(THREADS),
+                           "TOKENIZERS_PARALLELISM": "false"})
 
 
-def annotate_wall(python: str, backend: str, credit: str, args: argparse.Namespace) -> dict:
-    """`tokencredit annotate` of the annotate sizes as a fresh command of `python`'s environment; its wall."""
-    s = sizes(args.mode)
-    out = WORK / f"annotate-{backend}-{credit.replace(',', '+')}"
-    command = [python, "-c", "import sys; from tokencredit.flows.cli import main; sys.exit(main())", "annotate",
-               "--out", str(out), "--restart", "--prompts", str(PROMPTS), "--split", "train",
-               "--limit", str(s["annotate_prompts"]), "--n", str(s["annotate_n"]),
-               "--max-new-tokens", str(s["annotate_max_new_tokens"]), "--credit", credit, "--backend", backend,
-               "--model", args.model, "--runner", "none", "--cpu-threads", str(THREADS)]
+def annotate(backend: str, credit: str, args: argparse.Namespace) -> dict:
+    """`tokencredit annotate` of the annotate sizes as a fresh command: its wall seconds (start included)."""
+    s = SIZES[args.mode]
     print(f"[{time.strftime('%H:%M:%S')}] annotate {backend} {credit}", flush=True)
-    before, begin = load_avg(), time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": str(THREADS), "DO_NOT_TRACK": "1"})
-    wall = time.perf_counter() - begin
-    if done.returncode != 0:
-        raise RuntimeError(f"annotate {backend} {credit} failed ({done.returncode}): {done.stderr.strip()[-3000:]}")
-    manifest = json.loads((out / "manifest.json").read_text())
-    return {"wall_s": wall, "load_avg": [before, load_avg()], "responses": manifest["totals"]["responses"],
-            "backend": manifest["config"]["backend"], "dtype": manifest["config"]["dtype"]}
+    return annotate_wall(WORK / f"annotate-{backend}-{credit.replace(',', '+')}", [
+        "--restart", "--prompts", str(PROMPTS), "--split", "train", "--limit", str(s["annotate_prompts"]),
+        "--n", str(s["annotate_n"]), "--max-new-tokens", str(s["annotate_max_new_tokens"]), "--credit", credit,
+        "--backend", backend, "--model", args.model, "--device", args.device, "--cpu-threads", str(THREADS)],
+        args.timeout, env={"OMP_NUM_THREADS": str(THREADS)})
 
 
 def install_seconds() -> dict:
@@ -306,15 +282,12 @@ def install_seconds() -> dict:
     install = line.split(" && tokencredit ")[0]
     venv = WORK / "fresh-venv"
     shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    run_command([sys.executable, "-m", "venv", venv])
     cache = subprocess.run(["du", "-sm", os.path.expanduser("~/.cache/pip")], capture_output=True, text=True).stdout
     print(f"[{time.strftime('%H:%M:%S')}] {install} (fresh venv)", flush=True)
     before, begin = load_avg(), time.perf_counter()
-    done = subprocess.run(["bash", "-c", install], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)})
+    run_command(["bash", "-c", install], env={"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)})
     wall = time.perf_counter() - begin
-    if done.returncode != 0:
-        raise RuntimeError(f"the install failed: {done.stderr.strip()[-3000:]}")
     check = subprocess.run([str(venv / "bin" / "tokencredit"), "doctor"], capture_output=True, text=True)
     shutil.rmtree(venv, ignore_errors=True)
     return {"wall_s": wall, "load_avg": [before, load_avg()], "command": install,
@@ -366,6 +339,7 @@ def options(quick: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--redo", action="store_true", help="measure again what engine.json already holds")
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
+    parser.add_argument("--device", default="cpu", help="where the models run (gpu_bench.py: cuda)")
     # a child's own options
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
@@ -378,21 +352,26 @@ def options(quick: bool = False) -> argparse.ArgumentParser:
            "measurement a subprocess, side by side: sampled tokens/s per dtype, the engine's replay, tree sampling, "
            "annotate's wall time (gdpo, gdpo + mrtpo), LoRA scoring, the one-environment install; a run "
            "resumes from engine.json.", results=("engine.json",), needs=("vllm",),
-           targets=tuple(Target(name, op, bound) for name, (op, bound) in TARGETS.items()))
+           targets=TARGETS)
 def run(h) -> dict:
     from tokencredit.pipeline.models.registry import is_pulled
-    from tokencredit.pipeline.sample.vllm_backend import DEFAULT_DTYPE as default  # vllm itself loads lazily
 
     args = options(h.quick).parse_args(h.argv)
     if args.model == MODEL and not is_pulled(MODEL):
         raise Unavailable(f"run `tokencredit models pull {MODEL}` first")
-    WORK.mkdir(parents=True, exist_ok=True)
-    results = Results(h.results("engine.json"), {"sizes": sizes(args.mode), "mode": args.mode,
-                                                 "model": args.model, "vllm_default_dtype": default,
-                                                 **commit_of_code(), "torch_threads": THREADS}, args.redo)
     h.repeats = 1
+    return measure_all(args, h.results("engine.json"))
+
+
+def measure_all(args: argparse.Namespace, path: Path) -> dict:
+    """The measurements of `args.only` that the results file at `path` does not hold yet (all of them with --redo or
+    other sizes), each written to it as it finishes; the summary's keys (`summarize`)."""
+    from tokencredit.pipeline.sample.vllm_backend import DEFAULT_DTYPE as default  # vllm itself loads lazily
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    results = Results(path, {"sizes": SIZES[args.mode], "mode": args.mode, "model": args.model, "device": args.device,
+                             "vllm_default_dtype": default, **commit_of_code(), "torch_threads": THREADS}, args.redo)
     only = set(args.only.split(","))
-    py = vpy = sys.executable  # one environment: the engine beside the transformers backend
 
     def measure(name: str, fn) -> None:
         """Run one measurement unless engine.json holds it; a failure is recorded under `errors` and the next
@@ -408,53 +387,46 @@ def run(h) -> dict:
         results.save()
 
     if "sample" in only:
-        measure("sample_transformers", lambda: run_child(py, "sample", args, backend="transformers", model=args.model))
+        measure("sample_transformers", lambda: child("sample", args, backend="transformers"))
         for dtype in ("float32",) if args.mode == "quick" else ("bfloat16", "float32"):
-            measure(f"sample_vllm_{dtype}", lambda: run_child(vpy, "sample", args, backend="vllm", model=args.model,
-                                                              dtype=dtype))
+            measure(f"sample_vllm_{dtype}", lambda: child("sample", args, backend="vllm", dtype=dtype))
     if "replay" in only:
         for dtype in ("float32", "bfloat16"):
-            measure(f"replay_vllm_{dtype}", lambda: run_child(vpy, "replay", args, model=args.model, dtype=dtype))
+            measure(f"replay_vllm_{dtype}", lambda: child("replay", args, dtype=dtype))
     if "tree" in only:
-        measure("tree_vllm", lambda: run_child(vpy, "tree", args, model=args.model))
+        measure("tree_vllm", lambda: child("tree", args))
     if "annotate" in only:
-        measure("annotate_vllm", lambda: annotate_wall(vpy, "vllm", "gdpo,mrtpo", args))
-        measure("annotate_vllm_gdpo", lambda: annotate_wall(vpy, "vllm", "gdpo", args))
-        measure("annotate_transformers", lambda: annotate_wall(py, "transformers", "gdpo,mrtpo", args))
+        measure("annotate_vllm", lambda: annotate("vllm", "gdpo,mrtpo", args))
+        measure("annotate_vllm_gdpo", lambda: annotate("vllm", "gdpo", args))
+        measure("annotate_transformers", lambda: annotate("transformers", "gdpo,mrtpo", args))
     if "scoring" in only:
         folder = lora_policy_folder(args)
-        measure("scoring_transformers", lambda: run_child(py, "scoring", args, backend="transformers", model=folder))
-        measure("scoring_vllm", lambda: run_child(vpy, "scoring", args, backend="vllm", model=folder))
+        measure("scoring_transformers", lambda: child("scoring", args, backend="transformers", model=folder))
+        measure("scoring_vllm", lambda: child("scoring", args, backend="vllm", model=folder))
     if "install" in only:
         measure("install", install_seconds)
     return summarize(results, default)
 
 
-
-
 def summarize(results: Results, default: str) -> dict:
     """The issue's keys from the measurements that finished, each with its load averages (written to engine.json)."""
     m, keys, loads = results.data["measurements"], {}, {}
-    short = {"bfloat16": "bf16", "float32": "fp32"}
     t = m.get("sample_transformers")
-    for dtype, tag in short.items():
+    for dtype, tag in SHORT.items():
         v = m.get(f"sample_vllm_{dtype}")
         if t and v:
             keys[f"vllm_over_transformers_tokens_per_s_{tag}"] = ratio(v["tokens_per_s"], t["tokens_per_s"])
             keys[f"vllm_start_s_{tag}"] = round(v["start_s"], 1)
             loads[f"vllm_over_transformers_tokens_per_s_{tag}"] = {"transformers": t["load_avg"], "vllm": v["load_avg"]}
-    if f"vllm_over_transformers_tokens_per_s_{short.get(default, default)}" in keys:
-        tag = short.get(default, default)
-        keys["vllm_over_transformers_tokens_per_s"] = keys[f"vllm_over_transformers_tokens_per_s_{tag}"]
-        keys["vllm_start_s"] = keys[f"vllm_start_s_{tag}"]
+    tag = SHORT.get(default, default)
+    if f"vllm_start_s_{tag}" in keys:  # the default dtype's figures, unsuffixed
+        for key in ("vllm_over_transformers_tokens_per_s", "vllm_start_s"):
+            keys[key] = keys[f"{key}_{tag}"]
         loads["vllm_over_transformers_tokens_per_s"] = loads[f"vllm_over_transformers_tokens_per_s_{tag}"]
-    a_t, a_v, a_g = m.get("annotate_transformers"), m.get("annotate_vllm"), m.get("annotate_vllm_gdpo")
-    if a_t and a_v:
-        keys["annotate_vllm_over_transformers_wall"] = ratio(a_v["wall_s"], a_t["wall_s"])
-        loads["annotate_vllm_over_transformers_wall"] = {"transformers": a_t["load_avg"], "vllm": a_v["load_avg"]}
-    if a_v and a_g:
-        keys["mrtpo_over_gdpo_vllm"] = ratio(a_v["wall_s"], a_g["wall_s"])
-        loads["mrtpo_over_gdpo_vllm"] = {"gdpo": a_g["load_avg"], "gdpo,mrtpo": a_v["load_avg"]}
+    for key, (top, bottom, top_name, bottom_name) in WALLS.items():
+        if m.get(top) and m.get(bottom):
+            keys[key] = ratio(m[top]["wall_s"], m[bottom]["wall_s"])
+            loads[key] = {bottom_name: m[bottom]["load_avg"], top_name: m[top]["load_avg"]}
     tree = m.get("tree_vllm")
     if tree:
         keys["tree_over_flat_vllm"] = ratio(tree["tree_seconds"] + tree["tree_again_seconds"],
@@ -470,10 +442,8 @@ def summarize(results: Results, default: str) -> dict:
         loads["cpu_block_flat_speedup"] = loads["cpu_block_tree_speedup"] = blocks["load_avg"]
     s_t, s_v = m.get("scoring_transformers"), m.get("scoring_vllm")
     if s_t and s_v:
-        keys["scoring_vllm_over_transformers"] = ratio(s_v["wall_s"], s_t["wall_s"])
-        loads["scoring_vllm_over_transformers"] = {"transformers": s_t["load_avg"], "vllm": s_v["load_avg"]}
         keys["scoring_greedy_identical"] = sum(a == b for a, b in zip(s_t["responses_sha256"], s_v["responses_sha256"]))
-    for dtype, tag in short.items():
+    for dtype, tag in SHORT.items():
         r = m.get(f"replay_vllm_{dtype}")
         if r:
             for name in ("max_abs_logprob_diff", "mean_abs_logprob_diff", "max_abs_relevance_diff", "same_top_token"):
@@ -489,9 +459,8 @@ def summarize(results: Results, default: str) -> dict:
         loads["one_env_install_s"] = m["install"]["load_avg"]
     results.data.update(keys)
     results.data["load_avg"] = loads
-    results.data["targets"] = {k: f"{op} {bound}: " + ("met" if (keys[k] >= bound if op == ">=" else keys[k] <= bound)
-                                                      else "missed")
-                               for k, (op, bound) in TARGETS.items() if k in keys}
+    results.data["targets"] = {t.figure: f"{t.comparison} {t.value}: {'met' if t.met(keys) else 'missed'}"
+                               for t in TARGETS if t.figure in keys}
     results.save()
     return keys
 

@@ -6,11 +6,12 @@ IFEval: (response, instruction) pairs for every one of IFEval's 25 instruction i
 lm-eval's IFEval checkers (strict and loose) and by tokencredit's `ifeval` / `ifeval-loose`
 semantics (and, for comparison, its own `tokencredit` semantics, on the kinds it has).
 BFCL: model outputs made from BFCL's own simple, multiple, parallel and parallel-multiple records
-(right answers, accepted alternatives, optional arguments left out, string variants, int for
-float, wrong values, missing and extra arguments, wrong and extra calls), judged by bfcl-eval's
-AST checker and by tokencredit's tool verifier (`bfcl` semantics; a case agrees when BFCL's
-valid equals correctness == 1). BFCL edge cases: fresh cases on the rules where BFCL's checker reads
-values its own way (`bfcl_edge_cases.jsonl`: normalization depth, `any`, "" as a value, True == 1 inside
+(`bfcl_cases.jsonl`, {category, id, case, output}: right answers, accepted alternatives, optional arguments left
+out, string variants, int for float, wrong values, missing and extra arguments, wrong and extra calls, drawn once
+from 6 records per category with seed 11 by the generator this file held up to commit 6bbde98), judged by
+bfcl-eval's AST checker and by tokencredit's tool verifier (`bfcl` semantics; a case agrees when BFCL's
+valid equals correctness == 1); --quick: every 8th case. BFCL edge cases: fresh cases on the rules where BFCL's
+checker reads values its own way (`bfcl_edge_cases.jsonl`: normalization depth, `any`, "" as a value, True == 1 inside
 dicts, greedy matching of parallel calls), loaded through the `bfcl` format. Also: how many BFCL
 records of those categories load, and how many hostile `db` paths escape the databases folder (target 0).
 Figures go to bench/results/fidelity.json and the Fidelity section of bench/RESULTS.md.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import random
 import sqlite3
 import sys
 import tempfile
@@ -37,10 +37,8 @@ from tokencredit.verifiers import ifeval, tools  # noqa: E402
 from tokencredit.verifiers.formats import resolve_db  # noqa: E402
 from tokencredit.verifiers.tasks import load_tasks  # noqa: E402
 
-SEED = 11  # the BFCL mutations' draws
 BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")
-
-IFEVAL_CASES = Path(__file__).with_name("ifeval_cases.jsonl")
+IFEVAL_CASES, BFCL_CASES = Path(__file__).with_name("ifeval_cases.jsonl"), Path(__file__).with_name("bfcl_cases.jsonl")
 
 
 def ifeval_cases() -> list[tuple[str, dict, str, str]]:
@@ -53,7 +51,6 @@ def ifeval_cases() -> list[tuple[str, dict, str, str]]:
 def ifeval_agreement(cases, reference) -> dict:
     """Per mode: cases where tokencredit and the reference agree; disagreements listed."""
     out = {"strict": [0, []], "loose": [0, []], "tokencredit": [0, []]}
-    own_cases = 0
     for iid, kwargs, prompt, response in cases:
         example = reference.InputExample(key=0, instruction_id_list=[iid], prompt=prompt, kwargs=[kwargs])
         want_strict = reference.test_instruction_following_strict(example, response).follow_instruction_list[0]
@@ -69,7 +66,6 @@ def ifeval_agreement(cases, reference) -> dict:
                 out[key][0] += 1
             else:
                 out[key][1].append({"id": iid, "kwargs": kwargs, "response": response, "reference": want})
-        own_cases += 1
     return {k: {"agree": v[0], "cases": len(cases), "disagreements": v[1]} for k, v in out.items()}
 
 
@@ -84,97 +80,43 @@ def bfcl_load_counts(data: Path) -> dict:
     return counts
 
 
-def _first(values: list):
-    return next(v for v in values if v != "")
+def bfcl_cases() -> list[dict]:
+    """The rows of bfcl_cases.jsonl: {category, id (a BFCL record's), case (what was done), output (the model's calls
+    as [{name: {param: value}}])}."""
+    return [json.loads(line) for line in BFCL_CASES.read_text(encoding="utf-8").splitlines()]
 
 
-def _concrete(value):
-    """A concrete value a BFCL answer value accepts (dicts of alternatives: first choices)."""
-    if isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
-        return {k: _concrete(_first(v)) for k, v in value.items() if any(x != "" for x in v)}
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return [_concrete(v) for v in value]
-    return value
+def correctness(record, output: list[dict]):
+    """tokencredit's correctness score of BFCL-form calls `output` against `record`."""
+    calls = [ToolCall(name, args) for call in output for name, args in call.items()]
+    return tools.verify(record, tools.render_calls(calls))[1]
 
 
-def _string_variant(s: str) -> str:
-    return s.upper() if s.lower() != s.upper() else s + " "
-
-
-def bfcl_mutations(rng: random.Random, answer: list[dict], functions: list[dict]) -> list[tuple[str, list[dict]]]:
-    """(what was done, model output as [{name: {param: value}}]) for one record."""
-    by_name = {f["name"]: f for f in functions}
-
-    def base(choose=_first):
-        return [{name: {p: _concrete(choose(vals)) for p, vals in params.items() if any(v != "" for v in vals)}}
-                for call in answer for name, params in call.items()]
-
-    outs = [("the first accepted values", base())]
-    alt = base(lambda vals: rng.choice([v for v in vals if v != ""]))
-    outs.append(("random accepted values", alt))
-    optional = [(i, p) for i, call in enumerate(answer) for name, params in call.items()
-                for p, vals in params.items() if "" in vals and any(v != "" for v in vals)]
-    if optional:
-        i, p = rng.choice(optional)
-        out = base()
-        next(iter(out[i].values())).pop(p, None)
-        outs.append((f"optional {p} left out", out))
-    strings = [(i, p) for i, call in enumerate(base()) for name, params in call.items()
-               for p, v in params.items() if isinstance(v, str)]
-    if strings:
-        i, p = rng.choice(strings)
-        out = base()
-        args = next(iter(out[i].values()))
-        args[p] = rng.choice([_string_variant(args[p]), args[p].replace(" ", ""), args[p] + "x"])
-        outs.append((f"string {p} varied", out))
-    numbers = [(i, p) for i, call in enumerate(base()) for name, params in call.items()
-               for p, v in params.items() if type(v) in (int, float)]
-    if numbers:
-        i, p = rng.choice(numbers)
-        out = base()
-        args = next(iter(out[i].values()))
-        args[p] = rng.choice([float(args[p]), args[p] + 1, str(args[p]), int(args[p]) if args[p] == int(args[p]) else args[p]])
-        outs.append((f"number {p} changed", out))
-    out = base()
-    name, args = next(iter(out[0].items()))
-    required = by_name.get(name, {}).get("parameters", {}).get("required", [])
-    kind = rng.choice(["missing", "extra", "name", "extra call", "swap"])
-    if kind == "missing" and required:
-        args.pop(required[0], None)
-    elif kind == "extra":
-        args["unexpected_flag"] = True
-    elif kind == "name":
-        out[0] = {name + "_v2": args}
-    elif kind == "extra call":
-        out.append(copy.deepcopy(out[0]))
-    elif len(out) > 1:
-        out.reverse()
-    outs.append((kind, out))
-    return outs
-
-
-def bfcl_agreement(data: Path, checker, rng: random.Random, per_category: int) -> dict:
+def bfcl_agreement(data: Path, checker, cases: list[dict]) -> dict:
+    """`cases` (bfcl_cases) judged by BFCL's checker on its own records in `data` and by tokencredit."""
     from bfcl_eval.constants.enums import Language
 
-    agree, cases, disagreements = 0, 0, []
-    for category in BFCL_CATEGORIES:
-        questions = {json.loads(l)["id"]: json.loads(l) for l in (data / f"BFCL_v4_{category}.json").open()}
-        answers = {json.loads(l)["id"]: json.loads(l) for l in (data / "possible_answer" / f"BFCL_v4_{category}.json").open()}
-        records = {r.id: r for r in load_tasks(data / f"BFCL_v4_{category}.json", "bfcl")[0]}
-        for record_id in rng.sample(sorted(records), per_category):
-            functions, answer = questions[record_id]["function"], answers[record_id]["ground_truth"]
-            for what, output in bfcl_mutations(rng, answer, functions):
-                want = checker.ast_checker(copy.deepcopy(functions), copy.deepcopy(output), copy.deepcopy(answer),
-                                           Language.PYTHON, category, "tokencredit")["valid"]
-                calls = [ToolCall(name, args) for call in output for name, args in call.items()]
-                _, correct = tools.verify(records[record_id], tools.render_calls(calls))
-                cases += 1
-                if (correct.score >= 1.0) == want:
-                    agree += 1
-                else:
-                    disagreements.append({"id": record_id, "case": what, "output": output, "bfcl_valid": want,
-                                          "correctness": correct.score, "observed": correct.observed})
-    return {"agree": agree, "cases": cases, "disagreements": disagreements}
+    def rows(path: Path) -> dict:
+        return {row["id"]: row for row in map(json.loads, path.open())}
+
+    agree, disagreements, files = 0, [], {}
+    for case in cases:
+        category, record_id, output = case["category"], case["id"], case["output"]
+        if category not in files:
+            name = f"BFCL_v4_{category}.json"
+            files[category] = (rows(data / name), rows(data / "possible_answer" / name),
+                               {r.id: r for r in load_tasks(data / name, "bfcl")[0]})
+        questions, answers, records = files[category]
+        functions, answer = questions[record_id]["function"], answers[record_id]["ground_truth"]
+        want = checker.ast_checker(copy.deepcopy(functions), copy.deepcopy(output), copy.deepcopy(answer),
+                                   Language.PYTHON, category, "tokencredit")["valid"]
+        correct = correctness(records[record_id], output)
+        if (correct.score >= 1.0) == want:
+            agree += 1
+        else:
+            disagreements.append({"id": record_id, "case": case["case"], "output": output, "bfcl_valid": want,
+                                  "correctness": correct.score, "observed": correct.observed})
+    return {"agree": agree, "cases": len(cases), "disagreements": disagreements}
 
 
 def bfcl_edge_agreement(checker) -> dict:
@@ -190,7 +132,8 @@ def bfcl_edge_agreement(checker) -> dict:
         want = checker.ast_checker(copy.deepcopy(case.functions), copy.deepcopy(case.output),
                                    copy.deepcopy(case.answer), Language.PYTHON, case.category, "tokencredit")["valid"]
         hand += want == case.valid
-        got = _edge_score(records.get(f"edge_{i}"), case)
+        record = records.get(f"edge_{i}")  # None: it did not load
+        got = None if record is None else correctness(record, case.output).score
         if got is not None and (got >= 1.0) == want:
             agree += 1
         else:
@@ -198,14 +141,6 @@ def bfcl_edge_agreement(checker) -> dict:
                                   "bfcl_valid": want, "correctness": got})
     return {"agree": agree, "cases": len(EDGE_CASES), "hand_agree": hand, "disagreements": disagreements,
             "rejected": [(r.record_id, r.reason) for r in rejected]}
-
-
-def _edge_score(record, case) -> float | None:
-    """tokencredit's correctness of the case's output (None when the record did not load)."""
-    if record is None:
-        return None
-    calls = [ToolCall(name, args) for call in case.output for name, args in call.items()]
-    return tools.verify(record, tools.render_calls(calls))[1].score
 
 
 # ---------------------------------------------------------------- path escapes
@@ -235,14 +170,14 @@ def path_escapes() -> tuple[int, int]:
 
 @benchmark("fidelity", measures="Fresh cases scored by tokencredit and by the reference checkers themselves "
            "(lm-eval 0.4.13's IFEval checkers, bfcl-eval 2026.3.23's AST checker, unpacked from their wheels by "
-           "`bench/references.py`): mutations of BFCL's own answers, BFCL edge cases (`bench/bfcl_edge_cases.jsonl`), "
+           "`bench/references.py`): mutations of BFCL's own answers (`bench/bfcl_cases.jsonl`), BFCL edge cases "
+           "(`bench/bfcl_edge_cases.jsonl`), "
            "hostile database paths.", results=("fidelity.json",),
            targets=(Target("ifeval_agree", ">=", 0.98), Target("bfcl_agree", ">=", 0.98), Target("path_escapes", "==", 0),
                     Target("bfcl_edge_all_agree", "==", True), Target("bfcl_all_loaded", "==", True)))
 def run(h: Harness) -> dict:
     if h.quick and not references.available():
         raise Unavailable("the reference checkers are not unpacked: `python bench/references.py` fetches them")
-    rng = random.Random(SEED)
     reference = references.ifeval()
     checker = references.bfcl()
     data = references.bfcl_data()
@@ -251,7 +186,7 @@ def run(h: Harness) -> dict:
     assert kinds == set(ifeval.IFEVAL_IDS), sorted(set(ifeval.IFEVAL_IDS) - kinds)
     iv = ifeval_agreement(cases, reference)
     loads = bfcl_load_counts(data)
-    bf = bfcl_agreement(data, checker, rng, per_category=1 if h.quick else 6)
+    bf = bfcl_agreement(data, checker, bfcl_cases()[::8] if h.quick else bfcl_cases())
     edge = bfcl_edge_agreement(checker)
     escaped, tried = path_escapes()
     simple = loads["simple_python"]

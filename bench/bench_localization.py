@@ -101,10 +101,13 @@ def _item(tokenizer, case: Case, ablation: str, style: str, extra: tuple[str, st
     return item, points
 
 
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
+
+
 def _input_hash(item) -> str:
     """What the model is asked: P_all, every P_\\k and the response ids."""
-    return hashlib.sha256(json.dumps([item.all_prompt_ids, item.drop_prompt_ids, item.response_ids])
-                          .encode()).hexdigest()[:16]
+    return _digest([item.all_prompt_ids, item.drop_prompt_ids, item.response_ids])
 
 
 def replay_cases(model: str, cases: list[Case], ablation: str, style: str, placebo: bool) -> dict[str, dict]:
@@ -154,8 +157,7 @@ def verifiers_of(case: Case):
 
 def _key(case: Case) -> str:
     """Identity of a case's content: a changed prompt, response, edit or reward is replayed again."""
-    return hashlib.sha256(json.dumps([case.id, case.record.prompt, case.response, case.edit, case.reward])
-                          .encode()).hexdigest()[:16]
+    return _digest([case.id, case.record.prompt, case.response, case.edit, case.reward])
 
 
 def _placebo(policy, tokenizer, case: Case, ablation: str, style: str) -> dict:
@@ -320,11 +322,6 @@ def run(models: list[str], quick: bool, ablations: tuple[str, ...] = ABLATIONS,
                                       "locate": locate, "relevance": kind, "ablation": ablation, "style": style,
                                       "floor": floor, **evaluate(cases, rows, kind, floor, split, tokenizer, locate)})
     return table
-
-
-def best_on_dev(table: list[dict], model: str) -> dict:
-    dev = [r for r in table if r["model"] == model and r["split"] == "dev" and r.get("locate", "replay") == "replay"]
-    return max(dev, key=lambda r: (r["top1"], r["top3"], r["format_mass_median"] or 0))
 
 
 @benchmark("localization", measures="Fresh cases of `bench/localization/` (one edit each), replayed in each policy's "

@@ -17,7 +17,6 @@ checkpoint folder under 50 MB. Figures go to bench/results/train.json and bench/
 """
 from __future__ import annotations
 
-import datetime
 import json
 import shutil
 import statistics
@@ -29,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import transformers
 
-from common import THREADS, Harness, machine, mib
+from common import Harness, mib
 from registry import Target, benchmark
 
 TARGET, SIZE_TARGET = 1.1, 50 * 2**20
@@ -138,8 +137,7 @@ def run(h: Harness) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     h.repeats = smol["rounds"]
-    figures = {"trainer_over_loop": round(smol["trainer_over_loop"], 3), "model": smol["model"],
-               "threads": THREADS, "date": datetime.date.today().isoformat(), "machine": machine(),
+    figures = {"trainer_over_loop": round(smol["trainer_over_loop"], 3), "model": smol["model"],  # machine: the row's
                "batch_size": BATCH, "grad_accum": ACCUM, "smollm2": smol, "tiny": tiny}
     h.results("train.json").write_text(json.dumps(figures, indent=2) + "\n")
     return figures | {"lora_checkpoint_bytes": smol["lora_checkpoint_bytes"]}

@@ -1,5 +1,6 @@
-"""The verify stage against the same calls on one thread of this process (the stage before plugin
-isolation), on the demo set, and the cost of isolation where it applies: a plugin-only task.
+"""The verifiers' cost: the verify stage against the same calls on one thread of this process (the stage before
+plugin isolation), on the demo set, and the cost of isolation where it applies: a plugin-only task; then the
+built-in verifiers on hostile 2 MB responses.
 
     python -m bench verify [--quick]
 
@@ -16,10 +17,17 @@ plugin (`_PLUGIN`), so every call goes to the worker: the isolation's per-call c
 Medians of interleaved repeats after one warm-up each, so the worker's start (once per annotate
 process, timed on its own below) is not in a ratio. Both sides must give the same scores.
 Target: stage / inline <= 1.2 on the demo set. Writes bench/results/verify.json and a bench/RESULTS.md row.
+
+Hostile inputs (`verifier_inputs_*` in bench/results/speed.json): the worst time of `verify` (the bounded call) and
+of `response_parts` (which the credits table calls outside it) over 2 MB responses of every shape (--quick: a
+tenth), median of 3 each (--quick: 1). Tool calls: unclosed, nested and stray tags (the old lazy regex took 87.6 s
+on 12,000 unclosed tags, 132 KB), one huge argument, deep nesting, a huge integer, 83,333 blocks. Instructions: 2 MB
+of "A. " under `sentence_count` (666,666 Punkt sentences: ~20 s if all were found). Target: under 1 s each.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +36,11 @@ from pathlib import Path
 from common import THREADS, Harness, model_paths
 from registry import Target, benchmark
 
-TARGET = 1.2
+TARGET, TARGET_HOSTILE_S = 1.2, 1.0
+HOSTILE_CHARS = 2_000_000  # characters of a hostile response (--quick: a tenth)
+WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                 "required": ["city"]}}
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 _PLUGIN = '''
 def brevity(record, response):
     words = len(response.split())
@@ -38,11 +50,59 @@ def brevity(record, response):
 '''
 
 
+def tool_shapes(size: int) -> dict[str, str]:
+    def call(value: str) -> str:
+        return '<tool_call>{"name": "get_weather", "arguments": {"city": ' + value + "}}</tool_call>"
+    return {
+        "unclosed tags": "<tool_call>" * (size // 11),
+        "unclosed tags with text": "<tool_call>x" * (size // 12),
+        "closing tags": "</tool_call>" * (size // 12),
+        "nested tags": "<tool_call>" * (size // 30) + CALL + "</tool_call>" * (size // 30),
+        "huge string": call(json.dumps("a" * size)),
+        "deep nesting": call("[" * (size // 2) + "]" * (size // 2)),
+        "huge integer": call("9" * size),
+        f"{size // 24:,} bad blocks": "<tool_call>{</tool_call>" * (size // 24),
+        f"{size // len(CALL):,} good blocks": CALL * (size // len(CALL)),
+    }
+
+
+def hostile(h: Harness) -> dict:
+    """The worst `verify` and `response_parts` seconds over the hostile shapes (their keys into speed.json)."""
+    from tokencredit import verifiers
+    from tokencredit.schemas.records import Constraint, InstructionSpec, TaskRecord, ToolCall, ToolSpec
+
+    repeats, size = (1, HOSTILE_CHARS // 10) if h.quick else (3, HOSTILE_CHARS)
+    tools = TaskRecord("t", "tools", "p", None, ToolSpec((WEATHER,), (ToolCall("get_weather", {"city": "Paris"}),)))
+    sentences = TaskRecord("i", "instructions", "p", None,
+                           InstructionSpec((Constraint("sentence_count", {"min": 2, "max": 3}),)))
+    cases = [(tools, name, text) for name, text in tool_shapes(size).items()]
+    cases.append((sentences, '"A. " under sentence_count', "A. " * (size // 3)))
+    verify_s, parts_s = {}, {}
+    for record, name, text in cases:
+        verify_s[name] = h.median_time(lambda: verifiers.verify(record, text), repeats)[0]
+        parts_s[name] = h.median_time(lambda: verifiers.response_parts(record, text), repeats)[0]
+    worst_verify, worst_parts = max(verify_s, key=verify_s.get), max(parts_s, key=parts_s.get)
+    figures = {"verifier_inputs_worst_verify_s": round(verify_s[worst_verify], 4),
+               "verifier_inputs_worst_parts_s": round(parts_s[worst_parts], 4)}
+    h.update_figures(figures)
+    return figures | {"shapes": len(cases), "worst_verify_shape": worst_verify, "worst_parts_shape": worst_parts}
+
+
 @benchmark("verify", measures="Annotate's verify stage on the demo set (built-in verifiers in the annotate process, "
            "bounded on a thread; plugins in a worker process, bounded in time and memory) over the same calls on one "
-           "thread; and a plugin-only task, every call in the worker, over the same calls inline.",
-           results=("verify.json",), targets=(Target("isolated_over_inline", "<=", TARGET),))
+           "thread; a plugin-only task, every call in the worker, over the same calls inline; and the built-in "
+           "verifiers on 2 MB responses of every shape: the worst `verify` and `response_parts` (called by the "
+           "credits table) time. The lazy tool-call regex this replaced took 87.6 s on 12,000 unclosed tags (132 KB).",
+           results=("verify.json", "speed.json"),
+           targets=(Target("isolated_over_inline", "<=", TARGET),
+                    Target("verifier_inputs_worst_verify_s", "<", TARGET_HOSTILE_S),
+                    Target("verifier_inputs_worst_parts_s", "<", TARGET_HOSTILE_S)))
 def run(h: Harness) -> dict:
+    return stage_over_inline(h) | hostile(h)
+
+
+def stage_over_inline(h: Harness) -> dict:
+    """The verify stage over the inline calls, on the demo set and on a plugin-only task (verify.json)."""
     from tokencredit import verifiers
     from tokencredit.pipeline.annotate import AnnotateConfig, load_models, load_prompt_set, shards_of, verify_samples
     from tokencredit.schemas.records import PluginSpec, TaskRecord

@@ -103,13 +103,36 @@ def peak_extra_bytes(fn: Callable[[], object]) -> tuple[int, object]:
     return max(0, _status_bytes("VmHWM") - before), result
 
 
-def run_child(script: str | Path, args: Sequence[str], timeout: float = 900) -> dict:
-    """Run `python script *args` in a fresh process; it prints one JSON object as its last line."""
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+# --- child processes ------------------------------------------------------------------------------
+
+
+def run_command(args: Sequence[str], timeout: float | None = None, env: dict | None = None) -> str:
+    """Run `args` from the repository root with `env` added to this process's; its stdout. A failure raises
+    RuntimeError with the end of its stderr."""
+    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
     if done.returncode != 0:
-        raise RuntimeError(f"{script} {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{' '.join(map(str, args))[:300]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def run_child(script: str | Path, args: Sequence[str], timeout: float = 900, env: dict | None = None) -> dict:
+    """Run `python script *args` in a fresh process; it prints one JSON object as its last line."""
+    return json.loads(run_command([sys.executable, script, *args], timeout, env).strip().splitlines()[-1])
+
+
+def annotate_wall(out: Path, options: Sequence[str], timeout: float | None = None, env: dict | None = None) -> dict:
+    """`tokencredit annotate --out OUT --runner none *options` as a fresh command: {wall_s (start included),
+    load_avg: [before, after], responses, backend, dtype (the last three from its manifest)}."""
+    before, begin = load_avg(), time.perf_counter()
+    run_command([sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", out, "--runner", "none",
+                 *options], timeout, {"DO_NOT_TRACK": "1", **(env or {})})
+    wall, manifest = time.perf_counter() - begin, json.loads((Path(out) / "manifest.json").read_text())
+    return {"wall_s": wall, "load_avg": [before, load_avg()], "responses": manifest["totals"]["responses"],
+            "backend": manifest["config"]["backend"], "dtype": manifest["config"]["dtype"]}
+
+
+# --- figures --------------------------------------------------------------------------------------
 
 
 def load_avg() -> float:
@@ -122,24 +145,11 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else round(a / b, 3)
 
 
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
 def mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
 # --- reporting ------------------------------------------------------------------------------------
-
-
-def machine() -> str:
-    """e.g. '2-core CPU, 24 GiB, x86_64, torch 2.13.0+cpu, 1 torch thread(s)' (CUDA device first if any)."""
-    info = machine_info()
-    cpu = f"{info['cores']}-core CPU, {info['memory_gib']} GiB, {platform.processor() or platform.machine()}"
-    if info["device"] != "cpu":
-        cpu = f"{info['device']} + {cpu}"
-    return f"{cpu}, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s)"
 
 
 def machine_info() -> dict:
@@ -232,6 +242,20 @@ def update_figures(values: dict, path: Path = SPEED_JSON) -> dict:
 
 
 # --- models ---------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def padded_forward(model, seqs: list[list[int]], batch_size: int, pad: int = 0, longest_first: bool = False) -> None:
+    """model(ids, attention_mask) on the model's device over length-sorted, right-padded batches of `seqs` (token
+    ids): the plain forward a credit's cost is measured against."""
+    seqs = sorted(seqs, key=len, reverse=longest_first)
+    for start in range(0, len(seqs), batch_size):
+        batch = seqs[start:start + batch_size]
+        ids = torch.full((len(batch), max(map(len, batch))), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, s in enumerate(batch):
+            ids[b, :len(s)], mask[b, :len(s)] = torch.tensor(s), 1
+        model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device))
 
 
 def demo_records(count: int) -> list:

@@ -11,14 +11,14 @@ model: prompt + response of every sequence forwarded), and the fraction of the F
 its fraction of the forward ceiling can reach ~1/3 at most.
 
 The product's own paths on the device (where vllm imports, unless `--no-engine`; never on CPU, where the `engine`
-benchmark measures them): the same shape saved as a
-model folder with the shipped tiny policy's tokenizer (vocabulary 2,210, so the LM head is small and the body
-dominates), then, side by side in this process: flat sampling through `TransformersSampler` and `VllmSampler`
-(`--backend vllm --device cuda`, bf16; engine start given apart), 4x4 tree against 16 flat samples on the engine,
-MRTPO's replay through the engine (`credit.engine_replay`, prompt log-probs) against the torch replay with its
-max |difference| of log-probs, and `tokencredit annotate --credit gdpo,mrtpo` on each backend as a fresh command
-(wall, start included). Figures go to the results folder's gpu_bench.json and to $OUT/gpu_bench.json.
-Nothing is downloaded or installed: run it where `pip install -e ".[gpu]"` was done beforehand.
+benchmark measures them): the same shape saved as a model folder with the shipped tiny policy's tokenizer
+(vocabulary 2,210, so the LM head is small and the body dominates), measured by the `engine` benchmark's code on
+`--device cuda` (bench_engine.py: flat sampling on both backends per dtype, engine start apart; 4x4 tree against 16
+flat samples on the engine; MRTPO's replay through the engine against the torch replay; `tokencredit annotate` on
+each backend as a fresh command), each in a child process, at its `full` sizes (--quick: `reduced`). Figures go to
+the results folder's gpu_bench.json (the engine's summary under `engine`) and gpu_engine.json (its measurements: a
+rerun resumes them), and to $OUT. Nothing is downloaded or installed: run it where `pip install -e ".[gpu]"` was
+done beforehand.
 """
 from __future__ import annotations
 
@@ -28,16 +28,13 @@ import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("BENCH_THREADS", str(os.cpu_count()))  # common.py pins 1 thread for the shared CPU box
 import torch  # noqa: E402
 
-from common import Harness  # noqa: E402 - after BENCH_THREADS
+from common import Harness, median_time, padded_forward  # noqa: E402 - after BENCH_THREADS
 from registry import Unavailable, benchmark  # noqa: E402
 
 QWEN2_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -59,17 +56,9 @@ def build(shape: dict, device: str, dtype: torch.dtype, reward_model: bool = Fal
 
 
 def timed(fn, device: str, repeats: int) -> float:
-    """Median seconds of fn() after one warm-up call, synchronizing the GPU around each call."""
+    """Median seconds of fn() after one warm-up call, each call's time holding the GPU work it queued."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return median_time(lambda: (fn(), sync()), repeats)[0]
 
 
 def random_items(n: int, prompt: int, section: int, k: int, response: int, vocab: int, seed: int = 0):
@@ -96,18 +85,7 @@ def bench_replay(model, items, device, repeats, params, peak, batch_size=16) -> 
 
     seqs = [p + it.response_ids for it in items for p in [it.all_prompt_ids, *it.drop_prompt_ids]]
     seconds = timed(lambda: replay_distances(model, items, batch_size=batch_size, chunk_size=128), device, repeats)
-
-    by_length: dict[int, list[list[int]]] = {}
-    for s in seqs:
-        by_length.setdefault(len(s), []).append(s)
-
-    @torch.inference_mode()
-    def forward():  # batches of equal length: no padding needed
-        for group in by_length.values():
-            for start in range(0, len(group), batch_size):
-                model(input_ids=torch.tensor(group[start:start + batch_size], device=device)).logits
-
-    plain = timed(forward, device, repeats)
+    plain = timed(lambda: padded_forward(model, seqs, batch_size), device, repeats)  # P_all and P_\k: 2 lengths
     tokens = sum(map(len, seqs))
     return {**figure(seconds, tokens, params, peak), "plain_forward_seconds": plain, "over_plain": seconds / plain,
             "replayed_tokens": sum(len(it.response_ids) * len(it.drop_prompt_ids) for it in items)}
@@ -118,14 +96,7 @@ def bench_p2t(rm, items, device, repeats, params, peak, batch_size=8) -> dict:
 
     prompts, responses = [it.all_prompt_ids for it in items], [it.response_ids for it in items]
     seconds = timed(lambda: attribute(rm, prompts, responses, batch_size=batch_size), device, repeats)
-
-    @torch.inference_mode()
-    def forward():
-        for start in range(0, len(items), batch_size):
-            rm(input_ids=torch.tensor([p + r for p, r in zip(prompts[start:start + batch_size],
-                                                             responses[start:start + batch_size])], device=device))
-
-    plain = timed(forward, device, repeats)
+    plain = timed(lambda: padded_forward(rm, [p + r for p, r in zip(prompts, responses)], batch_size), device, repeats)
     tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
     return {**figure(seconds, tokens, params, peak), "plain_forward_seconds": plain, "over_plain": seconds / plain}
 
@@ -146,79 +117,14 @@ def engine_folder(shape: dict, dtype: torch.dtype) -> Path:
     return folder
 
 
-def bench_engine(folder: Path, prompts: int, n: int, max_new: int) -> dict:
-    """The product's paths on one device: sampling on both backends, tree vs flat on the engine, the engine's
-    replay against torch's. Sizes in the returned dict."""
-    from tokencredit.pipeline.annotate import AnnotateConfig, load_prompt_set
-    from tokencredit.pipeline.config import SamplingConfig
-    from tokencredit.pipeline.credit.engine_replay import engine_replay
-    from tokencredit.pipeline.credit.replay import replay
-    from tokencredit.pipeline.sample import make_sampler
+def engine_paths(folder: Path, quick: bool, path: Path) -> dict:
+    """The engine benchmark's measurements (bench_engine.py) of the model in `folder` on the CUDA device, its results
+    file at `path` (a rerun resumes it); its summary keys."""
+    from bench_engine import measure_all, options
 
-    device = "cuda"
-    records = load_prompt_set(AnnotateConfig(tasks=("instructions",), limit=prompts))[0]
-    config = SamplingConfig(n=n, max_new_tokens=max_new)
-    out: dict = {"sizes": f"{len(records)} instruction prompts x {n}, max_new_tokens {max_new}, bf16, {device}"}
-
-    def sampled(sampler, cfg) -> dict:
-        torch.cuda.synchronize()
-        begin = time.perf_counter()
-        samples = sampler.sample(records, cfg)
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - begin
-        tokens = sum(len(x.token_ids) for x in samples)
-        return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
-
-    policy = make_sampler("transformers", str(folder), device=device, dtype=torch.bfloat16)
-    policy.progress = False
-    sampled(policy, SamplingConfig(n=1, max_new_tokens=4))  # warm-up
-    out["transformers"] = sampled(policy, config)
-    begin = time.perf_counter()
-    engine = make_sampler("vllm", str(folder), device=device, dtype="bfloat16")
-    engine.progress = False
-    sampled(engine, SamplingConfig(n=1, max_new_tokens=4))
-    out["vllm_start_s"] = time.perf_counter() - begin
-    out["vllm"] = sampled(engine, config)
-    out["vllm_over_transformers_tokens_per_s"] = out["vllm"]["tokens_per_s"] / out["transformers"]["tokens_per_s"]
-    leaves = 16
-    out["flat16"] = sampled(engine, SamplingConfig(n=leaves, max_new_tokens=max_new))
-    out["tree4x4"] = sampled(engine, SamplingConfig(tree=(4, 4), max_new_tokens=max_new))
-    out["tree_over_flat_vllm"] = out["tree4x4"]["seconds"] / out["flat16"]["seconds"]
-    items = random_items(prompts * n, 128, 16, 3, max_new, policy.tokenizer.vocab_size if hasattr(
-        policy.tokenizer, "vocab_size") else 2000)
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    reference = replay(policy.model, items)
-    torch.cuda.synchronize()
-    torch_s = time.perf_counter() - begin
-    begin = time.perf_counter()
-    through = engine_replay(engine, items)
-    engine_s = time.perf_counter() - begin
-    diff = max(float((a.logprob_all - b.logprob_all).abs().max()) for a, b in zip(reference, through))
-    diff = max(diff, *(float((a.logprob_drop - b.logprob_drop).abs().max()) for a, b in zip(reference, through)))
-    out["replay"] = {"torch_s": torch_s, "engine_s": engine_s, "engine_over_torch": engine_s / torch_s,
-                     "max_abs_logprob_diff_bf16": diff,
-                     "replayed_tokens": sum(len(it.response_ids) * len(it.drop_prompt_ids) for it in items)}
-    return out
-
-
-def annotate_walls(folder: Path, prompts: int, n: int, max_new: int) -> dict:
-    """`tokencredit annotate --credit gdpo,mrtpo` on each backend as a fresh command: wall seconds, start included."""
-    out = {}
-    for backend in ("transformers", "vllm"):
-        run = Path(tempfile.mkdtemp(prefix=f"gpu_bench_annotate_{backend}_"))
-        command = [sys.executable, "-m", "tokencredit.flows.cli", "annotate", "--out", str(run / "run"),
-                   "--tasks", "instructions", "--limit", str(prompts), "--n", str(n), "--max-new-tokens",
-                   str(max_new), "--credit", "gdpo,mrtpo", "--backend", backend, "--model", str(folder),
-                   "--device", "cuda", "--dtype", "bfloat16", "--runner", "none"]
-        begin = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True)
-        out[backend] = ({"wall_s": time.perf_counter() - begin} if done.returncode == 0
-                        else f"failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-        shutil.rmtree(run, ignore_errors=True)
-    if all(isinstance(v, dict) for v in out.values()):
-        out["annotate_vllm_over_transformers_wall"] = out["vllm"]["wall_s"] / out["transformers"]["wall_s"]
-    return out
+    args = options().parse_args(["--mode", "reduced" if quick else "full", "--only", "sample,replay,tree,annotate",
+                                 "--model", str(folder), "--device", "cuda"])
+    return measure_all(args, path)
 
 
 @benchmark("gpu", measures="Replay and P2T throughput of a random-weight bf16 Qwen2-1.5B-shaped model on one CUDA "
@@ -258,17 +164,16 @@ def run(h: Harness) -> dict:
     else:
         del policy
         folder = engine_folder(shape, dtype)
-        e_prompts, e_n, e_new = (16, 4, 128) if h.quick else (64, 4, 256)
         try:
-            results["engine"] = bench_engine(folder, e_prompts, e_n, e_new)
-            results["annotate"] = annotate_walls(folder, e_prompts, e_n, e_new)
+            results["engine"] = engine_paths(folder, h.quick, h.results("gpu_engine.json"))
         except Exception as error:  # noqa: BLE001 - keep the figures measured before
             results.setdefault("engine", f"failed: {type(error).__name__}: {error}")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     h.results("gpu_bench.json").write_text(json.dumps(results, indent=2))
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_bench.json").write_text(json.dumps(results, indent=2))
+    for name in ("gpu_bench.json", "gpu_engine.json") if os.environ.get("OUT") else ():
+        if h.results(name).is_file():
+            shutil.copy(h.results(name), os.environ["OUT"])
     r, p = results["replay"], results["p2t"]
     return {"params": params, "replay_tokens_per_s": r["tokens_per_s"], "replay_ceiling_fraction": r["ceiling_fraction"],
             "replay_over_plain": r["over_plain"], "p2t_tokens_per_s": p["tokens_per_s"],

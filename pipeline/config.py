@@ -26,7 +26,7 @@ ABLATIONS = ("drop", "null")
 
 FLAT_N = 4  # responses per prompt of flat sampling unless `n` says otherwise
 # Where a tree's inner node ends (sample/tree.py). Measured with SmolLM2-135M-Instruct on demo prompts, 4 x 4
-# trees (bench/bench_tree.py --quick: 4 prompts, 32 tokens; bench/results/tree.json `branch_stats`):
+# trees (bench/bench_tree.py --quick, now in bench_sampling.py: 4 prompts, 32 tokens; tree.json `branch_stats`):
 # fraction:0.25 branched every root, at 27% of the leaf, and every set of siblings differed; sentence branched
 # 75% of roots, late (70% of the leaf: SQL and tool calls have no early sentence end); entropy:0.1 branched 88%
 # at 38%. An early, always-taken branch point is also where the Monte-Carlo credit experiment found failures

@@ -4,7 +4,6 @@ and a cross-check against the reference checkers (lm-eval's IFEval, bfcl-eval's 
 from __future__ import annotations
 
 import copy
-import random
 import sys
 from pathlib import Path
 
@@ -102,5 +101,6 @@ def test_ifeval_mode_agrees_with_lm_evals_checkers_on_fresh_cases(reference):
 def test_bfcl_semantics_agree_with_bfcls_ast_checker(reference):
     import bench_fidelity
 
-    result = bench_fidelity.bfcl_agreement(reference.bfcl_data(), reference.bfcl(), random.Random(5), per_category=3)
-    assert result["cases"] >= 40 and result["disagreements"] == []
+    cases = bench_fidelity.bfcl_cases()  # bench/bfcl_cases.jsonl, the benchmark's cases
+    result = bench_fidelity.bfcl_agreement(reference.bfcl_data(), reference.bfcl(), cases)
+    assert result["cases"] == len(cases) >= 40 and result["disagreements"] == []

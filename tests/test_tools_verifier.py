@@ -390,8 +390,8 @@ ADVERSARIAL = [  # (2 MB response, format's found text, correctness score)
 
 @pytest.mark.parametrize("response, found, correct", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
 def test_adversarial_responses_score(response, found, correct):
-    """Any shape of 2 MB verifies (in linear time: bench/bench_verifier_inputs.py times these) with valid spans
-    and parts that cover it."""
+    """Any shape of 2 MB verifies (in linear time: `python -m bench verify` times these) with valid spans and parts
+    that cover it."""
     rec = record(ToolCall("get_weather", {"city": "Paris"}))
     fmt, correctness = tools.verify(rec, response)
     assert fmt.observed.startswith(f"Found: {found}") and fmt.score == float(found == "1 well-formed call")

@@ -40,32 +40,25 @@ STARTS = ["Today", "Dear friend", "Once upon a time", "Hello", "In the morning"]
 ENDS = ["Thank you.", "See you soon.", "That is all.", "Goodbye."]
 
 
-def candidate_args(rng: random.Random, kind: str, topic: str) -> dict:
-    """Arguments of one constraint of `kind` (the kinds below are the pilot's candidates)."""
-    topic_word = topic.split()[-1]
-    return {
-        "keyword_include": lambda: {"keywords": [rng.choice(KEYWORDS)]},
-        "keyword_exclude": lambda: {"keywords": [topic_word]},
-        "word_count": lambda: {"max": rng.choice([30, 40, 50])},
-        "sentence_count": lambda: {"max": rng.choice([2, 3])},
-        "no_commas": lambda: {},
-        "starts_with": lambda: {"phrase": rng.choice(STARTS)},
-        "ends_with": lambda: {"phrase": rng.choice(ENDS)},
-        "lowercase": lambda: {},
-        "title": lambda: {},
-        "postscript": lambda: {"marker": "P.S."},
-        "placeholders": lambda: {"n": 1},
-        "bullet_count": lambda: {"n": 3},
-        "quotation": lambda: {},
-        "highlighted_sections": lambda: {"n": 1},
-        "paragraph_count": lambda: {"n": 2},
-        "capital_word_frequency": lambda: {"min": 2},
-    }[kind]()
-
-
-CANDIDATES = ("keyword_include", "keyword_exclude", "word_count", "sentence_count", "no_commas", "starts_with",
-              "ends_with", "lowercase", "title", "postscript", "placeholders", "bullet_count", "quotation",
-              "highlighted_sections", "paragraph_count", "capital_word_frequency")
+ARGS = {  # the pilot's candidate kinds -> the arguments of one constraint of that kind, drawn with rng for a topic
+    "keyword_include": lambda rng, topic: {"keywords": [rng.choice(KEYWORDS)]},
+    "keyword_exclude": lambda rng, topic: {"keywords": [topic.split()[-1]]},
+    "word_count": lambda rng, topic: {"max": rng.choice([30, 40, 50])},
+    "sentence_count": lambda rng, topic: {"max": rng.choice([2, 3])},
+    "no_commas": lambda rng, topic: {},
+    "starts_with": lambda rng, topic: {"phrase": rng.choice(STARTS)},
+    "ends_with": lambda rng, topic: {"phrase": rng.choice(ENDS)},
+    "lowercase": lambda rng, topic: {},
+    "title": lambda rng, topic: {},
+    "postscript": lambda rng, topic: {"marker": "P.S."},
+    "placeholders": lambda rng, topic: {"n": 1},
+    "bullet_count": lambda rng, topic: {"n": 3},
+    "quotation": lambda rng, topic: {},
+    "highlighted_sections": lambda rng, topic: {"n": 1},
+    "paragraph_count": lambda rng, topic: {"n": 2},
+    "capital_word_frequency": lambda rng, topic: {"min": 2},
+}
+CANDIDATES = tuple(ARGS)
 # Chosen on the pilot (train prompts only; figures in bench/RESULTS.md, "Closed loop, SmolLM2").
 SEEN = ("bullet_count", "keyword_include", "paragraph_count", "placeholders", "sentence_count", "word_count")
 UNSEEN = ("capital_word_frequency", "postscript", "title")
@@ -86,7 +79,7 @@ def draw_kinds(rng: random.Random, kinds: tuple[str, ...], n: int) -> list[str]:
 
 
 def record(rng: random.Random, rid: str, split: str, topic: str, kinds: list[str]) -> dict:
-    constraints = [{"kind": k, "args": candidate_args(rng, k, topic)} for k in kinds]
+    constraints = [{"kind": k, "args": ARGS[k](rng, topic)} for k in kinds]
     sentences = " ".join(CHECKERS[c["kind"]].describe(**c["args"]) for c in constraints)
     prompt = f"Write {rng.choice(GENRES)} about {topic}. {sentences}"
     return {"id": rid, "task": "instructions", "split": split, "prompt": prompt, "constraints": constraints}

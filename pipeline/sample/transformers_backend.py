@@ -29,9 +29,9 @@ from tokencredit.pipeline.progress import Progress
 from tokencredit.pipeline.sample.rows import Row, build_sample, check_records, render_prompt, row_seed
 
 # The sampler's rows per forward when SamplingConfig.batch_size is None. Seconds per SmolLM2-135M token of flat
-# sampling on the shared 2-core CPU (bench/bench_tree.py --quick): batch 16 0.0218, 32 0.0138, 64 0.0103,
-# 128 0.0108, 256 0.0110 (the issue measured 32 at 1.32x 128's time): past 64 the time is flat, and 128
-# keeps the margin where prompts are short; larger batches only hold more memory.
+# sampling on the shared 2-core CPU (bench/bench_tree.py --quick, now part of bench/bench_sampling.py): batch 16
+# 0.0218, 32 0.0138, 64 0.0103, 128 0.0108, 256 0.0110 (the issue measured 32 at 1.32x 128's time): past 64 the
+# time is flat, and 128 keeps the margin where prompts are short; larger batches only hold more memory.
 AUTO_BATCH = 128
 # Bytes the KV caches and logits of one batch may take when SamplingConfig.batch_size is None. A fixed budget, not
 # a share of the memory free at the time: the batch a row is sampled in moves its logits' last bits and so its
