@@ -37,3 +37,29 @@ def prefect_harness():
     with prefect_test_harness(server_startup_timeout=120):
         yield
 # --- end prefect_harness -------------------------------------------------------------------------
+
+
+# --- bench_module (tests that read a benchmark's cases or checks) ------------------------------------
+@pytest.fixture(scope="session")
+def bench_module():
+    """`importlib.import_module` for bench/'s scripts, without the settings bench/common.py makes on import (one
+    torch thread, OMP_NUM_THREADS for the processes it starts: the benchmarks' own) staying in the session."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    def load(name: str):
+        threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+        bench = str(Path(__file__).resolve().parents[1] / "bench")
+        if bench not in sys.path:
+            sys.path.insert(0, bench)
+        try:
+            return importlib.import_module(name)
+        finally:
+            torch.set_num_threads(threads)
+            if omp is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = omp
+    return load
+# --- end bench_module ---------------------------------------------------------------------------------

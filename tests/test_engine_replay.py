@@ -33,14 +33,8 @@ def engines():
 
 
 @pytest.fixture(scope="module")
-def items(engines):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from bench_engine import replay_cases
-
-    return replay_cases(engines[1], every=8)  # 21 of the 164 responses
+def items(engines, bench_module):
+    return bench_module("bench_engine").replay_cases(engines[1], every=8)  # 21 of the 164 responses
 
 
 def test_engine_log_probs_match_the_torch_replay_in_float32(engines, items):

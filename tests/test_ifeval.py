@@ -89,18 +89,16 @@ def reference():
     return references
 
 
-def test_ifeval_mode_agrees_with_lm_evals_checkers_on_fresh_cases(reference):
-    import bench_fidelity
-
+def test_ifeval_mode_agrees_with_lm_evals_checkers_on_fresh_cases(reference, bench_module):
+    bench_fidelity = bench_module("bench_fidelity")
     cases = bench_fidelity.ifeval_cases()  # bench/ifeval_cases.jsonl, the benchmark's cases
     assert len({c[0] for c in cases}) >= 25  # every IFEval instruction id the project checks
     result = bench_fidelity.ifeval_agreement(cases, reference.ifeval())
     assert result["strict"]["disagreements"] == [] and result["loose"]["disagreements"] == []
 
 
-def test_bfcl_semantics_agree_with_bfcls_ast_checker(reference):
-    import bench_fidelity
-
+def test_bfcl_semantics_agree_with_bfcls_ast_checker(reference, bench_module):
+    bench_fidelity = bench_module("bench_fidelity")
     cases = bench_fidelity.bfcl_cases()  # bench/bfcl_cases.jsonl, the benchmark's cases
     result = bench_fidelity.bfcl_agreement(reference.bfcl_data(), reference.bfcl(), cases)
     assert result["cases"] == len(cases) >= 40 and result["disagreements"] == []
