@@ -215,5 +215,5 @@ def _resume_rounds(path: str, record: dict[str, Any] | None) -> str:
 
         config = RoundsConfig.from_settings(json.loads((Path(path) / SETTINGS).read_text()), int(record["rounds"]))
     results = run_rounds(config, Path(path), runner="none")
-    return (f"{path}: {config.rounds} rounds finished (complete), dev reward {results[0]['reward']:.4f} -> "
-            f"{results[-1]['reward']:.4f}")
+    return (f"{path}: complete, dev reward {results[0]['reward']:.4f} (start) -> {results[-1]['reward']:.4f} after "
+            f"round {config.rounds}")

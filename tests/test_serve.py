@@ -457,3 +457,31 @@ def test_serve_refuses_a_rounds_option_without_rounds_or_rounds_that_cannot_run_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"tokencredit serve: error: {message}"), err
     assert not (tmp_path / "runs").exists()
+
+
+def test_runs_resume_finishes_a_rounds_job_from_its_rounds_json(tmp_path, capsys):
+    """A rounds job whose process died before its first round (its rounds.json and record written): `runs` lists it
+    incomplete with the command that finishes it, which runs its rounds in this process to each dev reward."""
+    from tokencredit.flows.cli import build_parser, rounds_config
+    from tokencredit.pipeline.rounds import check_settings
+
+    out = tmp_path / "runs"
+    options = rounds_options(tmp_path)
+    args = build_parser().parse_args(["rounds", "--out", str(out / "x"), *options])
+    check_settings(rounds_config(args, []), out / "x")
+    code = f"from tokencredit.flows.runs import start_record; start_record({str(out)!r}, 'x', {{'rounds': 1}})"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    [run] = list_runs(str(out))
+    assert run["state"] == "incomplete" and run["dev"] == [] and run["resume"] == f"tokencredit runs {out} --resume x"
+
+    (tmp_path / "gate-open").touch()
+    os.environ["GATE"] = str(tmp_path / "gate-open")  # the verifier runs in this process's worker
+    try:
+        assert main(["runs", str(out), "--resume", "x"]) == 0
+    finally:
+        del os.environ["GATE"]
+    [run] = list_runs(str(out))
+    dev = [json.loads((out / "x" / name / "dev.json").read_text())["reward"] for name in ("start", "round-000")]
+    assert run["state"] == "complete" and run["responses"] == 4 * 2 and [d["reward"] for d in run["dev"]] == dev
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{out}/x: complete, dev reward {dev[0]:.4f} (start) -> {dev[1]:.4f} after round 1")
