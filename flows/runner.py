@@ -1,8 +1,8 @@
 """The Prefect runner of `tokencredit serve`, a child process in a session of its own that ends when serve does,
 however serve ends (`tokencredit.pipeline.lifeline`), as each run it starts ends when it does.
 
-`python -m tokencredit.flows.runner ARGS.pickle` registers the scheduled-annotate deployment with the
-server that PREFECT_API_URL names and starts each of its runs as it comes due, in a child process.
+`python -m tokencredit.flows.runner ARGS.pickle` registers the scheduled-annotate (or scheduled-rounds) deployment
+with the server that PREFECT_API_URL names and starts each of its runs as it comes due, in a child process.
 On SIGTERM (from `serve`, which alone receives a Ctrl-C) Prefect's runner stops polling and ends the
 runs in progress (SIGTERM to each; each records `stopped` under its folder); its own log lines about
 that are silenced, since `serve` says in one line that it stopped.
@@ -18,7 +18,7 @@ import sys
 from prefect.runner import Runner
 
 from tokencredit.flows.prefect_server import wait_healthy
-from tokencredit.flows.scheduled_run import RUNNER_PID, annotate_deployment
+from tokencredit.flows.scheduled_run import RUNNER_PID, deployment
 
 
 GRACE_S = 3  # for Prefect to end the runs in progress; serve then kills what is left of this session
@@ -62,7 +62,7 @@ def main(args_path: str) -> int:
                              limit=None, pause_on_shutdown=False)
     try:
         wait_healthy(os.environ["PREFECT_API_URL"])  # serve starts this process beside its server
-        deployment_id = runner.add_deployment(annotate_deployment(**args))
+        deployment_id = runner.add_deployment(deployment(**args))
         missed = drop_missed_runs(deployment_id)
     except Exception as error:  # the server refused it, or is gone
         print(f"tokencredit serve: error: the deployment could not be registered: {error}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """What `tokencredit serve` ran under its `--out`: one record per scheduled run, read by `tokencredit runs`.
 
-    OUT/<folder>/schedule.json    a scheduled run: Prefect's flow run, start, end, state, error line
+    OUT/<folder>/schedule.json    a scheduled run: Prefect's flow run, start, end, state, error line (a rounds
+                                  job's, `serve --rounds`: its number of rounds too; its folder holds rounds.json)
     OUT/_skipped/<folder>.json    a run skipped because the previous one was still writing
 
 A run writes its record as it starts (state `running`, with its host and process id) and again as
@@ -16,6 +17,7 @@ import json
 import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -23,6 +25,7 @@ import pyarrow.fs as pafs
 from tokencredit.pipeline.dataset.writer import filesystem, read_manifest, stage_seconds
 from tokencredit.pipeline.names import inside
 from tokencredit.pipeline.progress import Phase
+from tokencredit.pipeline.rounds import SETTINGS, RoundsConfig, summary
 from tokencredit.pipeline.timing import describe
 
 RECORD = "schedule.json"
@@ -100,9 +103,9 @@ def _responses(fs: pafs.FileSystem, root: str, manifest: dict[str, Any] | None) 
 
 def list_runs(out: str) -> list[dict[str, Any]]:
     """The runs under `out`, oldest first: folder, start, end, state, responses, error (one line), the run's wall
-    seconds and each stage's seconds (`writer.stage_seconds`), and for an incomplete one `resume`, the command that
-    finishes it. A folder with a dataset but no
-    schedule record (an `annotate` into OUT) is listed by its manifest."""
+    seconds and each stage's seconds (`writer.stage_seconds`), for a rounds job (`serve --rounds`) `dev`, each
+    scored policy's dev reward (`rounds.summary`), and for an incomplete one `resume`, the command that finishes it.
+    A folder with a dataset but no schedule record (an `annotate` into OUT) is listed by its manifest."""
     fs, root = filesystem(out)
     if fs.get_file_info(root).type != pafs.FileType.Directory:
         raise FileNotFoundError(f"{out}: no such folder (the --out of tokencredit serve)")
@@ -110,20 +113,30 @@ def list_runs(out: str) -> list[dict[str, Any]]:
     for info in fs.get_file_info(pafs.FileSelector(root)):
         if info.type != pafs.FileType.Directory or info.base_name.startswith((".", "_")):
             continue
+        path = f"{out.rstrip('/')}/{info.base_name}"
         record = read_json(fs, f"{info.path}/{RECORD}")
-        manifest = read_manifest(f"{out.rstrip('/')}/{info.base_name}")
+        rounds = _rounds_folder(fs, info.path)
+        manifest = None if rounds else read_manifest(path)
         if record is None and manifest is None:
             continue
         row = {"folder": info.base_name, "start": None, "end": None, "error": None, **(record or {})}
-        state = row.get("state") or ("complete" if manifest and manifest.get("complete") else "incomplete")
+        done = _rounds_done(path, row) if rounds else bool(manifest and manifest.get("complete"))
+        state = row.get("state") or ("complete" if done else "incomplete")
         if state == "running" and not _alive(row):
             state, row["error"] = "incomplete", row["error"] or "its process is gone (killed?)"
         if state == "stopped":
             state = "incomplete"
-        if state == "complete" and not (manifest and manifest.get("complete")):
-            state, row["error"] = "incomplete", "its manifest is not complete"
-        run_seconds, seconds = stage_seconds(f"{out.rstrip('/')}/{info.base_name}")
-        row.update(state=state, responses=_responses(fs, info.path, manifest), run_seconds=run_seconds, seconds=seconds)
+        if state == "complete" and not done:
+            state, row["error"] = "incomplete", ("its rounds are not all finished" if rounds
+                                                 else "its manifest is not complete")
+        if rounds:
+            runs = [f"{path}/{d.name}/run" for d in sorted(Path(path).glob("round-*")) if (d / "run").is_dir()]
+            row.update(state=state, responses=sum(_responses(fs, r, read_manifest(r)) for r in runs),
+                       dev=summary(Path(path)), run_seconds={}, seconds={})
+        else:
+            run_seconds, seconds = stage_seconds(path)
+            row.update(state=state, responses=_responses(fs, info.path, manifest), run_seconds=run_seconds,
+                       seconds=seconds)
         if state == "incomplete":
             row["resume"] = f"tokencredit runs {out} --resume {info.base_name}"
         rows.append(row)
@@ -132,29 +145,52 @@ def list_runs(out: str) -> list[dict[str, Any]]:
         if record:
             rows.append({**record, "state": "skipped", "responses": 0})
     keep = ("folder", "start", "end", "state", "responses", "error", "resume", "flow_run_name", "run_seconds",
-            "seconds")
+            "seconds", "rounds", "dev")
     return sorted(({k: r.get(k) for k in keep} for r in rows), key=lambda r: (r["start"] or "", r["folder"]))
 
 
+def _rounds_folder(fs: pafs.FileSystem, path: str) -> bool:
+    """Whether the folder holds rounds (`serve --rounds`, in `tokencredit rounds`' layout) rather than a dataset."""
+    return fs.get_file_info(f"{path}/{SETTINGS}").type == pafs.FileType.File
+
+
+def _rounds_done(path: str, record: dict[str, Any]) -> bool:
+    """Every one of the record's rounds finished (its dev reward written), a folder's start policy counted first."""
+    return "rounds" in record and len(summary(Path(path))) >= 1 + int(record["rounds"])
+
+
 def format_runs(rows: list[dict[str, Any]]) -> str:
-    """A table of `list_runs`' rows, a line of each run's times (`timing.describe`), then one line per incomplete
-    run saying how to resume it."""
+    """A table of `list_runs`' rows, a line of each run's times (`timing.describe`), a line of each rounds job's dev
+    rewards (the start policy's, then each finished round's), then one line per incomplete run saying how to
+    resume it."""
     header = ("folder", "start", "end", "state", "responses", "error")
     table = [header] + [tuple("" if r[k] is None else str(r[k]) for k in header) for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
     lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(line, widths)), line[-1]]).rstrip() for line in table]
     lines += [f"{r['folder']}: {describe(r['run_seconds'] or {}, r['seconds'] or {})}" for r in rows
               if r.get("run_seconds") or r.get("seconds")]
+    lines += [f"{r['folder']}: dev reward " + ", ".join(f"{d['round']} {d['reward']:.4f}" for d in r["dev"])
+              for r in rows if r.get("dev")]
     lines += [f"{r['folder']}: incomplete; resume it with: {r['resume']}" for r in rows if r.get("resume")]
     return "\n".join(lines)
 
 
-def resume(out: str, folder: str) -> dict[str, Any]:
-    """Finish the incomplete run OUT/folder with the config its manifest records (its written shards are
-    kept); returns the manifest. Runs in this process, without Prefect."""
+def resume(out: str, folder: str) -> str:
+    """Finish the incomplete run OUT/folder, in this process without Prefect: a dataset with the config its manifest
+    records (its written shards are kept), a rounds job with its rounds.json and its record's number of rounds (what
+    its rounds wrote is kept). Returns the line that says what it wrote."""
     path = f"{out.rstrip('/')}/{folder}"  # `folder`: one folder name, checked where it is parsed (names.check_name)
     if "://" not in out:
         inside(out, path)  # a symbolic link OUT/FOLDER to a run elsewhere: that run is not finished from here
+    fs, root = filesystem(path)
+    record = read_json(fs, f"{root}/{RECORD}")
+    done = _resume_rounds(path, record) if _rounds_folder(fs, root) else _resume_dataset(path)
+    if record is not None:
+        end_record(out, {**record, "resumed": now()}, "complete")
+    return done
+
+
+def _resume_dataset(path: str) -> str:
     manifest = read_manifest(path)
     if manifest is None or "config" not in manifest:
         raise FileNotFoundError(f"{path}: no manifest with a config (the run stopped before it started writing); "
@@ -166,9 +202,18 @@ def resume(out: str, folder: str) -> dict[str, Any]:
         from tokencredit.pipeline.config import AnnotateConfig
 
         config = TypeAdapter(AnnotateConfig).validate_python(manifest["config"])
-    fs, root = filesystem(path)
-    record = read_json(fs, f"{root}/{RECORD}")
-    result = run_annotation(config, path, run_id=manifest.get("run_id"))
-    if record is not None:
-        end_record(out, {**record, "resumed": now()}, "complete")
-    return result
+    manifest = run_annotation(config, path, run_id=manifest.get("run_id"))
+    return f"wrote {manifest['totals']} to {path} (complete)"
+
+
+def _resume_rounds(path: str, record: dict[str, Any] | None) -> str:
+    if record is None or "rounds" not in record:
+        raise FileNotFoundError(f"{path}: rounds without serve's record of how many (schedule.json); finish them with "
+                                f"tokencredit rounds --out {path} and the options they were started with")
+    with Phase(f"runs: resuming the rounds in {path} (what they wrote is kept): loading torch"):
+        from tokencredit.flows.rounds import run_rounds
+
+        config = RoundsConfig.from_settings(json.loads((Path(path) / SETTINGS).read_text()), int(record["rounds"]))
+    results = run_rounds(config, Path(path), runner="none")
+    return (f"{path}: complete, dev reward {results[0]['reward']:.4f} (start) -> {results[-1]['reward']:.4f} after "
+            f"round {config.rounds}")

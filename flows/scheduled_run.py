@@ -1,9 +1,10 @@
-"""One scheduled run of `tokencredit serve`: the Prefect flow `scheduled-annotate` and its deployment.
+"""One scheduled run of `tokencredit serve`: the Prefect flows `scheduled-annotate` and `scheduled-rounds` (serve
+--rounds) and their deployment.
 
-Each run writes its own dataset, OUT/<folder>, the folder named from a template by the run's scheduled
-time (`tokencredit.flows.schedule.folder_name`), and records what happened in OUT/<folder>/schedule.json
-(`tokencredit.flows.runs`): `complete`, `failed` with the error's line (the flow run ends Failed; the next
-run fires as scheduled), or `stopped` (serve was stopped).
+Each run writes its own dataset (or its rounds, in the layout of `tokencredit rounds`), OUT/<folder>, the folder
+named from a template by the run's scheduled time (`tokencredit.flows.schedule.folder_name`), and records what
+happened in OUT/<folder>/schedule.json (`tokencredit.flows.runs`): `complete`, `failed` with the error's line (the
+flow run ends Failed; the next run fires as scheduled), or `stopped` (serve was stopped).
 
 Overlap: one run at a time, a run that comes due while the previous one is still writing is skipped,
 never queued (a queue behind runs slower than the schedule would only grow). The deployment's
@@ -18,7 +19,7 @@ import hashlib
 import json
 import os
 import zoneinfo
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,12 @@ from prefect.states import Completed
 
 from tokencredit.flows import runs
 from tokencredit.flows.annotate import annotate_flow
+from tokencredit.flows.rounds import run_rounds
 from tokencredit.flows.schedule import check_folder, folder_name
 from tokencredit.pipeline import lifeline
 from tokencredit.pipeline.annotate import AnnotateConfig
 from tokencredit.pipeline.dataset.writer import filesystem
+from tokencredit.pipeline.rounds import RoundsConfig
 
 RUNNER_PID = "TOKENCREDIT_SERVE_RUNNER_PID"  # in the environment of serve's runner and of the runs it starts
 
@@ -91,6 +94,34 @@ def scheduled_annotate(config: AnnotateConfig, out: str, folder: str = "{datetim
                        timezone: str | None = None) -> dict[str, Any]:
     """One scheduled run: annotate into OUT/<folder filled in from the scheduled time>, unless the
     previous run is still writing (then skipped: its state Skipped). Records the run in its schedule.json."""
+    def annotate(target: str) -> tuple[dict[str, Any], str]:
+        manifest = annotate_flow(config, target, progress=False)
+        check_verifiers(manifest)
+        return manifest, f"{manifest['totals']['responses']} responses"
+
+    return _scheduled(out, folder, timezone, annotate, {})
+
+
+@flow(name="scheduled-rounds", log_prints=True)
+def scheduled_rounds(settings: dict[str, Any], rounds: int, out: str, folder: str = "{datetime}",
+                     timezone: str | None = None) -> list[dict[str, Any]]:
+    """One scheduled rounds job: `rounds` rounds of the RoundsConfig whose `settings()` these are
+    (`tokencredit.flows.rounds.run_rounds`) into OUT/<folder>, in rounds' own layout, resumed where that folder
+    holds them already; skipped and recorded as `scheduled_annotate`'s runs. Each round's dev result."""
+    config = RoundsConfig.from_settings(settings, rounds)
+
+    def run(target: str) -> tuple[list[dict[str, Any]], str]:
+        results = run_rounds(config, Path(target))
+        return results, f"{rounds} rounds, dev reward {results[0]['reward']:.4f} -> {results[-1]['reward']:.4f}"
+
+    return _scheduled(out, folder, timezone, run, {"rounds": rounds})
+
+
+def _scheduled(out: str, folder: str, timezone: str | None, job: Callable[[str], tuple[Any, str]],
+               facts: dict[str, Any]) -> Any:
+    """The run of a scheduled flow: `job(OUT/<folder>)` -> (its result, a line saying what it wrote), unless the
+    previous run is still writing (then Completed named Skipped), its record written as it starts (with `facts`)
+    and as it ends: complete, failed or stopped."""
     from prefect.runtime import flow_run
 
     if os.environ.get(RUNNER_PID) == str(os.getppid()):  # a process that serve's runner started for this run
@@ -99,7 +130,7 @@ def scheduled_annotate(config: AnnotateConfig, out: str, folder: str = "{datetim
     when = flow_run.get_scheduled_start_time()
     when = datetime.datetime.fromisoformat(str(when)).astimezone(zoneinfo.ZoneInfo(timezone) if timezone else None)
     name = folder_name(folder, when)
-    info = {"flow_run_id": str(flow_run.get_id()), "flow_run_name": flow_run.get_name()}
+    info = {"flow_run_id": str(flow_run.get_id()), "flow_run_name": flow_run.get_name(), **facts}
     with overlap_lock(out, name) as holder:
         if holder is not None:
             reason = f"skipped: the run writing {holder['folder']} (since {holder['since']}) is still running"
@@ -110,31 +141,32 @@ def scheduled_annotate(config: AnnotateConfig, out: str, folder: str = "{datetim
         record = runs.start_record(out, name, info)
         target = f"{out.rstrip('/')}/{name}"
         try:
-            manifest = annotate_flow(config, target, progress=False)
-            check_verifiers(manifest)
+            result, wrote = job(target)
         except Exception as error:
             runs.end_record(out, record, "failed", _one_line(error))
             raise
         except BaseException as error:  # a stop: Prefect's TerminationSignal, KeyboardInterrupt
-            runs.end_record(out, record, "stopped", f"stopped ({type(error).__name__}); the shards written are kept")
+            runs.end_record(out, record, "stopped", f"stopped ({type(error).__name__}); what it wrote is kept")
             raise
         runs.end_record(out, record, "complete")
-        logger.info("%s: complete, %d responses", target, manifest["totals"]["responses"])
-        return manifest
+        logger.info("%s: complete, %s", target, wrote)
+        return result
 
 
-def annotate_deployment(config: AnnotateConfig, out: str, schedule, folder: str = "{datetime}",
-                        timezone: str | None = None, name: str = "nightly-annotate"):
-    """The deployment a runner serves: `scheduled_annotate` on `schedule`, loaded by module path (so that
-    its runs start from any working directory)."""
+def deployment(config: AnnotateConfig | RoundsConfig, out: str, schedule, folder: str = "{datetime}",
+               timezone: str | None = None, name: str = "nightly-annotate"):
+    """The deployment a runner serves: `scheduled_annotate` of an AnnotateConfig, `scheduled_rounds` of a
+    RoundsConfig, on `schedule`, loaded by module path (so that its runs start from any working directory)."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.deployments.runner import EntrypointType
 
+    parameters = {"out": out, "folder": check_folder(folder), "timezone": timezone}
+    if isinstance(config, RoundsConfig):
+        served, parameters = scheduled_rounds, {"settings": config.settings(), "rounds": config.rounds, **parameters}
+    else:
+        served, parameters = scheduled_annotate, {"config": config, **parameters}
     # one run at a time: a run that comes due while one is still running is cancelled by the server
     # before a process starts for it (its state says why)
     one_at_a_time = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
-    return scheduled_annotate.to_deployment(
-        name=name, schedules=[schedule], entrypoint_type=EntrypointType.MODULE_PATH, concurrency_limit=one_at_a_time,
-        parameters={"config": config, "out": out, "folder": check_folder(folder), "timezone": timezone})
-
-
+    return served.to_deployment(name=name, schedules=[schedule], entrypoint_type=EntrypointType.MODULE_PATH,
+                                concurrency_limit=one_at_a_time, parameters=parameters)

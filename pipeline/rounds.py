@@ -68,6 +68,18 @@ class RoundsConfig:
                                       "dev": {"split": self.dev_split, "limit": self.dev_limit},
                                       "round 0": {"run": self.first_run}}))
 
+    @classmethod
+    def from_settings(cls, settings: dict, rounds: int) -> RoundsConfig:
+        """The config of R rounds whose `settings()` these are (a rounds.json, a scheduled run's parameters)."""
+        from pydantic import TypeAdapter
+
+        from tokencredit.pipeline.train.trainer import TrainConfig
+
+        return cls(annotate=TypeAdapter(AnnotateConfig).validate_python(settings["annotate"]),
+                   train=TrainConfig(data="", out="", **settings["train"]), rounds=rounds,
+                   dev_split=settings["dev"]["split"], dev_limit=settings["dev"]["limit"],
+                   first_run=settings["round 0"]["run"])
+
 
 def check_settings(config: RoundsConfig, out: Path) -> None:
     """OUT/rounds.json written on the first run; ValueError (one line naming the first changed setting) when OUT

@@ -126,10 +126,10 @@ def test_pipeline_flow_annotates_then_trains_from_that_run(prefect_harness, tmp_
 def test_nightly_deployment_runs_the_scheduled_annotate_flow_on_its_cron_one_at_a_time(tmp_path):
     """The deployment `serve` hands its runner (tests/test_serve.py fires it on a real server)."""
     from tokencredit.flows.schedule import make_schedule
-    from tokencredit.flows.scheduled_run import annotate_deployment
+    from tokencredit.flows.scheduled_run import deployment as served
 
     schedule = make_schedule("0 3 * * *", None, "Europe/Paris")
-    deployment = annotate_deployment(SMALL, str(tmp_path / "nightly"), schedule, folder="{date}")
+    deployment = served(SMALL, str(tmp_path / "nightly"), schedule, folder="{date}")
     assert deployment.flow_name == "scheduled-annotate"
     assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
     assert deployment.parameters["out"] == str(tmp_path / "nightly")

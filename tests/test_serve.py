@@ -358,3 +358,130 @@ def test_serve_killed_with_sigkill_takes_its_server_runner_run_and_verifier_work
         end_all(tmp_path)
     [run] = list_runs(str(out))  # the run it was writing, and no later one
     assert run["state"] == "incomplete", run
+
+
+# --- serve --rounds: a rounds job on the schedule ---------------------------------------------------
+
+ROUNDS_GATE = '''
+import os, time
+
+
+def half_gated(record, response):
+    """Scores a response by its length's parity; on the records of the second shard (h3, h4) only once the file
+    $GATE exists, so that a run has written one shard and waits while the test stops serve."""
+    if record["id"] in ("h3", "h4"):
+        deadline = time.monotonic() + 600
+        while not os.path.exists(os.environ["GATE"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return [("even", float(len(response) % 2 == 0), "An even number of characters.")]
+'''
+
+
+def rounds_options(tmp_path: Path) -> list[str]:
+    """One round on the tiny policy: 4 train prompts x 2 responses in 2 shards, 2 LoRA steps, 2 dev prompts."""
+    (tmp_path / "rounds_verifiers.py").write_text(ROUNDS_GATE)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "task": "haiku", "prompt": "Write a haiku.", "split": split}) + "\n"
+                               for i, split in [("h1", "train"), ("h2", "train"), ("h3", "train"), ("h4", "train"),
+                                                ("d1", "test"), ("d2", "test")]))
+    return ["--prompts", str(prompts), "--verifier", f"haiku={tmp_path / 'rounds_verifiers.py'}:half_gated",
+            "--verifier-timeout", "900", "--n", "2", "--max-new-tokens", "8", "--credit", "gdpo", "--shard-size", "2",
+            "--rounds", "1", "--advantage", "gdpo", "--steps", "2", "--batch-size", "4", "--lr", "5e-2", "--lora",
+            "--dev-limit", "2"]
+
+
+@pytest.mark.slow
+def test_serve_rounds_schedules_a_rounds_job_that_a_stop_leaves_to_the_next_run_of_its_folder(tmp_path,
+                                                                                            prefect_server, capsys):
+    """serve --rounds: each run writes its rounds into its dated folder; stopped in round 0's annotate run it lists
+    as incomplete with the start policy's dev reward, and the next run of the same {date} folder (a serve started
+    again) resumes it, keeping the shard written, to the round's checkpoint and dev reward, listed by `runs`."""
+    out = tmp_path / "runs"
+    argv = ["--every", "5s", "--folder", "rounds-{date}", "--out", str(out), *rounds_options(tmp_path),
+            "--name", "rounds"]
+    env = {**serve_env(tmp_path, prefect_server), "GATE": str(tmp_path / "gate-open")}
+
+    def runs_so_far():  # a failed run fails the test at once, with its error
+        runs = list_runs(str(out)) if out.exists() else []
+        assert all(r["state"] != "failed" for r in runs), runs
+        return runs
+
+    def one_shard_written():
+        runs = runs_so_far()
+        return runs and list((out / runs[0]["folder"] / "round-000" / "run" / "_shards").glob("shard-*.json"))
+
+    serve = Serve(tmp_path, argv, env)
+    try:
+        [first_shard] = serve.wait(one_shard_written, "round 0's first shard")
+        output = serve.stop(signal.SIGTERM)
+    finally:
+        serve.kill()
+    assert "Traceback" not in output, output[-4000:]
+    [run] = list_runs(str(out))
+    folder = out / run["folder"]
+    assert run["folder"].startswith("rounds-") and run["rounds"] == 1
+    assert run["state"] == "incomplete" and run["resume"] == f"tokencredit runs {out} --resume {run['folder']}"
+    assert [d["round"] for d in run["dev"]] == ["start"] and run["responses"] == 2 * 2  # one shard of two
+    assert not (folder / "round-000" / "dev.json").exists()
+    written = first_shard.stat().st_mtime_ns
+
+    (tmp_path / "gate-open").touch()
+    serve = Serve(tmp_path, argv, env)
+    try:
+        serve.wait(lambda: [r["state"] for r in runs_so_far()] == ["complete"], "the rounds finished")
+        serve.stop(signal.SIGTERM)
+    finally:
+        serve.kill()
+    [run] = list_runs(str(out))
+    assert run["folder"] == folder.name and run["state"] == "complete" and run["responses"] == 4 * 2
+    assert first_shard.stat().st_mtime_ns == written  # resumed: the shard written before the stop was kept
+    manifest = read_manifest(str(folder / "round-000" / "run"))
+    assert manifest["complete"] and manifest["totals"]["responses"] == 4 * 2
+    assert (folder / "round-000" / "checkpoint" / "final" / "adapter_config.json").is_file()
+    dev = [json.loads((folder / name / "dev.json").read_text()) for name in ("start", "round-000")]
+    assert [d["prompts"] for d in dev] == [2, 2] and dev[1]["policy"] == str(folder / "round-000" / "policy")
+    assert run["dev"] == [{"round": d["round"], "reward": d["reward"], "prompts": 2} for d in dev]
+    assert main(["runs", str(out)]) == 0
+    assert (f"{folder.name}: dev reward start {dev[0]['reward']:.4f}, round-000 {dev[1]['reward']:.4f}"
+            in capsys.readouterr().out.splitlines())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "5"], "--steps 5: an option of a rounds job; add --rounds R to serve rounds"),
+    (["--lora"], "--lora: an option of a rounds job; add --rounds R to serve rounds"),
+    (["--rounds", "2", "--split", "test"], "--split test --dev-split test: the dev prompts would be trained on"),
+])
+def test_serve_refuses_a_rounds_option_without_rounds_or_rounds_that_cannot_run_in_one_line(tmp_path, capsys, argv,
+                                                                                         message):
+    assert main(["serve", "--out", str(tmp_path / "runs"), "--every", "1d", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"tokencredit serve: error: {message}"), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_runs_resume_finishes_a_rounds_job_from_its_rounds_json(tmp_path, capsys):
+    """A rounds job whose process died before its first round (its rounds.json and record written): `runs` lists it
+    incomplete with the command that finishes it, which runs its rounds in this process to each dev reward."""
+    from tokencredit.flows.cli import build_parser, rounds_config
+    from tokencredit.pipeline.rounds import check_settings
+
+    out = tmp_path / "runs"
+    options = rounds_options(tmp_path)
+    args = build_parser().parse_args(["rounds", "--out", str(out / "x"), *options])
+    check_settings(rounds_config(args, []), out / "x")
+    code = f"from tokencredit.flows.runs import start_record; start_record({str(out)!r}, 'x', {{'rounds': 1}})"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    [run] = list_runs(str(out))
+    assert run["state"] == "incomplete" and run["dev"] == [] and run["resume"] == f"tokencredit runs {out} --resume x"
+
+    (tmp_path / "gate-open").touch()
+    os.environ["GATE"] = str(tmp_path / "gate-open")  # the verifier runs in this process's worker
+    try:
+        assert main(["runs", str(out), "--resume", "x"]) == 0
+    finally:
+        del os.environ["GATE"]
+    [run] = list_runs(str(out))
+    dev = [json.loads((out / "x" / name / "dev.json").read_text())["reward"] for name in ("start", "round-000")]
+    assert run["state"] == "complete" and run["responses"] == 4 * 2 and [d["reward"] for d in run["dev"]] == dev
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{out}/x: complete, dev reward {dev[0]:.4f} (start) -> {dev[1]:.4f} after round 1")
