@@ -380,8 +380,8 @@ def _prefect_server(args: argparse.Namespace):
 def _preload_models(config, runner: str) -> Future:
     """Start a thread that imports what the run's models need (the vllm engine's modules, torch, transformers: what
     the input checks import too) while the inputs are checked, then loads the models (`annotate.preload_models`,
-    the engine first) once the returned future says True, beside Prefect's start. False (a refused input, a run
-    with nothing to do) ends it with no model loaded. A Dask worker loads its own: no thread. Not a daemon: an
+    the engine first) once the returned future says True, beside Prefect's start. False (a refused input, a prompt
+    set with no record left, a run with nothing to do) ends it with no model loaded. A Dask worker loads its own: no thread. Not a daemon: an
     engine is never stopped from under its start."""
     checked: Future = Future()
 
@@ -412,9 +412,9 @@ def _annotate(args: argparse.Namespace, done: dict | None, server) -> int:
                 from tokencredit.pipeline.annotate import check_inputs, complete_run, rejection_lines
                 from tokencredit.pipeline.dataset.query import SUMMARY_SQL, run_query
 
-                rejected = check_inputs(config, args.out, args.restart)
+                records, rejected = check_inputs(config, args.out, args.restart)
                 done = None if args.restart else complete_run(config, args.out)
-                to_run = done is None
+                to_run = done is None and bool(records)  # no record: the run only writes rejected.jsonl
                 mark("inputs_checked")
             finally:
                 checked.set_result(to_run)

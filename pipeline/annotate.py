@@ -357,11 +357,13 @@ def write_rejected(writer: RunWriter, rejected: Sequence[verifiers.Rejected]) ->
     writer.write_file("rejected.jsonl", "".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rejected).encode())
 
 
-def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> list[verifiers.Rejected]:
+def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> tuple[list[TaskRecord],
+                                                                                   list[verifiers.Rejected]]:
     """Raise the user errors a run would hit before any model loads (or Prefect starts): no prompt
     file or model folder, a chat template that the sandbox refuses or that hangs, a task with no
     record, a live writer in `out`, and (unless `restart`) another config or changed inputs there, a
-    --verifier-memory above the hard `ulimit -d`. Returns the rejected records."""
+    --verifier-memory above the hard `ulimit -d`. Returns the records to annotate and the rejected ones (with no
+    record left the run writes rejected.jsonl and stops: `prepare_run`)."""
     if config.verifiers:
         check_memory_bound(config.verifier_memory_bytes)
     records, rejected = load_prompt_set(config)
@@ -371,7 +373,7 @@ def check_inputs(config: AnnotateConfig, out: str, restart: bool = False) -> lis
     if not restart:
         writer.check_config(config.digest(), run_inputs(config, records))
     writer.check_unlocked()
-    return rejected
+    return records, rejected
 
 
 def complete_run(config: AnnotateConfig, out: str) -> dict[str, Any] | None:

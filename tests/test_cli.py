@@ -49,24 +49,25 @@ def test_a_task_with_no_record_in_the_prompt_set_is_rejected(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "demo has no record of tasks math (its tasks: instructions, sql, tools)" in err, err
 
 
-def test_a_refused_input_loads_no_model(tmp_path):
+@pytest.mark.parametrize("refused", [["--tasks", "sql,math"], ["--prompts", "unreadable.jsonl"]])
+def test_a_refused_input_loads_no_model(tmp_path, monkeypatch, refused):
     """annotate imports its models' modules on a thread while the inputs are checked (the engine's start overlaps
-    the checks); a refused input ends that thread before any model loads."""
+    the checks); a refused input, or a prompt set whose every record is rejected, ends that thread before any model
+    loads."""
     import threading
 
     from tokencredit.pipeline import annotate
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "unreadable.jsonl").write_text("{\n")
     loads = annotate._load_models.cache_info()
-    assert main(["annotate", "--out", str(tmp_path / "run"), "--tasks", "sql,math", "--backend", "transformers",
+    assert main(["annotate", "--out", "run", *refused, "--backend", "transformers",
                  "--runner", "none"]) == 2  # refused by the checks (auto's choice would read the prompts before)
     for thread in [t for t in threading.enumerate() if t.name == "preload-models"]:
         thread.join(timeout=300)
         assert not thread.is_alive()
     after = annotate._load_models.cache_info()
     assert (after.hits, after.misses) == (loads.hits, loads.misses)
-    assert not (tmp_path / "run").exists()
-    assert not (tmp_path / "run" / "manifest.json").exists()
-
 
 @pytest.mark.parametrize("flag", [["--runner", "dask"], ["--workers", "4"], ["--run-id", "x"], ["--strict"],
                                   ["--dask-address", "tcp://127.0.0.1:8786"]])
