@@ -69,6 +69,7 @@ def test_a_refused_input_loads_no_model(tmp_path, monkeypatch, refused):
     after = annotate._load_models.cache_info()
     assert (after.hits, after.misses) == (loads.hits, loads.misses)
 
+
 @pytest.mark.parametrize("flag", [["--runner", "dask"], ["--workers", "4"], ["--run-id", "x"], ["--strict"],
                                   ["--dask-address", "tcp://127.0.0.1:8786"]])
 def test_serve_rejects_flags_it_does_not_use(capsys, flag):
