@@ -381,8 +381,8 @@ def _preload_models(config, runner: str) -> Future:
     """Start a thread that imports what the run's models need (the vllm engine's modules, torch, transformers: what
     the input checks import too) while the inputs are checked, then loads the models (`annotate.preload_models`,
     the engine first) once the returned future says True, beside Prefect's start. False (a refused input, a prompt
-    set with no record left, a run with nothing to do) ends it with no model loaded. A Dask worker loads its own: no thread. Not a daemon: an
-    engine is never stopped from under its start."""
+    set with no record left, a run with nothing to do) ends it with no model loaded. A Dask worker loads its own:
+    no thread. Not a daemon: an engine is never stopped from under its start."""
     checked: Future = Future()
 
     def load() -> None:
